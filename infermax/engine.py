@@ -1,0 +1,122 @@
+"""The event engine: Algorithm 1's batch loop over arriving requests.
+
+A plain loop rather than SimPy: there is one server, arrivals are known in
+advance and sorted, and a batch starts exactly when the previous one ends (or,
+when idle, at the next arrival), so the only "events" are batch ends and
+arrivals. `benchmarks/engine_loop.py` measures the per-batch overhead of driving
+the same loop through SimPy processes instead.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Sequence
+
+from .costmodel.base import CostModel
+from .limits import Limits
+from .metrics import SimResult
+from .replay import Replayer, ScheduleViolation
+from .request import Request
+from .schedulers import NoProgressError, Scheduler, SchedulerError, make_scheduler
+
+
+def check_fits(requests: Sequence[Request], limits: Limits) -> None:
+    """Every request must fit ``M`` at its last step (``I + O − 1`` KV tokens) under any schedule."""
+    for r in requests:
+        need = limits.blocks(r.peak_kv_tokens)
+        if need > limits.M:
+            raise ValueError(
+                f"request {r.id} (I={r.prompt_tokens}, O={r.output_tokens}) needs {need} KV tokens when it generates "
+                f"its last token, more than M={limits.M}: no schedule can finish it")
+
+
+def simulate(
+    requests: Sequence[Request],
+    scheduler: str | Scheduler = "vllm",
+    limits: Limits | None = None,
+    cost_model: CostModel | None = None,
+    progress: bool = False,
+    meta: dict | None = None,
+) -> SimResult:
+    """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer."""
+    if not requests:
+        raise ValueError("the workload has no requests")
+    if cost_model is None:
+        from .costmodel import load_cost_model
+
+        cost_model = load_cost_model()
+    limits = limits or Limits()
+    if isinstance(scheduler, str):
+        scheduler, limits = make_scheduler(scheduler, limits, cost_model)
+    check_fits(requests, limits)
+    rp = Replayer(requests, limits, cost_model)
+    arrivals = sorted(rp.states.values(), key=lambda s: (s.req.arrival_s, s.id))
+    next_arrival = 0
+    now = arrivals[0].req.arrival_s
+    waited_until: float | None = None
+    total_tokens = sum(r.prompt_tokens + r.output_tokens for r in requests)
+    batches_without_token = 0
+    bar = _Tracker(sum(r.output_tokens for r in requests)) if progress else nullcontext(None)
+    with bar as tracker:
+        while rp.unfinished:
+            first = next_arrival
+            while next_arrival < len(arrivals) and arrivals[next_arrival].req.arrival_s <= now:
+                next_arrival += 1
+            if next_arrival > first:
+                scheduler.add_arrivals(arrivals[first:next_arrival])
+            batch = scheduler.next_batch(now)
+            if not batch.items:
+                if next_arrival < len(arrivals):
+                    now = waited_until = arrivals[next_arrival].req.arrival_s
+                    continue
+                raise NoProgressError(
+                    f"scheduler '{scheduler.name}' planned an empty batch at t={now:.6g}s with {rp.unfinished} "
+                    f"request(s) unfinished and no arrivals left ({scheduler.describe_state()})")
+            batch.not_before_s = waited_until
+            waited_until = None
+            try:
+                finished = rp.apply(batch)
+            except ScheduleViolation as exc:
+                raise SchedulerError(f"scheduler '{scheduler.name}' planned an invalid batch: {exc}") from exc
+            scheduler.batch_done(batch, finished)
+            now = rp.clock_s
+            generated = rp.last_generated
+            batches_without_token = 0 if generated else batches_without_token + 1
+            if batches_without_token > total_tokens:
+                raise NoProgressError(
+                    f"scheduler '{scheduler.name}' ran {batches_without_token} batches in a row without generating a "
+                    f"token (more than the workload's {total_tokens} tokens): it is livelocked ({scheduler.describe_state()})")
+            if tracker is not None and (generated or not rp.unfinished):
+                tracker.advance(generated)
+    run_meta = {"scheduler": scheduler.name, "cost_model": getattr(cost_model, "name", type(cost_model).__name__),
+                **(meta or {})}
+    return SimResult.from_replayer(rp, meta=run_meta)
+
+
+class _Tracker:
+    """Throttled rich progress bar over generated tokens."""
+
+    def __init__(self, total_tokens: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                                 TimeElapsedColumn(), transient=True)
+        self.task = self.progress.add_task("simulate", total=total_tokens)
+        self.pending = 0
+
+    def advance(self, n: int) -> None:
+        self.pending += n
+        if self.pending >= 2048:
+            self.flush()
+
+    def flush(self) -> None:
+        self.progress.update(self.task, advance=self.pending)
+        self.pending = 0
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.flush()
+        self.progress.stop()

@@ -1,0 +1,53 @@
+"""Per-batch limits shared by the simulator, the validator and the solver."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The paper's batch limits.
+
+    ``C``: tokens per batch; ``P``: prefill tokens per batch (``None``: the
+    scheduler's default, see ``resolve_prefill_budget``); ``M``: KV-cache capacity
+    in tokens; ``Rmax``: requests holding KV (``None``: unlimited); ``block_size``:
+    KV allocation granularity (1 = the paper's token accounting, 16 = vLLM paging).
+    """
+
+    C: int = 4096
+    P: int | None = None
+    M: int = 100_000
+    Rmax: int | None = None
+    block_size: int = 1
+
+    def __post_init__(self) -> None:
+        _require_int("C", self.C, 1)
+        _require_int("M", self.M, 1)
+        _require_int("block_size", self.block_size, 1)
+        if self.P is not None:
+            _require_int("P", self.P, 1)
+            if self.P > self.C:
+                raise ValueError(f"P (prefill tokens per batch) = {self.P} must not exceed C = {self.C}")
+        if self.Rmax is not None:
+            _require_int("Rmax", self.Rmax, 1)
+
+    @property
+    def prefill_budget(self) -> int:
+        """Prefill tokens allowed per batch (``P``, or ``C`` when unset)."""
+        return self.C if self.P is None else self.P
+
+    def blocks(self, tokens: int) -> int:
+        """KV tokens occupied by ``tokens`` cached tokens, rounded up to whole blocks."""
+        b = self.block_size
+        return tokens if b == 1 else -(-tokens // b) * b
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")

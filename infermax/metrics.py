@@ -1,0 +1,100 @@
+"""Per-request, per-batch and summary metrics of a run, as DataFrames and plain dicts.
+
+Definitions (design.md): TTFT = first token − arrival; TPOT = (finish − first
+token)/(O − 1), undefined (NaN) for O = 1; latency = finish − arrival; makespan =
+last batch end − first arrival (the paper's offline *total latency*); TPS =
+generated tokens / makespan. Running size and KV use are the state *after* each
+batch (Algorithm 1's ``Rr`` once completed requests left), averaged over batches;
+``kv_tokens_peak``/``running_peak`` are the values *during* the batch that the
+``M``/``Rmax`` limits bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .schedule import Schedule
+
+REQUEST_COLUMNS = (
+    "id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
+    "ttft_s", "tpot_s", "latency_s", "evictions", "refilled_tokens",
+)
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced: tables, summary and the Schedule that reproduces it."""
+
+    requests: pd.DataFrame
+    batches: pd.DataFrame
+    summary: dict
+    schedule: Schedule
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_replayer(cls, rp, meta: dict | None = None) -> "SimResult":
+        from .replay import BATCH_COLUMNS
+
+        rows = []
+        for s in rp.states.values():
+            r = s.req
+            ttft = s.first_token_s - r.arrival_s
+            tpot = (s.finish_s - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
+            rows.append((r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, s.first_token_s, s.finish_s,
+                         ttft, tpot, s.finish_s - r.arrival_s, s.evictions, s.prefill_processed - r.prompt_tokens))
+        requests = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+        batches = pd.DataFrame(rp.batch_rows, columns=list(BATCH_COLUMNS))
+        schedule = Schedule([s.req for s in rp.states.values()], rp.limits, rp.batches, dict(meta or {}))
+        return cls(requests, batches, summarize(requests, batches, rp.limits.M), schedule, dict(meta or {}))
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write summary.json, requests.parquet, batches.parquet and schedule.json to ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps({"summary": _jsonable(self.summary), "meta": self.meta}, indent=2))
+        self.requests.to_parquet(out / "requests.parquet", index=False)
+        self.batches.to_parquet(out / "batches.parquet", index=False)
+        self.schedule.save(out / "schedule.json")
+        return out
+
+
+def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens: int) -> dict:
+    """The summary row: makespan, TPS, TTFT/TPOT/latency statistics, evictions, sizes."""
+    makespan = float(batches["end_s"].max() - requests["arrival_s"].min()) if len(batches) else 0.0
+    generated = int(requests["output_tokens"].sum())
+    out = {
+        "num_requests": len(requests),
+        "num_batches": len(batches),
+        "makespan_s": makespan,
+        "generated_tokens": generated,
+        "tps": generated / makespan if makespan > 0 else math.nan,
+    }
+    for metric in ("ttft_s", "tpot_s", "latency_s"):
+        values = requests[metric].to_numpy(dtype=float)
+        values = values[~np.isnan(values)]
+        base = metric[:-2]
+        if len(values):
+            p50, p90, p99 = np.percentile(values, [50, 90, 99])
+            out.update({f"mean_{base}_s": float(values.mean()), f"p50_{base}_s": float(p50),
+                        f"p90_{base}_s": float(p90), f"p99_{base}_s": float(p99)})
+        else:
+            out.update({f"{k}_{base}_s": math.nan for k in ("mean", "p50", "p90", "p99")})
+    out.update({
+        "evictions": int(requests["evictions"].sum()),
+        "refilled_tokens": int(requests["refilled_tokens"].sum()),
+        "mean_batch_size": float(batches["num_requests"].mean()) if len(batches) else 0.0,
+        "mean_running": float(batches["running"].mean()) if len(batches) else 0.0,
+        "mean_kv_util": float(batches["kv_tokens"].mean() / kv_capacity_tokens) if len(batches) else 0.0,
+        "peak_kv_util": float(batches["kv_tokens_peak"].max() / kv_capacity_tokens) if len(batches) else 0.0,
+    })
+    return out
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}

@@ -1,0 +1,32 @@
+"""The request: the unit of work every workload produces and every scheduler consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request.
+
+    ``prompt_tokens`` is the paper's ``I``, ``output_tokens`` its ``O`` (tokens to
+    generate, the first one produced by the batch that completes the prompt).
+    """
+
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"request {self.id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.output_tokens < 1:
+            raise ValueError(f"request {self.id}: output_tokens must be >= 1, got {self.output_tokens}")
+        if not self.arrival_s >= 0:
+            raise ValueError(f"request {self.id}: arrival_s must be >= 0, got {self.arrival_s}")
+
+    @property
+    def peak_kv_tokens(self) -> int:
+        """KV tokens held when the last token is generated: ``I + O - 1``."""
+        return self.prompt_tokens + self.output_tokens - 1

@@ -1,0 +1,91 @@
+"""Scheduler registry: every scheduler is usable by name from the CLI, sweeps and Python.
+
+Adding a scheduler = one module plus one `register` call here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..costmodel.base import CostModel
+from ..limits import Limits
+from .algorithm1 import Algorithm1Policy, Algorithm1Scheduler
+from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
+
+__all__ = [
+    "Algorithm1Policy", "Algorithm1Scheduler", "InfeasibleRequestError", "NoProgressError", "Scheduler", "SchedulerError",
+    "SchedulerSpec", "register", "get_spec", "available", "make_scheduler",
+]
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """A registered scheduler: how to build it and its default prefill budget."""
+
+    name: str
+    description: str
+    factory: Callable[[Limits, CostModel | None], Scheduler]
+    default_P: int | None = None
+    eviction_free: bool = False
+
+
+_REGISTRY: dict[str, SchedulerSpec] = {}
+
+
+def register(spec: SchedulerSpec) -> None:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"scheduler {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def available() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_spec(name: str) -> SchedulerSpec:
+    spec = _REGISTRY.get(name.lower())
+    if spec is None:
+        raise ValueError(f"unknown scheduler {name!r}; registered: {', '.join(_REGISTRY)}")
+    return spec
+
+
+def make_scheduler(name: str, limits: Limits, cost_model: CostModel | None = None) -> tuple[Scheduler, Limits]:
+    """Build a scheduler by name; returns it with the limits resolved for it (its default P)."""
+    spec = get_spec(name)
+    if limits.P is None and spec.default_P is not None:
+        limits = replace(limits, P=min(spec.default_P, limits.C))
+    return spec.factory(limits, cost_model), limits
+
+
+def _register_algorithm1(name: str, description: str, policy: Algorithm1Policy) -> None:
+    for suffix, pol, note in (("", policy, ""), ("-ef", policy.eviction_free_variant(), " (eviction-free: reserves I+O-1 at admission)")):
+        register(SchedulerSpec(
+            name=name + suffix,
+            description=description + note,
+            factory=lambda limits, cm, pol=pol, n=name + suffix: Algorithm1Scheduler(limits, pol, cm, name=n),
+            default_P=pol.default_P,
+            eviction_free=pol.eviction_free,
+        ))
+
+
+# The paper's Table 1 (grouping, hybrid batching, chunked prefill, P) and who evicts (section 3.1).
+_register_algorithm1("vllm", "vLLM: prefill first, no hybrid, no chunking, P=C",
+                     Algorithm1Policy("prefill_first", hybrid=False, chunked_prefill=False, evict_for="running"))
+_register_algorithm1("sarathi", "Sarathi: decode first, hybrid, chunked prefill, P=512",
+                     Algorithm1Policy("decode_first", hybrid=True, chunked_prefill=True, evict_for="running_decode",
+                                      default_P=512))
+_register_algorithm1("sarathi-pc", "Sarathi P=C: decode first, hybrid, chunked prefill, P=C",
+                     Algorithm1Policy("decode_first", hybrid=True, chunked_prefill=True, evict_for="running_decode"))
+_register_algorithm1("sarathi-nocp", "Sarathi-nocp: decode first, hybrid, no chunking, P=C",
+                     Algorithm1Policy("decode_first", hybrid=True, chunked_prefill=False, evict_for="running_decode"))
+_register_algorithm1("vllm-hy", "vLLM-hy: prefill first, hybrid, no chunking, P=C",
+                     Algorithm1Policy("prefill_first", hybrid=True, chunked_prefill=False, evict_for="running"))
+_register_algorithm1("sarathi-nohy", "Sarathi-nohy: decode first, no hybrid, no chunking, P=C",
+                     Algorithm1Policy("decode_first", hybrid=False, chunked_prefill=False, evict_for="running_decode"))
+# Appendix A.3 ranking schedulers: one group ordered by arrival / I / O; otherwise Sarathi P=C settings.
+for _key, _label in (("arrival", "org"), ("prompt", "i"), ("output", "o")):
+    _register_algorithm1(f"rank-{_label}", f"Rank_{_label.upper() if _label != 'org' else 'org'}: one group ranked by "
+                         f"{_key}; hybrid, chunked prefill, P=C",
+                         Algorithm1Policy("rank", hybrid=True, chunked_prefill=True, evict_for="running_decode",
+                                          rank_by=_key))

@@ -1,0 +1,245 @@
+"""The InferMax paper's Algorithm 1 as one template; vLLM, Sarathi and the ranking
+schedulers are `Algorithm1Policy` values, not separate code.
+
+Per batch: ``GroupRequests`` orders the waiting (``Rw``) and running (``Rr``)
+requests into groups; each candidate passes ``CheckHybridBatching`` (skip a phase
+other than the batch's when hybrid batching is off) and ``CanAllocate`` (token
+budget ``C``, prefill budget ``P`` — a chunked prefill shrinks to fit —, running
+size ``Rmax``, KV ``M``: one token for a decode, the chunk for a prefill, or
+``I + O − 1`` reserved at admission for eviction-free variants). On failure
+because of ``M`` a candidate allowed to evict takes victims from the
+lowest-priority end of the running requests after it, and finally evicts itself;
+any other failure moves on (to the next group for the FCFS groups, to the next
+candidate in a ranking's single group).
+
+Decisions where the paper is silent, following Vidur (which the paper extends):
+running requests are prioritised by arrival; evicted requests go to the *front*
+of ``Rw``; a failed candidate ends its FCFS group (head-of-line blocking, as vLLM).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, replace
+
+from ..costmodel.base import CostModel
+from ..limits import Limits
+from ..replay import RequestState
+from ..schedule import ScheduledBatch
+from .base import InfeasibleRequestError, Scheduler
+
+GROUPINGS = ("prefill_first", "decode_first", "rank")
+EVICTORS = ("running", "running_decode", "none")
+RANK_KEYS = ("arrival", "prompt", "output")
+
+
+@dataclass(frozen=True)
+class Algorithm1Policy:
+    """One row of the paper's Table 1 (or a ranking scheduler of appendix A.3).
+
+    ``grouping``: ``prefill_first`` = [Rw, Rr] (vLLM); ``decode_first`` =
+    [Rr decode, Rr prefill, Rw] (Sarathi); ``rank`` = one group, Rw ∪ Rr sorted by
+    ``rank_by`` (arrival, prompt length I or output length O).
+    ``evict_for``: which candidates may evict on an ``M`` failure.
+    ``default_P``: the scheduler's prefill budget when the user sets none (None: C).
+    """
+
+    grouping: str
+    hybrid: bool
+    chunked_prefill: bool
+    evict_for: str
+    eviction_free: bool = False
+    rank_by: str = "arrival"
+    default_P: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.grouping not in GROUPINGS:
+            raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
+        if self.evict_for not in EVICTORS:
+            raise ValueError(f"evict_for must be one of {EVICTORS}, got {self.evict_for!r}")
+        if self.rank_by not in RANK_KEYS:
+            raise ValueError(f"rank_by must be one of {RANK_KEYS}, got {self.rank_by!r}")
+
+    def eviction_free_variant(self) -> "Algorithm1Policy":
+        """The same policy reserving ``I + O − 1`` at admission and never evicting."""
+        return replace(self, eviction_free=True, evict_for="none")
+
+
+def _arrival_key(s: RequestState):
+    return (s.req.arrival_s, s.id)
+
+
+_RANK_KEY = {
+    "arrival": _arrival_key,
+    "prompt": lambda s: (s.req.prompt_tokens, s.req.arrival_s, s.id),
+    "output": lambda s: (s.req.output_tokens, s.req.arrival_s, s.id),
+}
+
+
+class Algorithm1Scheduler(Scheduler):
+    """Algorithm 1 of the InferMax paper, configured by an `Algorithm1Policy`."""
+
+    def __init__(self, limits: Limits, policy: Algorithm1Policy, cost_model: CostModel | None = None,
+                 name: str = "algorithm1"):
+        super().__init__(limits, cost_model)
+        self.policy = policy
+        self.name = name
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # by priority (arrival order)
+        self._running_ids: set[int] = set()
+        self._by_id: dict[int, RequestState] = {}
+        self._reserved: dict[int, int] = {}  # eviction-free reservations (KV tokens)
+        self._reserved_total = 0
+        self._new_reservations: dict[int, int] = {}
+
+    def add_arrivals(self, arrived: list[RequestState]) -> None:
+        for s in arrived:
+            self._by_id[s.id] = s
+            self.waiting.append(s)
+
+    # GroupRequests: [(candidates, stop_group_on_failure)] and running requests by priority.
+    def _groups(self):
+        g = self.policy.grouping
+        if g == "prefill_first":
+            return [(self.waiting, True), (self.running, True)], self.running
+        if g == "decode_first":
+            decode = [s for s in self.running if s.m >= s.input_tokens]
+            prefill = [s for s in self.running if s.m < s.input_tokens]
+            priority = decode + prefill
+            return [(decode, True), (prefill, True), (self.waiting, True)], priority
+        ranked = sorted([*self.running, *self.waiting], key=_RANK_KEY[self.policy.rank_by])
+        return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        lim, pol = self.limits, self.policy
+        blocks = lim.blocks
+        groups, priority = self._groups()
+        position = {s.id: i for i, s in enumerate(priority)}
+        victim_ptr = len(priority) - 1
+        tokens_left, prefill_left = lim.C, lim.prefill_budget
+        kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m) for s in self.running))
+        holders = len(self.running)
+        items: list[tuple[int, int]] = []
+        evict: list[int] = []
+        taken: set[int] = set()
+        batch_is_prefill = None
+        self._new_reservations = {}
+
+        for candidates, stop_on_failure in groups:
+            for s in candidates:
+                if s.id in taken:
+                    continue
+                is_prefill = s.m < s.input_tokens
+                if not pol.hybrid and items and is_prefill != batch_is_prefill:
+                    continue  # CheckHybridBatching
+                while True:  # CanAllocate, evicting on M failures where allowed
+                    failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free, holders)
+                    if failure is None:
+                        items.append((s.id, c))
+                        taken.add(s.id)
+                        tokens_left -= c
+                        if is_prefill:
+                            prefill_left -= c
+                        if s.m == 0:
+                            holders += 1
+                            if pol.eviction_free:
+                                self._new_reservations[s.id] = need
+                        kv_free -= need
+                        if batch_is_prefill is None:
+                            batch_is_prefill = is_prefill
+                        break
+                    if failure != "M" or not self._may_evict(s, is_prefill):
+                        break
+                    victim = None
+                    while victim_ptr > position[s.id]:
+                        v = priority[victim_ptr]
+                        victim_ptr -= 1
+                        if v.id not in taken:
+                            victim = v
+                            break
+                    target = victim or s
+                    evict.append(target.id)
+                    taken.add(target.id)
+                    kv_free += blocks(target.m)
+                    holders -= 1
+                    if victim is None:
+                        failure = None  # the candidate evicted itself; go on with the next one
+                        break
+                if failure is not None and stop_on_failure:
+                    break
+        return ScheduledBatch(items=items, evict=evict)
+
+    def _can_allocate(self, s: RequestState, is_prefill: bool, tokens_left: int, prefill_left: int,
+                      kv_free: int, holders: int):
+        """(failure reason or None, tokens c, KV tokens needed)."""
+        lim, pol = self.limits, self.policy
+        if is_prefill:
+            remaining = s.input_tokens - s.m
+            if pol.chunked_prefill:
+                c = min(remaining, tokens_left, prefill_left)
+                if c < 1:
+                    return ("C" if tokens_left < 1 else "P"), 0, 0
+            else:
+                cap = min(lim.C, lim.prefill_budget)
+                if remaining > cap:
+                    kind = "prompt" if s.input_tokens == s.req.prompt_tokens else "refill after eviction"
+                    raise InfeasibleRequestError(
+                        f"request {s.id}: its {remaining}-token prefill ({kind}) exceeds min(C, P) = {cap}, and "
+                        f"scheduler '{self.name}' does not chunk prefills; raise C/P or use a chunked-prefill scheduler")
+                c = remaining
+                if c > tokens_left:
+                    return "C", 0, 0
+                if c > prefill_left:
+                    return "P", 0, 0
+        else:
+            c = 1
+            if tokens_left < 1:
+                return "C", 0, 0
+        new_holder = s.m == 0
+        if new_holder and lim.Rmax is not None and holders >= lim.Rmax:
+            return "Rmax", 0, 0
+        if pol.eviction_free:
+            need = lim.blocks(s.req.peak_kv_tokens) if new_holder else 0
+        else:
+            need = lim.blocks(s.m + c) - lim.blocks(s.m)
+        if need > kv_free:
+            return "M", 0, 0
+        return None, c, need
+
+    def _may_evict(self, s: RequestState, is_prefill: bool) -> bool:
+        mode = self.policy.evict_for
+        if mode == "none" or s.id not in self._running_ids:
+            return False
+        return mode == "running" or not is_prefill
+
+    def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        for rid in batch.evict:
+            s = self._by_id[rid]
+            self._leave_running(s)
+            self.waiting.appendleft(s)
+        for rid, _ in batch.items:
+            if rid not in self._running_ids:
+                s = self._by_id[rid]
+                if self.waiting and self.waiting[0] is s:
+                    self.waiting.popleft()
+                else:
+                    self.waiting.remove(s)
+                bisect.insort(self.running, s, key=_arrival_key)
+                self._running_ids.add(rid)
+        for rid, need in self._new_reservations.items():
+            self._reserved[rid] = need
+            self._reserved_total += need
+        self._new_reservations = {}
+        for s in finished:
+            self._leave_running(s)
+
+    def _leave_running(self, s: RequestState) -> None:
+        self.running.remove(s)
+        self._running_ids.discard(s.id)
+        self._reserved_total -= self._reserved.pop(s.id, 0)
+
+    def describe_state(self) -> str:
+        lim = self.limits
+        used = self._reserved_total if self.policy.eviction_free else sum(lim.blocks(s.m) for s in self.running)
+        return f"waiting={len(self.waiting)}, running={len(self.running)}, KV {'reserved' if self.policy.eviction_free else 'used'}={used}/{lim.M}"

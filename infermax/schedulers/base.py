@@ -1,0 +1,53 @@
+"""The scheduler interface every scheduler implements, and the errors it raises."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from ..costmodel.base import CostModel
+from ..limits import Limits
+from ..replay import RequestState
+from ..schedule import ScheduledBatch
+
+
+class SchedulerError(RuntimeError):
+    """A scheduler misbehaved: it planned an invalid batch or cannot make progress."""
+
+
+class NoProgressError(SchedulerError):
+    """The scheduler cannot make progress (it would otherwise stall or loop forever)."""
+
+
+class InfeasibleRequestError(ValueError):
+    """A request can never be scheduled under the given limits and policy."""
+
+
+class Scheduler(ABC):
+    """Plans one batch at a time over the requests that have arrived.
+
+    The engine calls `add_arrivals` as requests arrive, `next_batch` before each
+    batch, and `batch_done` after the batch was applied. Request states are owned
+    by the engine's replayer; a scheduler reads them and never mutates them.
+    """
+
+    name = "scheduler"
+
+    def __init__(self, limits: Limits, cost_model: CostModel | None = None):
+        self.limits = limits
+        self.cost_model = cost_model
+
+    @abstractmethod
+    def add_arrivals(self, arrived: list[RequestState]) -> None:
+        """New requests join the waiting queue."""
+
+    @abstractmethod
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        """The next batch (empty ``items`` when nothing can run now)."""
+
+    @abstractmethod
+    def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        """Update queues after ``batch`` ran; ``finished`` completed in it."""
+
+    def describe_state(self) -> str:
+        """A one-line description of the queues, for error messages."""
+        return ""
