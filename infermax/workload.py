@@ -1,0 +1,278 @@
+"""Workloads: request lengths and arrival times.
+
+- :func:`fixed` — the paper's ``(I, O, B)`` grid point: ``B`` identical requests arriving at once.
+- :func:`heterogeneous_mix` — appendix A.3's mixes of SISO/SILO/LISO/LILO request groups.
+- :func:`sampled` — lengths drawn from parametric distributions (:func:`parse_length_dist` specs).
+- :func:`load_trace` — real request traces, e.g. the bundled Azure LLM inference traces 2023.
+- :func:`with_arrivals` — an arrival process (offline, Poisson, Gamma, trace replay) applied to
+  any list of requests.
+
+Every generator returns requests with ids ``0..n-1`` and is deterministic given ``seed``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from infermax.request import Request
+
+TRACE_DIR = Path(__file__).parent / "data" / "traces"
+BUNDLED_TRACES = {"azure-code": "azure_code.csv", "azure-conv": "azure_conv.csv"}
+TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+MIX_GROUPS = ("SISO", "SILO", "LISO", "LILO")
+ARRIVAL_PROCESSES = ("offline", "poisson", "gamma", "trace")
+
+
+def _check_int(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_positive(name: str, value: object) -> float:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+            or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def fixed(prompt_tokens: int, output_tokens: int, num_requests: int) -> list[Request]:
+    """``num_requests`` requests of ``prompt_tokens`` in and ``output_tokens`` out, all arriving at 0."""
+    prompt_tokens = _check_int("prompt_tokens", prompt_tokens)
+    output_tokens = _check_int("output_tokens", output_tokens)
+    n = _check_int("num_requests", num_requests)
+    return [Request(i, 0.0, prompt_tokens, output_tokens) for i in range(n)]
+
+
+def heterogeneous_mix(groups: Sequence[str] | str, num_requests: int, seed: int = 0,
+                      short: Sequence[int] = (8, 16), long: Sequence[int] = (512, 1024)) -> list[Request]:
+    """Appendix A.3 mix: requests split evenly over ``groups``, shuffled, all arriving at 0.
+
+    A group is ``SISO``, ``SILO``, ``LISO`` or ``LILO`` (short/long input, short/long output);
+    a string such as ``"LILO+SILO"`` is split on ``+``. Earlier groups get the remainder of the
+    split. Each length is drawn uniformly from the ``short`` or ``long`` set of values.
+    """
+    names = [g.strip().upper() for g in (groups.split("+") if isinstance(groups, str) else groups)]
+    if not names:
+        raise ValueError(f"groups must name at least one of {', '.join(MIX_GROUPS)}")
+    unknown = [g for g in names if g not in MIX_GROUPS]
+    if unknown:
+        raise ValueError(f"unknown mix group(s) {unknown}; valid groups: {', '.join(MIX_GROUPS)}")
+    n = _check_int("num_requests", num_requests)
+    sets = {"S": short, "L": long}
+    for label, values in (("short", short), ("long", long)):
+        if len(values) == 0:
+            raise ValueError(f"{label} must list at least one length")
+        for v in values:
+            _check_int(f"{label} length", v)
+    rng = np.random.default_rng(seed)
+    base, extra = divmod(n, len(names))
+    lengths: list[tuple[int, int]] = []
+    for k, group in enumerate(names):
+        count = base + (k < extra)
+        prompts, outputs = rng.choice(sets[group[0]], count), rng.choice(sets[group[2]], count)
+        lengths += zip(prompts.tolist(), outputs.tolist())
+    order = rng.permutation(n)
+    return [Request(i, 0.0, *lengths[j]) for i, j in enumerate(order)]
+
+
+_DIST_FORMS = {  # kind -> (parameter names, accepts an optional :MAX)
+    "const": (("N",), False),
+    "uniform": (("LO", "HI"), False),
+    "lognormal": (("MEDIAN", "SIGMA"), True),
+    "exponential": (("MEAN",), True),
+    "normal": (("MEAN", "STD"), True),
+}
+_DIST_HELP = ", ".join(
+    ":".join((kind, *params)) + ("[:MAX]" if has_max else "") for kind, (params, has_max) in _DIST_FORMS.items()
+)
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A token-length distribution; samples are rounded and clipped to ``[1, max_tokens]``."""
+
+    kind: str
+    params: tuple[float, ...]
+    max_tokens: int | None = None
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` integer lengths drawn with ``rng``."""
+        p = self.params
+        if self.kind == "const":
+            x = np.full(n, p[0])
+        elif self.kind == "uniform":
+            x = rng.integers(int(p[0]), int(p[1]) + 1, n)
+        elif self.kind == "lognormal":
+            x = rng.lognormal(math.log(p[0]), p[1], n)
+        elif self.kind == "exponential":
+            x = rng.exponential(p[0], n)
+        else:
+            x = rng.normal(p[0], p[1], n)
+        return np.clip(np.rint(x), 1, self.max_tokens or np.inf).astype(np.int64)
+
+
+def parse_length_dist(spec: str) -> LengthDist:
+    """Parse ``const:N``, ``uniform:LO:HI`` (inclusive), ``lognormal:MEDIAN:SIGMA[:MAX]``,
+    ``exponential:MEAN[:MAX]`` or ``normal:MEAN:STD[:MAX]``."""
+
+    def bad(reason: str) -> ValueError:
+        return ValueError(f"bad length distribution {spec!r}: {reason}; expected one of {_DIST_HELP}")
+
+    if not isinstance(spec, str):
+        raise bad("not a string")
+    kind, *args = spec.strip().lower().split(":")
+    if kind not in _DIST_FORMS:
+        raise bad(f"unknown kind {kind!r}")
+    names, has_max = _DIST_FORMS[kind]
+    if not len(names) <= len(args) <= len(names) + has_max:
+        raise bad(f"wrong number of parameters for {kind}")
+    try:
+        values = [float(a) for a in args]
+    except ValueError:
+        raise bad("parameters must be numbers") from None
+    if not all(math.isfinite(v) for v in values):
+        raise bad("parameters must be finite")
+    params, max_tokens = tuple(values[: len(names)]), None
+    if len(values) > len(names):
+        if not (values[-1].is_integer() and values[-1] >= 1):
+            raise bad("MAX must be an integer >= 1")
+        max_tokens = int(values[-1])
+    if kind in ("const", "uniform") and not all(v.is_integer() and v >= 1 for v in params):
+        raise bad(f"{'/'.join(names)} must be integers >= 1")
+    if kind == "uniform" and params[0] > params[1]:
+        raise bad("LO must be <= HI")
+    if kind in ("lognormal", "exponential") and params[0] <= 0:
+        raise bad(f"{names[0]} must be > 0")
+    if kind in ("lognormal", "normal") and params[1] < 0:
+        raise bad(f"{names[1]} must be >= 0")
+    return LengthDist(kind, params, max_tokens)
+
+
+def sampled(num_requests: int, input_dist: str | LengthDist, output_dist: str | LengthDist,
+            seed: int = 0) -> list[Request]:
+    """Requests whose prompt and output lengths are drawn independently, all arriving at 0."""
+    n = _check_int("num_requests", num_requests)
+    dists = [d if isinstance(d, LengthDist) else parse_length_dist(d) for d in (input_dist, output_dist)]
+    rng = np.random.default_rng(seed)
+    prompts, outputs = (d.sample(rng, n).tolist() for d in dists)
+    return [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
+
+
+class TraceFormatError(ValueError):
+    """A trace file that cannot be read as requests; the message names the file and line."""
+
+
+def trace_path(source: str | Path) -> Path:
+    """Path of a trace file, or of the bundled trace named ``azure-code`` / ``azure-conv``."""
+    if isinstance(source, str) and source.strip().lower() in BUNDLED_TRACES:
+        return TRACE_DIR / BUNDLED_TRACES[source.strip().lower()]
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"trace {str(source)!r} is neither a file nor a bundled trace ({', '.join(BUNDLED_TRACES)})"
+        )
+    return path
+
+
+def load_trace(source: str | Path, limit: int | None = None) -> list[Request]:
+    """Requests from a CSV trace with columns ``arrived_at`` (s), ``num_prefill_tokens``, ``num_decode_tokens``.
+
+    Extra columns are ignored; ``limit`` keeps the first rows only. Arrival times are shifted so
+    that the first request arrives at 0.0 s. Malformed input raises :class:`TraceFormatError`
+    naming the file and the 1-based line.
+    """
+    if limit is not None:
+        limit = _check_int("limit", limit)
+    path = trace_path(source)
+    rows: list[tuple[float, int, int]] = []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise TraceFormatError(f"{path}, line 1: header lacks column(s) {', '.join(missing)}; "
+                                   f"expected {','.join(TRACE_COLUMNS)}, found {','.join(header) or 'nothing'}")
+        index = [header.index(c) for c in TRACE_COLUMNS]
+        for row in reader:
+            if limit is not None and len(rows) >= limit:
+                break
+            if not any(cell.strip() for cell in row):
+                continue
+            rows.append(_parse_trace_row(path, reader.line_num, row, index, rows[-1][0] if rows else None))
+    if not rows:
+        raise TraceFormatError(f"{path}: trace has no requests")
+    start_s = rows[0][0]
+    return [Request(i, t - start_s, p, o) for i, (t, p, o) in enumerate(rows)]
+
+
+def _parse_trace_row(path: Path, line: int, row: list[str], index: list[int],
+                     previous_s: float | None) -> tuple[float, int, int]:
+    values = []
+    for column, k in zip(TRACE_COLUMNS, index):
+        where = f"{path}, line {line}, column {column}"
+        if k >= len(row) or not row[k].strip():
+            raise TraceFormatError(f"{where}: missing value")
+        try:
+            value = float(row[k])
+        except ValueError:
+            raise TraceFormatError(f"{where}: not a number: {row[k]!r}") from None
+        if not math.isfinite(value):
+            raise TraceFormatError(f"{where}: not finite: {row[k]!r}")
+        if column == "arrived_at":
+            if value < 0:
+                raise TraceFormatError(f"{where}: negative arrival time {value}")
+            if previous_s is not None and value < previous_s:
+                raise TraceFormatError(f"{where}: arrivals not sorted ascending ({value} after {previous_s})")
+        elif not (value.is_integer() and value >= 1):
+            raise TraceFormatError(f"{where}: token count must be an integer >= 1, got {row[k]!r}")
+        values.append(value)
+    return values[0], int(values[1]), int(values[2])
+
+
+def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_per_s: float | None = None,
+                  cv: float | None = None, time_scale: float = 1.0, seed: int = 0) -> list[Request]:
+    """Copies of ``requests`` (same ids and lengths) with arrival times from ``process``.
+
+    - ``offline``: everything arrives at 0.
+    - ``poisson``: exponential inter-arrival times with rate ``rate_per_s``.
+    - ``gamma``: Gamma inter-arrival times with mean ``1/rate_per_s`` and coefficient of
+      variation ``cv`` (``cv=1`` is Poisson; larger is burstier).
+    - ``trace``: each request's own ``arrival_s`` times ``time_scale`` (0.5 replays twice as fast).
+
+    Poisson and Gamma arrivals are assigned in list order, the first at 0. A parameter the
+    process does not use (``rate_per_s``, ``cv``, ``time_scale != 1``) is an error, not ignored.
+    """
+    if process not in ARRIVAL_PROCESSES:
+        raise ValueError(f"unknown arrival process {process!r}; valid: {', '.join(ARRIVAL_PROCESSES)}")
+    uses = {"rate_per_s": process in ("poisson", "gamma"), "cv": process == "gamma"}
+    for name, value in (("rate_per_s", rate_per_s), ("cv", cv)):
+        if uses[name]:
+            if value is None:
+                raise ValueError(f"arrival process {process!r} needs {name}")
+            _check_positive(name, value)
+        elif value is not None:
+            raise ValueError(f"{name} does not apply to arrival process {process!r}")
+    _check_positive("time_scale", time_scale)
+    if time_scale != 1.0 and process != "trace":
+        raise ValueError(f"time_scale only applies to arrival process 'trace', not {process!r}")
+
+    n, rng = len(requests), np.random.default_rng(seed)
+    if process == "offline":
+        arrivals = np.zeros(n)
+    elif process == "trace":
+        arrivals = np.array([r.arrival_s * time_scale for r in requests])
+    else:
+        if process == "poisson":
+            gaps = rng.exponential(1.0 / rate_per_s, max(n - 1, 0))
+        else:
+            shape = 1.0 / cv**2
+            gaps = rng.gamma(shape, 1.0 / (rate_per_s * shape), max(n - 1, 0))
+        arrivals = np.concatenate([[0.0], np.cumsum(gaps)])[:n]
+    return [replace(r, arrival_s=float(t)) for r, t in zip(requests, arrivals)]
