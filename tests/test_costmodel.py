@@ -1,0 +1,154 @@
+"""Tests for the linear cost model, its fitting from Vidur profiles and profile loading."""
+
+import json
+
+import numpy as np
+import pytest
+
+from infermax.costmodel import BatchFeatures, CostModel, LinearCostModel, features_frame, load_cost_model, profiles_dir
+from infermax.costmodel import fitting
+
+COEFFS = {  # chosen so every term is distinguishable; ms
+    "kind": "infermax-linear", "version": 1, "gpu": "toy", "model": "toy", "tp": 1, "num_layers": 2,
+    "per_layer_ms": {"non_attention": {"intercept": 1.0, "per_token": 0.1},
+                     "prefill_attention": {"intercept": 2.0, "per_c2": 0.001, "per_c_ctx": 0.0005},
+                     "decode_attention": {"intercept": 3.0, "per_kv_token": 0.01}},
+    "per_batch_ms": {"intercept": 0.5, "per_token": 0.02},
+}
+PROFILE = profiles_dir() / "a100" / "llama-2-7b"
+
+
+def batch(prefills=(), decodes=()) -> BatchFeatures:
+    f = BatchFeatures()
+    for c, m in prefills:
+        f.add_prefill(c, m)
+    for m in decodes:
+        f.add_decode(m)
+    return f
+
+
+@pytest.fixture
+def toy() -> LinearCostModel:
+    return LinearCostModel(COEFFS)
+
+
+@pytest.fixture(scope="module")
+def fitted() -> LinearCostModel:
+    return load_cost_model()
+
+
+def test_toy_model_hand_computed(toy):
+    assert isinstance(toy, CostModel)
+    assert toy.batch_time_s(BatchFeatures()) == 0.0
+    # prefill c=10 after m=20: 2*(1 + 0.1*10) + 2*(2 + 0.001*100 + 0.0005*200) + 0.5 + 0.02*10 = 4 + 4.4 + 0.7 ms
+    assert toy.batch_time_s(batch(prefills=[(10, 20)])) == pytest.approx(9.1e-3)
+    # decodes at m=9 and m=29 read 10 + 30 KV: 2*(1 + 0.2) + 2*(3 + 0.4) + 0.5 + 0.04 ms
+    assert toy.batch_time_s(batch(decodes=[9, 29])) == pytest.approx(9.74e-3)
+    # hybrid: both attention terms, shared non-attention line over 12 tokens
+    hybrid = 2 * (1 + 1.2) + 2 * (2 + 0.1 + 0.1) + 2 * (3 + 0.4) + 0.5 + 0.24
+    assert toy.batch_time_s(batch(prefills=[(10, 20)], decodes=[9, 29])) == pytest.approx(hybrid * 1e-3)
+
+
+def test_predict_matches_scalar(toy, fitted):
+    rng = np.random.default_rng(1)
+    batches = [BatchFeatures(), batch(prefills=[(7, 0)]), batch(decodes=[5])]
+    for _ in range(30):
+        batches.append(batch(prefills=[(int(c), int(m)) for c, m in rng.integers(1, 3000, (rng.integers(0, 3), 2))],
+                             decodes=[int(m) for m in rng.integers(0, 8000, rng.integers(0, 40))]))
+    table = features_frame(batches)
+    for model in (toy, fitted):
+        assert model.predict_s(table) == pytest.approx([model.batch_time_s(f) for f in batches], rel=1e-12)
+
+
+def test_fitted_groups_match_measured_rows():
+    mlp = fitting.load_vidur_mlp(PROFILE / "vidur_mlp.csv")
+    att = fitting.load_attention(PROFILE / "vidur_attention_llama3_8b_sample.csv")
+    ops = fitting.fit_non_attention(mlp)
+    measured_4096 = fitting.non_attention_ms(mlp)[mlp.num_tokens == 4096].item()
+    assert ops.intercept_ms + 4096 * ops.slopes_ms[0] == pytest.approx(measured_4096, rel=0.10)
+    pre = fitting.fit_prefill_attention(att)
+    row = att[att.is_prefill & (att.prefill_chunk_size == 4096) & (att.kv_cache_size == 8192)].iloc[0]
+    assert pre.intercept_ms + pre.slopes_ms[0] * 4096**2 + pre.slopes_ms[1] * 4096 * 8192 == pytest.approx(
+        row.attn_prefill_median_ms, rel=0.10)
+    dec = fitting.fit_decode_attention(att)
+    row = att[~att.is_prefill & (att.batch_size == 71) & (att.kv_cache_size == 8192)].iloc[0]
+    assert dec.intercept_ms + dec.slopes_ms[0] * 71 * 8192 == pytest.approx(row.attn_decode_median_ms, rel=0.10)
+
+
+def test_default_model_reproduces_a_measured_prefill(fitted):
+    """A 4096-token prefill = 32 layers of measured ops + attention + scaled KV save, plus embedding."""
+    mlp = fitting.load_vidur_mlp(PROFILE / "vidur_mlp.csv").set_index("num_tokens")
+    att = fitting.load_attention(PROFILE / "vidur_attention_llama3_8b_sample.csv")
+    row = att[att.is_prefill & (att.prefill_chunk_size == 4096) & (att.kv_cache_size == 0)].iloc[0]
+    kv_scale = fitted.doc["fit"]["scaling"]["kv_scale"]
+    per_layer = fitting.non_attention_ms(mlp)[4096] + row.attn_prefill_median_ms + kv_scale * row.attn_kv_cache_save_median_ms
+    measured_s = (32 * per_layer + mlp.loc[4096, "time_stats.emb.median"]) / 1e3
+    assert fitted.batch_time_s(batch(prefills=[(4096, 0)])) == pytest.approx(measured_s, rel=0.10)
+
+
+def test_monotone_in_tokens_and_kv(fitted):
+    by_tokens = [fitted.batch_time_s(batch(prefills=[(c, 0)])) for c in range(1, 8193, 64)]
+    by_ctx = [fitted.batch_time_s(batch(prefills=[(512, m)])) for m in range(0, 16384, 256)]
+    by_kv = [fitted.batch_time_s(batch(decodes=[m] * 16)) for m in range(0, 16384, 256)]
+    by_batch = [fitted.batch_time_s(batch(decodes=[1024] * b)) for b in range(1, 257)]
+    for series in (by_tokens, by_ctx, by_kv, by_batch):
+        assert np.all(np.diff(series) > 0)
+
+
+def test_decode_slope_is_kv_head_scaled(fitted):
+    raw = fitting.fit_decode_attention(fitting.load_attention(PROFILE / "vidur_attention_llama3_8b_sample.csv"))
+    assert fitting.head_scales(fitting.HeadShape("l2", 32, 32, 128), fitting.LLAMA3_8B) == (1.0, 4.0)
+    assert fitted.coefficient_ms("per_layer_ms.decode_attention.per_kv_token") == pytest.approx(4 * raw.slopes_ms[0])
+    assert fitted.coefficient_ms("per_layer_ms.decode_attention.intercept") == pytest.approx(raw.intercept_ms)
+
+
+def test_fit_records_heldout_errors(fitted):
+    table = fitted.doc["fit"]["heldout_error"]
+    for group in ("non_attention_ops", "prefill_attention", "decode_attention", "kv_cache_save"):
+        assert set(table[group]) == {"all", "1-16", "17-128", "129-1024", "1025-4096", "4097-16384"}
+    assert table["non_attention_ops"]["1025-4096"]["mape_pct"] < 5
+
+
+def test_json_round_trip(toy, tmp_path):
+    toy.save(tmp_path / "m.json")
+    again = LinearCostModel.from_json(tmp_path / "m.json")
+    assert again.to_dict() == toy.to_dict()
+    assert load_cost_model(path=tmp_path / "m.json").batch_time_s(batch(decodes=[3])) == toy.batch_time_s(batch(decodes=[3]))
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda d: d["per_layer_ms"]["decode_attention"].pop("per_kv_token"), "per_layer_ms.decode_attention.per_kv_token"),
+    (lambda d: d["per_batch_ms"].update(intercept=float("nan")), "per_batch_ms.intercept"),
+    (lambda d: d["per_layer_ms"]["non_attention"].update(per_token="0.1"), "per_layer_ms.non_attention.per_token"),
+    (lambda d: d.update(kind="vidur"), "kind"),
+    (lambda d: d.pop("num_layers"), "num_layers"),
+])
+def test_malformed_json_names_file_and_key(tmp_path, edit, key):
+    doc = json.loads(json.dumps(COEFFS))
+    edit(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"bad.json.*'{key}'"):
+        LinearCostModel.from_json(path)
+
+
+def test_unknown_profile_lists_available(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match=r"a100/llama-2-7b.*python -m infermax.costmodel.fitting"):
+        load_cost_model(gpu="tpu", model="llama-2-7b")
+    with pytest.raises(ValueError, match="a100/llama-2-7b"):
+        load_cost_model(tp=2)
+    (tmp_path / "x1" / "m1").mkdir(parents=True)
+    (tmp_path / "x1" / "m1" / "infermax_linear.json").write_text(json.dumps(COEFFS))
+    monkeypatch.setenv("INFERMAX_PROFILES", str(tmp_path))
+    assert load_cost_model("x1", "m1").num_layers == 2
+    with pytest.raises(ValueError, match="available gpu/model: x1/m1"):
+        load_cost_model()
+
+
+def test_refit_reproduces_shipped_json(fitted, tmp_path):
+    for name in ("vidur_mlp.csv", "vidur_attention_llama3_8b_sample.csv"):
+        (tmp_path / "a100" / "llama-2-7b").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "a100" / "llama-2-7b" / name).write_bytes((PROFILE / name).read_bytes())
+    fitting.main([str(tmp_path / "a100" / "llama-2-7b")])
+    refit = LinearCostModel.from_json(tmp_path / "a100" / "llama-2-7b" / "infermax_linear.json").to_dict()
+    assert refit == fitted.to_dict()
