@@ -23,7 +23,7 @@ from .schedule import Schedule
 
 REQUEST_COLUMNS = (
     "id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
-    "ttft_s", "tpot_s", "latency_s", "evictions", "refilled_tokens",
+    "ttft_s", "tpot_s", "latency_s", "generated_tokens", "evictions", "refilled_tokens",
 )
 
 
@@ -47,7 +47,7 @@ class SimResult:
             ttft = s.first_token_s - r.arrival_s
             tpot = (s.finish_s - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
             rows.append((r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, s.first_token_s, s.finish_s,
-                         ttft, tpot, s.finish_s - r.arrival_s, s.evictions, s.prefill_processed - r.prompt_tokens))
+                         ttft, tpot, s.finish_s - r.arrival_s, s.generated, s.evictions, s.prefill_processed - r.prompt_tokens))
         requests = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
         batches = pd.DataFrame(rp.batch_rows, columns=list(BATCH_COLUMNS))
         schedule = Schedule([s.req for s in rp.states.values()], rp.limits, rp.batches, dict(meta or {}))
@@ -67,7 +67,7 @@ class SimResult:
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens: int) -> dict:
     """The summary row: makespan, TPS, TTFT/TPOT/latency statistics, evictions, sizes."""
     makespan = float(batches["end_s"].max() - requests["arrival_s"].min()) if len(batches) else 0.0
-    generated = int(requests["output_tokens"].sum())
+    generated = int(requests["generated_tokens"].sum())
     out = {
         "num_requests": len(requests),
         "num_batches": len(batches),

@@ -11,7 +11,7 @@ from infermax.costmodel import fitting
 COEFFS = {  # chosen so every term is distinguishable; ms
     "kind": "infermax-linear", "version": 1, "gpu": "toy", "model": "toy", "tp": 1, "num_layers": 2,
     "per_layer_ms": {"non_attention": {"intercept": 1.0, "per_token": 0.1},
-                     "prefill_attention": {"intercept": 2.0, "per_c2": 0.001, "per_c_ctx": 0.0005},
+                     "prefill_attention": {"intercept": 2.0, "per_c2": 0.001, "per_c_ctx": 0.0005, "per_token": 0.05},
                      "decode_attention": {"intercept": 3.0, "per_kv_token": 0.01}},
     "per_batch_ms": {"intercept": 0.5, "per_token": 0.02},
 }
@@ -40,12 +40,16 @@ def fitted() -> LinearCostModel:
 def test_toy_model_hand_computed(toy):
     assert isinstance(toy, CostModel)
     assert toy.batch_time_s(BatchFeatures()) == 0.0
-    # prefill c=10 after m=20: 2*(1 + 0.1*10) + 2*(2 + 0.001*100 + 0.0005*200) + 0.5 + 0.02*10 = 4 + 4.4 + 0.7 ms
-    assert toy.batch_time_s(batch(prefills=[(10, 20)])) == pytest.approx(9.1e-3)
-    # decodes at m=9 and m=29 read 10 + 30 KV: 2*(1 + 0.2) + 2*(3 + 0.4) + 0.5 + 0.04 ms
+    # prefill c=10 after m=20: 2*(1 + 0.1*10) + 2*(2 + 0.001*100 + 0.0005*200 + 0.05*10) + 0.5 + 0.02*10
+    #   = 4 + 5.4 + 0.7 ms
+    assert toy.batch_time_s(batch(prefills=[(10, 20)])) == pytest.approx(10.1e-3)
+    # two chunks (10 after 20, 5 after 0): 15 prefill tokens, sum c^2 = 125, sum c*m = 200, one intercept
+    #   2*(1 + 1.5) + 2*(2 + 0.125 + 0.1 + 0.75) + 0.5 + 0.3 = 5 + 5.95 + 0.8 ms
+    assert toy.batch_time_s(batch(prefills=[(10, 20), (5, 0)])) == pytest.approx(11.75e-3)
+    # decodes at m=9 and m=29 read 10 + 30 KV; no prefill per-token (KV save) term: 2*(1 + 0.2) + 2*(3 + 0.4) + 0.5 + 0.04 ms
     assert toy.batch_time_s(batch(decodes=[9, 29])) == pytest.approx(9.74e-3)
-    # hybrid: both attention terms, shared non-attention line over 12 tokens
-    hybrid = 2 * (1 + 1.2) + 2 * (2 + 0.1 + 0.1) + 2 * (3 + 0.4) + 0.5 + 0.24
+    # hybrid: both attention terms, shared non-attention line over 12 tokens, per_token on the 10 prefill tokens only
+    hybrid = 2 * (1 + 1.2) + 2 * (2 + 0.1 + 0.1 + 0.5) + 2 * (3 + 0.4) + 0.5 + 0.24
     assert toy.batch_time_s(batch(prefills=[(10, 20)], decodes=[9, 29])) == pytest.approx(hybrid * 1e-3)
 
 
@@ -76,14 +80,48 @@ def test_fitted_groups_match_measured_rows():
 
 
 def test_default_model_reproduces_a_measured_prefill(fitted):
-    """A 4096-token prefill = 32 layers of measured ops + attention + scaled KV save, plus embedding."""
+    """A 4096-token prefill = 32 layers of measured ops + attention + unscaled KV save, plus embedding."""
     mlp = fitting.load_vidur_mlp(PROFILE / "vidur_mlp.csv").set_index("num_tokens")
     att = fitting.load_attention(PROFILE / "vidur_attention_llama3_8b_sample.csv")
     row = att[att.is_prefill & (att.prefill_chunk_size == 4096) & (att.kv_cache_size == 0)].iloc[0]
-    kv_scale = fitted.doc["fit"]["scaling"]["kv_scale"]
-    per_layer = fitting.non_attention_ms(mlp)[4096] + row.attn_prefill_median_ms + kv_scale * row.attn_kv_cache_save_median_ms
+    assert fitted.doc["fit"]["scaling"]["kv_cache_save_scale"] == 1.0
+    per_layer = fitting.non_attention_ms(mlp)[4096] + row.attn_prefill_median_ms + row.attn_kv_cache_save_median_ms
     measured_s = (32 * per_layer + mlp.loc[4096, "time_stats.emb.median"]) / 1e3
     assert fitted.batch_time_s(batch(prefills=[(4096, 0)])) == pytest.approx(measured_s, rel=0.10)
+
+
+def test_kv_save_is_prefill_only_and_unscaled(fitted):
+    """The save's slope is charged per prefill token, unscaled; non-attention is the operators alone."""
+    mlp = fitting.load_vidur_mlp(PROFILE / "vidur_mlp.csv")
+    att = fitting.load_attention(PROFILE / "vidur_attention_llama3_8b_sample.csv")
+    ops, save, pre = fitting.fit_non_attention(mlp), fitting.fit_kv_cache_save(att), fitting.fit_prefill_attention(att)
+    assert fitted.coefficient_ms("per_layer_ms.non_attention.per_token") == pytest.approx(ops.slopes_ms[0])
+    assert fitted.coefficient_ms("per_layer_ms.non_attention.intercept") == pytest.approx(ops.intercept_ms)
+    assert fitted.coefficient_ms("per_layer_ms.prefill_attention.per_token") == pytest.approx(save.slopes_ms[0])
+    assert fitted.coefficient_ms("per_layer_ms.prefill_attention.intercept") == pytest.approx(
+        pre.intercept_ms + save.intercept_ms)
+    assert 0.4e-3 < save.slopes_ms[0] < 0.7e-3  # ~0.55 us per prefill token per layer on the sample
+    assert len(save.heldout_ms) == int(att.is_prefill.sum())
+
+
+def test_decode_batch_excludes_kv_save_per_token(fitted):
+    """A decode-only batch = ops line + decode attention + embedding; no per-token KV save."""
+    layers, ms = fitted.num_layers, fitted.coefficient_ms
+    for n, m in ((1, 512), (100, 640), (512, 4000)):
+        expected_ms = (layers * (ms("per_layer_ms.non_attention.intercept") + ms("per_layer_ms.non_attention.per_token") * n)
+                       + layers * (ms("per_layer_ms.decode_attention.intercept")
+                                   + ms("per_layer_ms.decode_attention.per_kv_token") * n * (m + 1))
+                       + ms("per_batch_ms.intercept") + ms("per_batch_ms.per_token") * n)
+        assert fitted.batch_time_s(batch(decodes=[m] * n)) == pytest.approx(expected_ms / 1e3, rel=1e-12)
+        # the prefill save rate would add layers * per_token * n (~1.8 ms at n=100), far above the tolerance
+        assert layers * ms("per_layer_ms.prefill_attention.per_token") * n > 1e-6 * expected_ms
+    # one more decode token adds the ops and KV-read slopes only
+    step_ms = 1e3 * (fitted.batch_time_s(batch(decodes=[640] * 101)) - fitted.batch_time_s(batch(decodes=[640] * 100)))
+    expected_step_ms = (layers * (ms("per_layer_ms.non_attention.per_token") + ms("per_layer_ms.decode_attention.per_kv_token") * 641)
+                        + ms("per_batch_ms.per_token"))
+    assert step_ms == pytest.approx(expected_step_ms, rel=1e-9)
+    dropped = fitted.doc["fit"]["kv_cache_save"]["decode_rows_not_modelled"]
+    assert dropped["rows"] > 0 and 0 < dropped["median_ms_per_layer"] < 0.01
 
 
 def test_monotone_in_tokens_and_kv(fitted):
@@ -118,6 +156,7 @@ def test_json_round_trip(toy, tmp_path):
 
 @pytest.mark.parametrize("edit, key", [
     (lambda d: d["per_layer_ms"]["decode_attention"].pop("per_kv_token"), "per_layer_ms.decode_attention.per_kv_token"),
+    (lambda d: d["per_layer_ms"]["prefill_attention"].pop("per_token"), "per_layer_ms.prefill_attention.per_token"),
     (lambda d: d["per_batch_ms"].update(intercept=float("nan")), "per_batch_ms.intercept"),
     (lambda d: d["per_layer_ms"]["non_attention"].update(per_token="0.1"), "per_layer_ms.non_attention.per_token"),
     (lambda d: d.update(kind="vidur"), "kind"),

@@ -1,0 +1,27 @@
+"""Shared test helpers: a toy affine cost model for hand-worked cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+class AffineCost:
+    """Batch time = ``base_s + per_token_s * n_tokens`` (0 for an empty batch)."""
+
+    name = "affine"
+
+    def __init__(self, base_s: float = 1.0, per_token_s: float = 1.0):
+        self.base_s, self.per_token_s = base_s, per_token_s
+
+    def batch_time_s(self, f) -> float:
+        return 0.0 if f.n_tokens == 0 else self.base_s + self.per_token_s * f.n_tokens
+
+    def predict_s(self, table):
+        n = table["n_tokens"].to_numpy(float)
+        return np.where(n > 0, self.base_s + self.per_token_s * n, 0.0)
+
+
+@pytest.fixture
+def affine():
+    return AffineCost()

@@ -1,0 +1,89 @@
+"""The validator rejects every violation with the batch, request and rule named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infermax.limits import Limits
+from infermax.replay import ScheduleViolation, replay
+from infermax.request import Request
+from infermax.schedule import Schedule, ScheduledBatch
+
+
+def sched(batches, limits=Limits(M=100), requests=None):
+    requests = requests or [Request(0, 0.0, 4, 2), Request(1, 0.0, 2, 1)]
+    return Schedule(requests, limits, [ScheduledBatch(items=i, evict=e) for i, e in batches])
+
+
+VALID = [([(0, 4), (1, 2)], []), ([(0, 1)], [])]
+
+
+def test_valid_schedule_replays(affine):
+    res = replay(sched(VALID), affine)
+    assert res.summary["makespan_s"] == (1 + 6) + (1 + 1)
+
+
+@pytest.mark.parametrize("batches,limits,batch,rid,rule", [
+    ([([(7, 1)], [])], Limits(M=100), 0, 7, "unknown-request"),
+    ([([(0, 5)], [])], Limits(M=100), 0, 0, "chunk"),
+    ([([(0, 0)], [])], Limits(M=100), 0, 0, "chunk"),
+    ([([(0, 4), (1, 2)], []), ([(0, 2)], [])], Limits(M=100), 1, 0, "decode"),
+    ([([(0, 4), (1, 2)], []), ([(1, 1)], [])], Limits(M=100), 1, 1, "finished"),
+    ([([(0, 4), (0, 1)], [])], Limits(M=100), 0, 0, "duplicate"),
+    ([([(0, 4), (1, 2)], [])], Limits(C=5, M=100), 0, None, "C"),
+    ([([(0, 4), (1, 2)], [])], Limits(C=8, P=5, M=100), 0, None, "P"),
+    ([([(0, 4), (1, 2)], [])], Limits(M=5), 0, None, "M"),
+    ([([(0, 4), (1, 2)], [])], Limits(M=7, block_size=4), 0, None, "M"),  # blocks: 4 + 4 > 7
+    ([([(0, 4), (1, 2)], [])], Limits(M=100, Rmax=1), 0, None, "Rmax"),
+    ([([(0, 4), (1, 2)], []), ([(0, 1)], [1])], Limits(M=100), 1, 1, "finished"),
+    ([([(0, 2)], []), ([(1, 2)], [1])], Limits(M=100), 1, 1, "evict-no-kv"),
+    ([([(0, 2)], []), ([(0, 2)], [0])], Limits(M=100), 1, 0, "evict-and-process"),
+    ([([], [])], Limits(M=100), 0, None, "empty"),
+    ([([(0, 4), (1, 2)], [])], Limits(M=100), 1, 0, "incomplete"),
+])
+def test_violations_are_named(affine, batches, limits, batch, rid, rule):
+    s = sched(batches, limits)
+    with pytest.raises(ScheduleViolation) as err:
+        replay(s, affine)
+    assert (err.value.batch, err.value.request, err.value.rule) == (batch, rid, rule)
+    assert f"batch {batch}" in str(err.value)
+
+
+def test_eviction_in_decode_phase_refills_prompt_plus_generated(affine):
+    reqs = [Request(0, 0.0, 3, 4), Request(1, 0.0, 1, 5)]
+    # r0: prefill (token 1), decode (token 2), evicted: Icur = 3 + 2 = 5, refilled in two chunks,
+    # completing the refill generates token 3. r1 keeps every batch non-empty.
+    ok = [([(0, 3), (1, 1)], []), ([(0, 1), (1, 1)], []), ([(1, 1)], [0]), ([(0, 4), (1, 1)], []),
+          ([(0, 1), (1, 1)], []), ([(0, 1)], [])]
+    res = replay(sched(ok, requests=reqs), affine)
+    r0 = res.requests.set_index("id").loc[0]
+    assert (r0.refilled_tokens, r0.generated_tokens, r0.evictions) == (5, 4, 1)
+    assert res.batches.generated_tokens.tolist() == [2, 2, 1, 1, 2, 1]
+    bad = ok[:3] + [([(0, 6), (1, 1)], [])]
+    with pytest.raises(ScheduleViolation, match=r"chunk.*1\.\.5"):
+        replay(sched(bad, requests=reqs), affine)
+
+
+def test_eviction_mid_prefill_loses_progress_but_keeps_input(affine):
+    reqs = [Request(0, 0.0, 6, 1), Request(1, 0.0, 1, 3)]
+    ok = [([(0, 4), (1, 1)], []), ([(1, 1)], [0]), ([(0, 6), (1, 1)], [])]  # evicted at m=4 of 6: redone whole
+    res = replay(sched(ok, requests=reqs), affine)
+    assert res.requests.set_index("id").loc[0, "refilled_tokens"] == 4
+
+
+def test_requests_cannot_run_before_arrival(affine):
+    reqs = [Request(0, 5.0, 1, 1)]
+    res = replay(sched([([(0, 1)], [])], requests=reqs), affine)
+    assert res.batches.loc[0, "start_s"] == 5.0
+
+
+def test_malformed_schedule_file(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="not an InferMax schedule"):
+        Schedule.load(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Schedule.load(path)
