@@ -21,21 +21,21 @@ SCHEDULERS = available()
 
 @st.composite
 def cases(draw):
-    n = draw(st.integers(1, 8))
+    n = draw(st.integers(1, 10))
     online = draw(st.booleans())
     reqs = []
     t = 0.0
     for i in range(n):
         if online:
             t += draw(st.sampled_from([0.0, 0.01, 0.5, 3.0]))
-        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 12))))
+        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 24))))
     block = draw(st.sampled_from([1, 1, 4, 16]))
     peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
     # Non-chunked schedulers need every prefill (refills up to I+O-1 included) to fit min(C, P).
     C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 96))
     P = draw(st.one_of(st.none(), st.integers(max(r.peak_kv_tokens for r in reqs), C)))
-    M = draw(st.integers(peak, peak * 2))
-    Rmax = draw(st.one_of(st.none(), st.integers(1, 4)))
+    M = draw(st.integers(peak, peak + peak // 3))
+    Rmax = draw(st.one_of(st.none(), st.none(), st.integers(1, 6)))
     return reqs, Limits(C=C, P=P, M=M, Rmax=Rmax, block_size=block), draw(st.sampled_from(SCHEDULERS))
 
 

@@ -3,12 +3,17 @@
 For a non-empty batch (``n_tokens > 0``)::
 
     t = L * (a0 + a1 * n_tokens)                                          non-attention operators
-      + [n_prefill_seqs > 0] * L * (b0 + b1 * sum(c^2) + b2 * sum(c*m))   prefill attention
+      + [n_prefill_seqs > 0] * L * (b0 + b1 * sum(c^2) + b2 * sum(c*m)
+                                    + b3 * prefill_tokens)                prefill attention + KV save
       + [n_decode_seqs > 0]  * L * (d0 + d1 * decode_kv_tokens)           decode attention
       + e0 + e1 * n_tokens                                                once per batch (embedding)
 
-``L`` is the number of layers. The paper's model has ``b2 = 0``; ``b2`` is our extension for
-chunks processed after earlier chunks of the same prompt (attention over ``m`` cached tokens).
+``L`` is the number of layers and ``prefill_tokens = sum(c)``. The paper's model has ``b2 = 0``;
+``b2`` is our extension for chunks processed after earlier chunks of the same prompt (attention
+over ``m`` cached tokens). ``b3`` is the KV-cache write of prefill chunks (per prefill token per
+layer); it is charged to prefill tokens only. Decode tokens' KV writes (a few microseconds per
+whole decode batch per layer in the profiles) are not modelled, so the non-attention line
+``a0 + a1 * n_tokens`` is the operators alone. See ``fitting`` for how ``b3`` is fitted.
 An empty batch costs 0. Swap and hidden-cache recompute tokens are not part of this model
 (they are ignored here; the engine accounts for swap time separately).
 
@@ -18,7 +23,8 @@ JSON schema (``kind`` ``"infermax-linear"``, ``version`` 1)::
     {"kind": "infermax-linear", "version": 1, "gpu": "a100", "model": "llama-2-7b", "tp": 1,
      "num_layers": 32,
      "per_layer_ms": {"non_attention": {"intercept": a0, "per_token": a1},
-                      "prefill_attention": {"intercept": b0, "per_c2": b1, "per_c_ctx": b2},
+                      "prefill_attention": {"intercept": b0, "per_c2": b1, "per_c_ctx": b2,
+                                            "per_token": b3},
                       "decode_attention": {"intercept": d0, "per_kv_token": d1}},
      "per_batch_ms": {"intercept": e0, "per_token": e1},
      "fit": {...free-form provenance: sources, scaling notes, held-out error table...}}
@@ -40,7 +46,7 @@ KIND = "infermax-linear"
 VERSION = 1
 COEFFICIENT_KEYS: dict[str, tuple[str, ...]] = {
     "per_layer_ms.non_attention": ("intercept", "per_token"),
-    "per_layer_ms.prefill_attention": ("intercept", "per_c2", "per_c_ctx"),
+    "per_layer_ms.prefill_attention": ("intercept", "per_c2", "per_c_ctx", "per_token"),
     "per_layer_ms.decode_attention": ("intercept", "per_kv_token"),
     "per_batch_ms": ("intercept", "per_token"),
 }
@@ -90,6 +96,7 @@ class LinearCostModel:
         self._prefill_s = layers_s * ms["per_layer_ms.prefill_attention.intercept"]
         self._per_c2_s = layers_s * ms["per_layer_ms.prefill_attention.per_c2"]
         self._per_c_ctx_s = layers_s * ms["per_layer_ms.prefill_attention.per_c_ctx"]
+        self._per_prefill_token_s = layers_s * ms["per_layer_ms.prefill_attention.per_token"]
         self._decode_s = layers_s * ms["per_layer_ms.decode_attention.intercept"]
         self._per_kv_token_s = layers_s * ms["per_layer_ms.decode_attention.per_kv_token"]
 
@@ -124,7 +131,8 @@ class LinearCostModel:
             return 0.0
         t_s = self._base_s + self._per_token_s * n_tokens
         if features.n_prefill_seqs:
-            t_s += self._prefill_s + self._per_c2_s * features.prefill_sq_tokens + self._per_c_ctx_s * features.prefill_ctx_tokens
+            t_s += (self._prefill_s + self._per_c2_s * features.prefill_sq_tokens
+                    + self._per_c_ctx_s * features.prefill_ctx_tokens + self._per_prefill_token_s * features.prefill_tokens)
         if features.n_decode_seqs:
             t_s += self._decode_s + self._per_kv_token_s * features.decode_kv_tokens
         return t_s
@@ -132,9 +140,12 @@ class LinearCostModel:
     def predict_s(self, table: pd.DataFrame) -> np.ndarray:
         """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
         col = {c: table[c].to_numpy(dtype=float) for c in
-               ("n_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs", "n_decode_seqs", "decode_kv_tokens")}
+               ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs", "n_decode_seqs",
+                "decode_kv_tokens")}
         t_s = self._base_s + self._per_token_s * col["n_tokens"]
-        t_s += (col["n_prefill_seqs"] > 0) * (self._prefill_s + self._per_c2_s * col["prefill_sq_tokens"] + self._per_c_ctx_s * col["prefill_ctx_tokens"])
+        t_s += (col["n_prefill_seqs"] > 0) * (self._prefill_s + self._per_c2_s * col["prefill_sq_tokens"]
+                                              + self._per_c_ctx_s * col["prefill_ctx_tokens"]
+                                              + self._per_prefill_token_s * col["prefill_tokens"])
         t_s += (col["n_decode_seqs"] > 0) * (self._decode_s + self._per_kv_token_s * col["decode_kv_tokens"])
         return np.where(col["n_tokens"] > 0, t_s, 0.0)
 
