@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -18,7 +19,7 @@ err_console = Console(stderr=True)
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -165,7 +166,7 @@ def schedulers() -> None:
     from .schedulers import available, get_spec
 
     table = Table(title="registered schedulers")
-    table.add_column("name")
+    table.add_column("name", no_wrap=True)
     table.add_column("description")
     for name in available():
         table.add_row(name, get_spec(name).description)
@@ -179,7 +180,8 @@ def models() -> None:
     from .models import GPUS, MODELS
 
     table = Table(title="models")
-    for col in ("name", "layers", "hidden", "heads", "kv heads", "ffn", "params (B)", "KV KiB/token"):
+    table.add_column("name", no_wrap=True)
+    for col in ("layers", "hidden", "heads", "kv heads", "ffn", "params (B)", "KV KiB/token"):
         table.add_column(col)
     for m in MODELS.values():
         table.add_row(m.name, str(m.num_layers), str(m.hidden_size), str(m.num_heads), str(m.num_kv_heads),

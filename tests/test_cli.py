@@ -1,0 +1,100 @@
+"""The command line: defaults work on a fresh install, bad input gets a clear error (no traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from infermax.cli import app
+from infermax.schedulers import available
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_simulate_defaults_print_a_summary():
+    res = invoke("simulate", "--no-progress", "--B", "64")
+    assert res.exit_code == 0, res.output
+    assert "tps" in res.output and "makespan_s" in res.output
+
+
+@pytest.mark.parametrize("name", available())
+def test_every_scheduler_runs_from_the_cli(name):
+    res = invoke("simulate", "--scheduler", name, "--I", "64", "--O", "8", "--B", "16", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["generated_tokens"] == 16 * 8
+
+
+def test_out_dir_and_validate_roundtrip(tmp_path):
+    out = tmp_path / "run"
+    res = invoke("simulate", "--I", "32", "--O", "4", "--B", "8", "--M", "200", "--json", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    original = json.loads(res.output)
+    for name in ("summary.json", "requests.parquet", "batches.parquet", "schedule.json"):
+        assert (out / name).is_file()
+    res = invoke("validate", str(out / "schedule.json"), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == original
+
+
+def test_validate_rejects_a_tampered_schedule(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("simulate", "--I", "8", "--O", "4", "--B", "2", "--json", "--out", str(out)).exit_code == 0
+    data = json.loads((out / "schedule.json").read_text())
+    data["batches"][1]["items"][0][1] = 3  # a decode processing 3 tokens
+    (out / "schedule.json").write_text(json.dumps(data))
+    res = invoke("validate", str(out / "schedule.json"))
+    assert res.exit_code == 1
+    assert "batch 1" in res.output and "[decode]" in res.output
+
+
+def test_trace_replay_with_time_scaling():
+    res = invoke("simulate", "--scheduler", "sarathi", "--trace", "azure-conv", "--trace-limit", "20",
+                 "--time-scale", "0.5", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["num_requests"] == 20
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--I", "0"], "prompt_tokens must be"),
+    (["--O", "-3"], "output_tokens must be"),
+    (["--B", "0"], "num_requests"),
+    (["--C", "0"], "C must be >= 1"),
+    (["--P", "5000"], "P (prefill tokens per batch) = 5000 must not exceed C = 4096"),
+    (["--scheduler", "nope"], "unknown scheduler 'nope'"),
+    (["--scheduler", "vllm-ef", "--M", "100", "--I", "512"], "no schedule can finish it"),
+    (["--scheduler", "vllm", "--I", "5000", "--B", "2"], "does not chunk prefills"),
+    (["--model", "gpt-5"], "unknown model"),
+    (["--arrival", "poisson"], "needs rate_per_s"),
+    (["--M", "100", "--gpu-mem-util", "0.9"], "either --M or --gpu-mem-util"),
+])
+def test_bad_input_gets_a_clear_error(args, message):
+    res = runner.invoke(app, ["simulate", "--no-progress", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output
+
+
+def test_malformed_trace_names_the_line(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n0.5,abc,5\n")
+    res = runner.invoke(app, ["simulate", "--trace", str(trace)])
+    assert res.exit_code == 2
+    assert "line 3" in res.output
+
+
+def test_gpu_memory_derives_M():
+    res = invoke("simulate", "--gpu-mem-util", "0.9", "--I", "16", "--O", "2", "--B", "4", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "M=121752" in res.output.replace("\n", "").replace(" ", "")
+
+
+def test_listing_commands():
+    assert "sarathi-nohy-ef" in invoke("schedulers").output
+    assert "llama-3-8b" in invoke("models").output
