@@ -2,9 +2,10 @@
 
 A plain loop rather than SimPy: there is one server, arrivals are known in
 advance and sorted, and a batch starts exactly when the previous one ends (or,
-when idle, at the next arrival), so the only "events" are batch ends and
-arrivals. `benchmarks/engine_loop.py` measures the per-batch overhead of driving
-the same loop through SimPy processes instead.
+when idle, at the next arrival), so the only events are batch ends and
+arrivals. `benchmarks/engine_loop.py` drives the identical loop body through a
+SimPy process: it took 0.98-1.11x the plain loop's time (within noise on heavy
+batches, +2 us/batch on tiny ones), so SimPy buys nothing here but a dependency.
 """
 
 from __future__ import annotations
