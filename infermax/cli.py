@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .jsonio import nan_to_null
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Simulate LLM inference schedulers on cost models fitted to GPU profiles.")
 console = Console()
@@ -118,7 +120,7 @@ def simulate(
     if out is not None:
         result.save(out)
     if as_json:
-        print(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.summary.items()}))
+        print(json.dumps(nan_to_null(result.summary)))
     else:
         lim = result.schedule.limits
         console.print(_summary_table(result.summary, f"{scheduler} | {model_spec.name} on {gpu_spec.name} | "
@@ -154,7 +156,7 @@ def validate(
     if out is not None:
         result.save(out)
     if as_json:
-        print(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.summary.items()}))
+        print(json.dumps(nan_to_null(result.summary)))
     else:
         console.print(f"[green]valid[/]: {len(sched.batches)} batches, {len(sched.requests)} requests")
         console.print(_summary_table(result.summary, f"replay of {schedule}"))

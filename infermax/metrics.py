@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .jsonio import nan_to_null
 from .schedule import Schedule
 
 REQUEST_COLUMNS = (
@@ -57,7 +58,7 @@ class SimResult:
         """Write summary.json, requests.parquet, batches.parquet and schedule.json to ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps({"summary": _jsonable(self.summary), "meta": self.meta}, indent=2))
+        (out / "summary.json").write_text(json.dumps({"summary": nan_to_null(self.summary), "meta": self.meta}, indent=2))
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.batches.to_parquet(out / "batches.parquet", index=False)
         self.schedule.save(out / "schedule.json")
@@ -94,7 +95,3 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens:
         "peak_kv_util": float(batches["kv_tokens_peak"].max() / kv_capacity_tokens) if len(batches) else 0.0,
     })
     return out
-
-
-def _jsonable(d: dict) -> dict:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}

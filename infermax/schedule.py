@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .jsonio import read_json
 from .limits import Limits
 from .request import Request
 
@@ -85,9 +86,4 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str | Path) -> "Schedule":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON: {exc}") from exc
-        return cls.from_json(data, source=str(path))
+        return cls.from_json(read_json(path), source=str(path))

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..jsonio import read_json
 from .base import BatchFeatures
 
 KIND = "infermax-linear"
@@ -104,10 +105,7 @@ class LinearCostModel:
     def from_json(cls, path: str | Path) -> "LinearCostModel":
         """Load and validate a model JSON file."""
         path = Path(path)
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        doc = read_json(path)
         if not isinstance(doc, dict):
             raise ValueError(f"{path}: top level must be a JSON object")
         return cls(doc, source=str(path))
