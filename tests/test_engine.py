@@ -1,0 +1,64 @@
+"""The engine detects schedulers that cannot make progress and rejects invalid plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.request import Request
+from infermax.schedule import ScheduledBatch
+from infermax.schedulers import NoProgressError, Scheduler, SchedulerError
+
+
+class Scripted(Scheduler):
+    """Plans batches from a function of the arrived requests and the batch index."""
+
+    name = "scripted"
+
+    def __init__(self, plan):
+        super().__init__(Limits(M=100))
+        self.plan, self.arrived, self.index = plan, [], 0
+
+    def add_arrivals(self, arrived):
+        self.arrived.extend(arrived)
+
+    def next_batch(self, now_s):
+        batch = self.plan(self.arrived, self.index)
+        self.index += 1
+        return batch
+
+    def batch_done(self, batch, finished):
+        pass
+
+
+def test_an_empty_plan_with_nothing_left_to_arrive_is_reported(affine):
+    with pytest.raises(NoProgressError, match="empty batch"):
+        simulate([Request(0, 0.0, 4, 2)], Scripted(lambda arrived, j: ScheduledBatch()), Limits(M=100), affine)
+
+
+def test_a_livelock_is_reported_not_run_forever(affine):
+    # r0 prefills half its prompt, is evicted, starts again, forever; r1 only crawls through its
+    # prompt one token at a time, so no token is generated for longer than the workload's 96 tokens.
+    def plan(arrived, j):
+        return ScheduledBatch(items=[(0, 2)]) if j % 2 == 0 else ScheduledBatch(items=[(1, 1)], evict=[0])
+
+    reqs = [Request(0, 0.0, 4, 1), Request(1, 0.0, 90, 1)]
+    with pytest.raises(NoProgressError, match="97 batches in a row without generating a token"):
+        simulate(reqs, Scripted(plan), Limits(M=100), affine)
+
+
+def test_an_invalid_plan_names_the_rule(affine):
+    with pytest.raises(SchedulerError, match=r"\[C\]"):
+        simulate([Request(0, 0.0, 8, 1)], Scripted(lambda arrived, j: ScheduledBatch(items=[(0, 8)])),
+                 Limits(C=4, M=100), affine)
+
+
+def test_idle_gaps_are_skipped_and_arrivals_respected(affine):
+    reqs = [Request(i, 10.0 * i, 3, 2) for i in range(4)]
+    res = simulate(reqs, "sarathi", Limits(M=100), affine)
+    r = res.requests.set_index("id")
+    assert (r.first_token_s > r.arrival_s).all()
+    # Each request runs alone: prefill (1+3 s) then decode (1+1 s), starting at its arrival.
+    assert r.latency_s.tolist() == [6.0] * 4
+    assert res.summary["makespan_s"] == 30.0 + 6.0
