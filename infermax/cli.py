@@ -123,8 +123,9 @@ def simulate(
         print(json.dumps(nan_to_null(result.summary)))
     else:
         lim = result.schedule.limits
-        console.print(_summary_table(result.summary, f"{scheduler} | {model_spec.name} on {gpu_spec.name} | "
-                                     f"C={lim.C} P={lim.prefill_budget} M={lim.M} Rmax={lim.Rmax or 'inf'}"))
+        console.print(f"{scheduler} | {model_spec.name} on {gpu_spec.name} | C={lim.C} P={lim.prefill_budget} "
+                      f"M={lim.M} Rmax={lim.Rmax or 'inf'} block={lim.block_size}", highlight=False, soft_wrap=True)
+        console.print(_summary_table(result.summary, "summary"))
         if out is not None:
             console.print(f"results written to {out}")
 
