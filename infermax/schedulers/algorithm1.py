@@ -91,7 +91,6 @@ class Algorithm1Scheduler(Scheduler):
         self._by_id: dict[int, RequestState] = {}
         self._reserved: dict[int, int] = {}  # eviction-free reservations (KV tokens)
         self._reserved_total = 0
-        self._new_reservations: dict[int, int] = {}
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -115,7 +114,7 @@ class Algorithm1Scheduler(Scheduler):
         lim, pol = self.limits, self.policy
         blocks = lim.blocks
         groups, priority = self._groups()
-        position = {s.id: i for i, s in enumerate(priority)}
+        position: dict[int, int] | None = None  # built on the first eviction only
         victim_ptr = len(priority) - 1
         tokens_left, prefill_left = lim.C, lim.prefill_budget
         kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m) for s in self.running))
@@ -124,7 +123,6 @@ class Algorithm1Scheduler(Scheduler):
         evict: list[int] = []
         taken: set[int] = set()
         batch_is_prefill = None
-        self._new_reservations = {}
 
         for candidates, stop_on_failure in groups:
             for s in candidates:
@@ -143,14 +141,14 @@ class Algorithm1Scheduler(Scheduler):
                             prefill_left -= c
                         if s.m == 0:
                             holders += 1
-                            if pol.eviction_free:
-                                self._new_reservations[s.id] = need
                         kv_free -= need
                         if batch_is_prefill is None:
                             batch_is_prefill = is_prefill
                         break
                     if failure != "M" or not self._may_evict(s, is_prefill):
                         break
+                    if position is None:
+                        position = {r.id: i for i, r in enumerate(priority)}
                     victim = None
                     while victim_ptr > position[s.id]:
                         v = priority[victim_ptr]
@@ -227,10 +225,9 @@ class Algorithm1Scheduler(Scheduler):
                     self.waiting.remove(s)
                 bisect.insort(self.running, s, key=_arrival_key)
                 self._running_ids.add(rid)
-        for rid, need in self._new_reservations.items():
-            self._reserved[rid] = need
-            self._reserved_total += need
-        self._new_reservations = {}
+                if self.policy.eviction_free:
+                    self._reserved[rid] = self.limits.blocks(s.req.peak_kv_tokens)
+                    self._reserved_total += self._reserved[rid]
         for s in finished:
             self._leave_running(s)
 
