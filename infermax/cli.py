@@ -38,6 +38,19 @@ def _summary_table(summary: dict, title: str) -> Table:
     return table
 
 
+def _report(result, out: Path | None, as_json: bool, header: str) -> None:
+    """Save the result if asked, then print its summary as JSON or as a table under ``header``."""
+    if out is not None:
+        result.save(out)
+    if as_json:
+        print(json.dumps(nan_to_null(result.summary)))
+        return
+    console.print(header, highlight=False, soft_wrap=True)
+    console.print(_summary_table(result.summary, "summary"))
+    if out is not None:
+        console.print(f"results written to {out}")
+
+
 def _build_workload(I, O, B, mix, input_dist, output_dist, trace, trace_limit, arrival, rate, cv, time_scale, seed):
     from . import workload
 
@@ -117,17 +130,9 @@ def simulate(
         result = run(requests, scheduler, limits, cost, progress=progress and not as_json, meta={"config": config})
     except (ValueError, FileNotFoundError, InfeasibleRequestError, SchedulerError) as exc:
         _fail(str(exc))
-    if out is not None:
-        result.save(out)
-    if as_json:
-        print(json.dumps(nan_to_null(result.summary)))
-    else:
-        lim = result.schedule.limits
-        console.print(f"{scheduler} | {model_spec.name} on {gpu_spec.name} | C={lim.C} P={lim.prefill_budget} "
-                      f"M={lim.M} Rmax={lim.Rmax or 'inf'} block={lim.block_size}", highlight=False, soft_wrap=True)
-        console.print(_summary_table(result.summary, "summary"))
-        if out is not None:
-            console.print(f"results written to {out}")
+    lim = result.schedule.limits
+    _report(result, out, as_json, f"{scheduler} | {model_spec.name} on {gpu_spec.name} | C={lim.C} "
+            f"P={lim.prefill_budget} M={lim.M} Rmax={lim.Rmax or 'inf'} block={lim.block_size}")
 
 
 @app.command()
@@ -154,13 +159,8 @@ def validate(
         result = replay(sched, cost)
     except ScheduleViolation as exc:
         _fail(f"invalid schedule: {exc}", code=1)
-    if out is not None:
-        result.save(out)
-    if as_json:
-        print(json.dumps(nan_to_null(result.summary)))
-    else:
-        console.print(f"[green]valid[/]: {len(sched.batches)} batches, {len(sched.requests)} requests")
-        console.print(_summary_table(result.summary, f"replay of {schedule}"))
+    _report(result, out, as_json, f"valid: {len(sched.batches)} batches, {len(sched.requests)} requests "
+            f"(replay of {schedule})")
 
 
 @app.command()
