@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from infermax.costmodel import AffinePiece, CostTerm
+
 
 class AffineCost:
     """Batch time = ``base_s + per_token_s * n_tokens`` (0 for an empty batch)."""
@@ -20,6 +22,9 @@ class AffineCost:
     def predict_s(self, table):
         n = table["n_tokens"].to_numpy(float)
         return np.where(n > 0, self.base_s + self.per_token_s * n, 0.0)
+
+    def milp_terms(self):
+        return (CostTerm("affine", "n_tokens", (AffinePiece(self.base_s, {"n_tokens": self.per_token_s}),)),)
 
 
 @pytest.fixture

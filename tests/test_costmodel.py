@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from infermax.costmodel import BatchFeatures, CostModel, LinearCostModel, features_frame, load_cost_model, profiles_dir
+from infermax.costmodel import (BatchFeatures, CostModel, LinearCostModel, features_frame, load_cost_model, profiles_dir,
+                                terms_time_s)
 from infermax.costmodel import fitting
 
 COEFFS = {  # chosen so every term is distinguishable; ms
@@ -62,6 +63,8 @@ def test_predict_matches_scalar(toy, fitted):
     table = features_frame(batches)
     for model in (toy, fitted):
         assert model.predict_s(table) == pytest.approx([model.batch_time_s(f) for f in batches], rel=1e-12)
+        terms = model.milp_terms()
+        assert [terms_time_s(terms, f) for f in batches] == pytest.approx([model.batch_time_s(f) for f in batches], rel=1e-12)
 
 
 def test_fitted_groups_match_measured_rows():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import infermax
 
-from .base import FEATURE_COLUMNS, BatchFeatures, CostModel, features_frame
+from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostModel, CostTerm, features_frame, terms_time_s
 from .linear import LinearCostModel
 
-__all__ = ["BatchFeatures", "CostModel", "FEATURE_COLUMNS", "LinearCostModel", "features_frame",
+__all__ = ["AffinePiece", "BatchFeatures", "CostModel", "CostTerm", "terms_time_s", "FEATURE_COLUMNS", "LinearCostModel", "features_frame",
            "available_profiles", "load_cost_model", "profiles_dir"]
 
 LINEAR_JSON = "infermax_linear.json"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol, runtime_checkable
+from typing import Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -55,13 +55,48 @@ def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
     return pd.DataFrame([[getattr(f, c) for c in FEATURE_COLUMNS] for f in features], columns=list(FEATURE_COLUMNS))
 
 
+@dataclass(frozen=True)
+class AffinePiece:
+    """``intercept_s + Σ coef_s[f] · feature f`` over ``FEATURE_COLUMNS`` names, in seconds."""
+
+    intercept_s: float
+    coef_s: Mapping[str, float]
+
+    def value_s(self, features: BatchFeatures) -> float:
+        return self.intercept_s + sum(c * getattr(features, f) for f, c in self.coef_s.items())
+
+
+@dataclass(frozen=True)
+class CostTerm:
+    """One additive part of a batch's time: the maximum of its affine pieces (convex), charged only
+    when the feature ``active_if`` is positive (so an empty batch, or a batch without prefills, pays
+    no intercept). This is the form a MILP can represent exactly: an epigraph variable
+    ``t ≥ piece(x)`` per piece, relaxed by big-M when the term is inactive."""
+
+    name: str
+    active_if: str
+    pieces: tuple[AffinePiece, ...]
+
+    def value_s(self, features: BatchFeatures) -> float:
+        if getattr(features, self.active_if) <= 0:
+            return 0.0
+        return max(p.value_s(features) for p in self.pieces)
+
+
+def terms_time_s(terms: tuple[CostTerm, ...], features: BatchFeatures) -> float:
+    """Batch time from a cost model's ``milp_terms()``; equals its ``batch_time_s`` on every batch."""
+    return sum(t.value_s(features) for t in terms)
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """Predicts batch execution time in seconds from batch features.
 
     ``batch_time_s`` is the engine's per-batch call (scalar, hot path); ``predict_s``
     is the vectorised form over a feature table (``features_frame``). An empty
-    batch costs nothing.
+    batch costs nothing. ``milp_terms`` gives the same function as a sum of gated convex
+    piecewise-linear terms (``terms_time_s(model.milp_terms(), f) == model.batch_time_s(f)``),
+    which the solver turns into MILP constraints.
     """
 
     name: str
@@ -69,3 +104,5 @@ class CostModel(Protocol):
     def batch_time_s(self, features: BatchFeatures) -> float: ...
 
     def predict_s(self, table: pd.DataFrame) -> np.ndarray: ...
+
+    def milp_terms(self) -> tuple[CostTerm, ...]: ...

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ..jsonio import read_json
-from .base import BatchFeatures
+from .base import AffinePiece, BatchFeatures, CostTerm
 
 KIND = "infermax-linear"
 VERSION = 1
@@ -146,6 +146,17 @@ class LinearCostModel:
                                               + self._per_prefill_token_s * col["prefill_tokens"])
         t_s += (col["n_decode_seqs"] > 0) * (self._decode_s + self._per_kv_token_s * col["decode_kv_tokens"])
         return np.where(col["n_tokens"] > 0, t_s, 0.0)
+
+    def milp_terms(self) -> tuple[CostTerm, ...]:
+        """The model as three gated single-piece terms (see ``CostTerm``)."""
+        return (
+            CostTerm("non_attention", "n_tokens", (AffinePiece(self._base_s, {"n_tokens": self._per_token_s}),)),
+            CostTerm("prefill_attention", "n_prefill_seqs", (AffinePiece(self._prefill_s, {
+                "prefill_sq_tokens": self._per_c2_s, "prefill_ctx_tokens": self._per_c_ctx_s,
+                "prefill_tokens": self._per_prefill_token_s}),)),
+            CostTerm("decode_attention", "n_decode_seqs",
+                     (AffinePiece(self._decode_s, {"decode_kv_tokens": self._per_kv_token_s}),)),
+        )
 
     def __repr__(self) -> str:
         return f"LinearCostModel({self.name!r})"
