@@ -98,3 +98,15 @@ def test_gpu_memory_derives_M():
 def test_listing_commands():
     assert "sarathi-nohy-ef" in invoke("schedulers").output
     assert "llama-3-8b" in invoke("models").output
+
+
+def test_run_config_round_trips_and_rejects_unknown_keys():
+    from infermax.config import RunConfig
+
+    config = RunConfig(scheduler="sarathi", I=16, O=4, B=3, M=500)
+    assert RunConfig.from_dict(config.to_dict()) == config
+    result = config.simulate()
+    assert result.meta["config"] == config.to_dict()
+    assert result.summary["generated_tokens"] == 12
+    with pytest.raises(ValueError, match="unknown configuration key.*bogus"):
+        RunConfig.from_dict({"bogus": 1})

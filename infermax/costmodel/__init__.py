@@ -27,8 +27,17 @@ def available_profiles() -> list[tuple[str, str]]:
     return sorted((p.parent.parent.name, p.parent.name) for p in profiles_dir().glob(f"*/*/{LINEAR_JSON}"))
 
 
-def load_cost_model(gpu: str = "a100", model: str = "llama-2-7b", tp: int = 1, path: str | Path | None = None) -> LinearCostModel:
-    """The fitted linear model for ``gpu``/``model`` (TP=1), or the one in an explicit JSON ``path``."""
+COST_MODEL_KINDS = ("auto", "linear")
+
+
+def load_cost_model(gpu: str = "a100", model: str = "llama-2-7b", tp: int = 1, path: str | Path | None = None,
+                    kind: str = "auto") -> LinearCostModel:
+    """The fitted model of family ``kind`` for ``gpu``/``model`` (TP=1), or the one in an explicit JSON ``path``.
+
+    ``kind``: ``linear`` (the paper's model) or ``auto`` (the most accurate family fitted).
+    """
+    if kind not in COST_MODEL_KINDS:
+        raise ValueError(f"unknown cost-model kind {kind!r}; choose one of {', '.join(COST_MODEL_KINDS)}")
     if path is not None:
         return LinearCostModel.from_json(path)
     file = profiles_dir() / gpu / model / LINEAR_JSON

@@ -1,0 +1,122 @@
+"""One run's configuration (workload, system limits, cost model, scheduler) as plain data.
+
+``RunConfig`` is what ``infermax simulate`` builds from its flags, what ``infermax optimize``
+shares with it, and what a sweep point is: every field is JSON-serialisable, so a configuration can
+be stored next to its results and rebuilt exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .limits import Limits
+from .request import Request
+
+DEFAULT_M = 100_000
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a simulation's result (defaults: the README's first command).
+
+    Workload source: ``trace`` if given, else ``mix``, else ``input_dist``/``output_dist``, else
+    the fixed grid ``I``/``O``/``B``. ``M`` defaults to 100,000 tokens unless ``gpu_mem_util`` derives
+    it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
+    ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file.
+    """
+
+    scheduler: str = "vllm"
+    model: str = "llama-2-7b"
+    gpu: str = "a100"
+    tp: int = 1
+    cost_model: str = "auto"
+    costmodel_path: str | None = None
+    I: int = 512
+    O: int = 128
+    B: int = 1024
+    mix: str | None = None
+    input_dist: str | None = None
+    output_dist: str | None = None
+    trace: str | None = None
+    trace_limit: int | None = None
+    arrival: str | None = None
+    rate: float | None = None
+    cv: float | None = None
+    time_scale: float = 1.0
+    C: int = 4096
+    P: int | None = None
+    M: int | None = None
+    gpu_mem_util: float | None = None
+    Rmax: int | None = None
+    block_size: int = 1
+    seed: int = 0
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        """Build from a mapping, rejecting unknown keys with the list of known ones."""
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(f"unknown configuration key(s) {', '.join(unknown)}; known: {', '.join(cls.field_names())}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def limits(self) -> Limits:
+        """The system limits (``M`` derived from the GPU when ``gpu_mem_util`` is set)."""
+        from .models import get_gpu, get_model, kv_capacity_tokens
+
+        if self.M is not None and self.gpu_mem_util is not None:
+            raise ValueError("give either --M or --gpu-mem-util (M or gpu_mem_util), not both")
+        if self.gpu_mem_util is not None:
+            kv_tokens = kv_capacity_tokens(get_model(self.model), get_gpu(self.gpu), self.gpu_mem_util, self.tp)
+        else:
+            kv_tokens = DEFAULT_M if self.M is None else self.M
+        return Limits(C=self.C, P=self.P, M=kv_tokens, Rmax=self.Rmax, block_size=self.block_size)
+
+    def cost(self):
+        """The cost model timing the batches."""
+        from .costmodel import load_cost_model
+        from .models import get_gpu, get_model
+
+        if self.costmodel_path is not None:
+            return load_cost_model(path=self.costmodel_path, kind=self.cost_model)
+        return load_cost_model(get_gpu(self.gpu).name, get_model(self.model).name, self.tp, kind=self.cost_model)
+
+    def requests(self) -> list[Request]:
+        """The workload with its arrival times."""
+        from . import workload
+
+        sources = [name for name, given in (("trace", self.trace), ("mix", self.mix),
+                                            ("input_dist/output_dist", self.input_dist or self.output_dist)) if given]
+        if len(sources) > 1:
+            raise ValueError(f"choose one workload source, got {' and '.join(sources)}")
+        arrival = self.arrival
+        if self.trace:
+            requests = workload.load_trace(self.trace, limit=self.trace_limit)
+            arrival = arrival or "trace"
+        elif self.mix:
+            requests = workload.heterogeneous_mix(self.mix, self.B, seed=self.seed)
+        elif self.input_dist or self.output_dist:
+            if not (self.input_dist and self.output_dist):
+                raise ValueError("input_dist and output_dist go together")
+            requests = workload.sampled(self.B, self.input_dist, self.output_dist, seed=self.seed)
+        else:
+            requests = workload.fixed(self.I, self.O, self.B)
+        arrival = arrival or "offline"
+        if arrival == "trace" and not self.trace:
+            raise ValueError("arrival 'trace' needs a trace")
+        return workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
+                                      time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+
+    def simulate(self, progress: bool = False):
+        """Run the simulation; the result's ``meta['config']`` is this configuration."""
+        from .engine import simulate
+
+        return simulate(self.requests(), self.scheduler, self.limits(), self.cost(), progress=progress,
+                        meta={"config": self.to_dict()})
+
