@@ -62,7 +62,7 @@ def report(result, out: Path | None, as_json: bool, header: str) -> None:
 ModelOpt = Annotated[str, typer.Option(help="Model (see `infermax models`).")]
 GpuOpt = Annotated[str, typer.Option(help="GPU whose profile times the batches.")]
 TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree.")]
-CostModelKindOpt = Annotated[str, typer.Option("--cost-model", help="Cost-model family: auto (most accurate fitted) or linear (the paper's).")]
+CostModelKindOpt = Annotated[str, typer.Option("--cost-model", help="Cost-model family: auto (the more accurate fit of the profile), linear (the paper's), piecewise (convex piecewise-linear) or roofline (datasheet estimate, no profile needed).")]
 CostModelPathOpt = Annotated[Optional[Path], typer.Option("--cost-model-file", help="Explicit cost-model JSON (overrides --gpu/--model/--tp).")]
 IOpt = Annotated[int, typer.Option("--I", help="Prompt tokens per request (fixed workload).")]
 OOpt = Annotated[int, typer.Option("--O", help="Output tokens per request (fixed workload).")]

@@ -8,12 +8,18 @@ from pathlib import Path
 import infermax
 
 from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostModel, CostTerm, features_frame, terms_time_s
+from ..jsonio import read_json
+from .measurements import LINEAR_JSON, PIECEWISE_JSON
 from .linear import LinearCostModel
+from .piecewise import KIND as PIECEWISE_KIND, PiecewiseCostModel
+from .roofline import roofline_model
 
-__all__ = ["AffinePiece", "BatchFeatures", "CostModel", "CostTerm", "terms_time_s", "FEATURE_COLUMNS", "LinearCostModel", "features_frame",
-           "available_profiles", "load_cost_model", "profiles_dir"]
+__all__ = ["AffinePiece", "BatchFeatures", "CostModel", "CostTerm", "terms_time_s", "FEATURE_COLUMNS", "LinearCostModel",
+           "PiecewiseCostModel", "features_frame", "available_combinations", "available_profiles", "load_cost_model", "profile_folder", "profiles_dir",
+           "roofline_model", "COST_MODEL_KINDS"]
 
-LINEAR_JSON = "infermax_linear.json"
+PROFILE_LAYOUT = "<gpu>/<model>/tp<N>/"
+COST_MODEL_KINDS = ("auto", "linear", "piecewise", "roofline")
 
 
 def profiles_dir() -> Path:
@@ -22,29 +28,68 @@ def profiles_dir() -> Path:
     return Path(env) if env else Path(infermax.__file__).resolve().parent.parent / "profiles"
 
 
+def profile_folder(gpu: str, model: str, tp: int = 1) -> Path:
+    """Where the profile of ``gpu``/``model``/``tp`` lives (whether or not it exists)."""
+    return profiles_dir() / gpu / model / f"tp{tp}"
+
+
+def available_combinations() -> list[tuple[str, str, int]]:
+    """``(gpu, model, tp)`` of every fitted profile on disk (a ``tp<N>`` folder with a fitted linear model), sorted."""
+    found = []
+    for path in profiles_dir().glob(f"*/*/tp*/{LINEAR_JSON}"):
+        tp = path.parent.name[2:]
+        if tp.isdigit():
+            found.append((path.parent.parent.parent.name, path.parent.parent.name, int(tp)))
+    return sorted(found)
+
+
 def available_profiles() -> list[tuple[str, str]]:
-    """``(gpu, model)`` pairs that have a fitted ``infermax_linear.json`` on disk, sorted."""
-    return sorted((p.parent.parent.name, p.parent.name) for p in profiles_dir().glob(f"*/*/{LINEAR_JSON}"))
+    """``(gpu, model)`` pairs with at least one fitted profile, sorted (``available_combinations`` adds TP)."""
+    return sorted({(g, m) for g, m, _ in available_combinations()})
 
 
-COST_MODEL_KINDS = ("auto", "linear")
+def _missing_profile(gpu: str, model: str, tp: int) -> ValueError:
+    found = ", ".join(f"{g}/{m}/tp{t}" for g, m, t in available_combinations()) or "none"
+    return ValueError(
+        f"no fitted profile for gpu={gpu!r} model={model!r} tp={tp} in {profiles_dir()}; available gpu/model/tp: "
+        f"{found}. Use --cost-model roofline (kind='roofline') for a datasheet estimate instead (its error against "
+        f"the measured profiles is in profiles/README.md), or add a profile: put Vidur-format mlp.csv "
+        f"(+ attention.csv, all_reduce.csv) in a folder and run: infermax fit FOLDER --out "
+        f"profiles/{gpu}/{model}")
 
 
 def load_cost_model(gpu: str = "a100", model: str = "llama-2-7b", tp: int = 1, path: str | Path | None = None,
-                    kind: str = "auto") -> LinearCostModel:
-    """The fitted model of family ``kind`` for ``gpu``/``model`` (TP=1), or the one in an explicit JSON ``path``.
+                    kind: str = "auto") -> CostModel:
+    """The cost model of family ``kind`` for ``gpu``/``model``/``tp``, or the one in an explicit JSON ``path``.
 
-    ``kind``: ``linear`` (the paper's model) or ``auto`` (the most accurate family fitted).
+    ``kind``: ``linear`` (the paper's model), ``piecewise`` (convex piecewise-linear fit), ``auto``
+    (whichever of the two had the lower held-out error when the profile was fitted, recorded in its
+    ``profile.json``), or ``roofline`` (datasheet estimate; needs no profile). With no profile for the
+    combination, every kind but ``roofline`` raises a ``ValueError`` listing what exists: we do not
+    fall back silently. With ``path`` the file's own kind is used (``kind`` must be auto or match it).
     """
     if kind not in COST_MODEL_KINDS:
         raise ValueError(f"unknown cost-model kind {kind!r}; choose one of {', '.join(COST_MODEL_KINDS)}")
     if path is not None:
-        return LinearCostModel.from_json(path)
-    file = profiles_dir() / gpu / model / LINEAR_JSON
-    if tp == 1 and file.is_file():
-        return LinearCostModel.from_json(file)
-    found = ", ".join(f"{g}/{m}" for g, m in available_profiles()) or "none"
-    raise ValueError(
-        f"no fitted cost model for gpu={gpu!r} model={model!r} tp={tp} (only tp=1 profiles exist) in {profiles_dir()}; "
-        f"available gpu/model: {found}. To add one, put vidur_mlp.csv and a vidur_attention*.csv in "
-        f"profiles/{gpu}/{model}/ and run: python -m infermax.costmodel.fitting profiles/{gpu}/{model}")
+        return _load_file(Path(path), kind)
+    if kind == "roofline":
+        return roofline_model(gpu, model, tp)
+    folder = profile_folder(gpu, model, tp)
+    if not (folder / LINEAR_JSON).is_file():
+        raise _missing_profile(gpu, model, tp)
+    if kind == "auto":
+        kind = read_json(folder / "profile.json").get("auto", "linear")
+    if kind == "piecewise":
+        return PiecewiseCostModel.from_json(folder / PIECEWISE_JSON)
+    return LinearCostModel.from_json(folder / LINEAR_JSON)
+
+
+def _load_file(path: Path, kind: str) -> CostModel:
+    doc = read_json(path)
+    file_kind = doc.get("kind") if isinstance(doc, dict) else None
+    family = {"infermax-linear": "linear"}.get(file_kind) or (doc.get("family") if file_kind == PIECEWISE_KIND else None)
+    if family is None:
+        raise ValueError(f"{path}: key 'kind' must be 'infermax-linear' or {PIECEWISE_KIND!r}, got {file_kind!r}")
+    if kind not in ("auto", family):
+        raise ValueError(f"{path} holds a {family} model, not {kind}")
+    return LinearCostModel.from_json(path) if family == "linear" else PiecewiseCostModel.from_json(path)

@@ -1,0 +1,84 @@
+"""``infermax fit PROFILE_DIR`` and ``infermax costmodel show``: fit profiles and inspect cost models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail
+
+costmodel_app = typer.Typer(no_args_is_help=True, help="Inspect fitted cost models.")
+app.add_typer(costmodel_app, name="costmodel")
+
+
+def _error_table(errors: dict, title: str) -> Table:
+    from ..costmodel.fitting import TOKEN_RANGES
+
+    ranges = ["all"] + [f"{lo}-{hi}" for lo, hi in TOKEN_RANGES]
+    table = Table(title=title)
+    for col in ["group", "family"] + ranges:
+        table.add_column(col, justify="left" if col in ("group", "family") else "right")
+    for group, families in errors.items():
+        for family, cells in families.items():
+            values = [cells.get(r, {}).get("mape_pct") for r in ranges]
+            table.add_row(group, family, *("-" if v is None else f"{v:.1f}%" for v in values))
+    return table
+
+
+@app.command()
+def fit(
+    profile_dir: Path = typer.Argument(..., help="Profile folder (measurements.csv), a folder of tp<N>/ profiles, "
+                                                 "or a Vidur-format folder (mlp.csv [+ attention.csv, all_reduce.csv])."),
+    out: Optional[Path] = typer.Option(None, help="Where to write (a Vidur folder gets out/tp<N>/; default: in place)."),
+    gpu: Optional[str] = typer.Option(None, help="GPU name for a Vidur folder (default: its parent folder's name)."),
+    model: Optional[str] = typer.Option(None, help="Model name for a Vidur folder (default: matched by shape)."),
+    tp: Optional[int] = typer.Option(None, help="Only this TP degree of a Vidur folder."),
+    num_layers: Optional[int] = typer.Option(None, help="Layers of a model `infermax models` does not know."),
+    plots: bool = typer.Option(True, help="Write one PNG per operator group."),
+) -> None:
+    """Fit the linear and piecewise cost models to a profile; write their JSONs, plots and error table."""
+    from ..costmodel.fitting import fit_profile
+    from ..costmodel.profile_import import prepare
+
+    try:
+        folders = prepare(profile_dir, out, gpu=gpu, model=model, tp=tp, num_layers=num_layers) \
+            if (profile_dir / "mlp.csv").is_file() else prepare(profile_dir, out)
+        for folder in folders:
+            doc = fit_profile(folder, plots=plots)
+            console.print(_error_table(doc["heldout_error"], f"{folder}: held-out MAPE (auto = {doc['auto']})"))
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        fail(str(exc))
+
+
+@costmodel_app.command("show")
+def show(model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
+         costmodel: CostModelPathOpt = None) -> None:
+    """Print a cost model's terms (coefficients per affine piece) and its profile's error table."""
+    from ..costmodel import load_cost_model, profile_folder
+    from ..jsonio import read_json
+
+    try:
+        cost = load_cost_model(gpu, model, tp, path=costmodel, kind=cost_model)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+    terms = Table(title=f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)")
+    for col in ("term", "active if > 0", "piece", "intercept_s", "coefficients (s per unit)"):
+        terms.add_column(col)
+    for term in cost.milp_terms():
+        for i, piece in enumerate(term.pieces):
+            coefs = ", ".join(f"{f}={c:.4g}" for f, c in piece.coef_s.items()) or "-"
+            terms.add_row(term.name if i == 0 else "", term.active_if if i == 0 else "", str(i + 1),
+                          f"{piece.intercept_s:.4g}", coefs)
+    console.print(terms)
+    if costmodel is not None:
+        errors = getattr(cost, "doc", {}).get("fit", {}).get("heldout_error")
+    else:
+        profile = profile_folder(gpu, model, tp) / "profile.json"
+        errors = read_json(profile).get("heldout_error") if profile.is_file() else None
+    if errors:
+        console.print(_error_table(errors, "held-out MAPE by token range (roofline: error against measured rows)"))
+    else:
+        console.print("no error table: this model has no fitted profile (roofline error is in profiles/README.md)")

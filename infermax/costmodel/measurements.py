@@ -1,0 +1,169 @@
+"""The profile measurement table (InferMax's own CSV schema) and importers for Vidur-format profiles.
+
+A profile folder ``profiles/<gpu>/<model>/tp<N>/`` holds ``measurements.csv``: one row per measured
+(or derived) operator timing, with these columns (times in milliseconds, per layer unless the
+operator is ``emb``):
+
+=====================  ==========================================================================
+``operator``           ``emb`` (once per batch), a non-attention operator of one layer
+                       (``input_layernorm`` ... ``add``), ``attn_prefill``, ``attn_kv_cache_save``,
+                       ``attn_decode``, or ``all_reduce`` (one tensor-parallel all-reduce)
+``num_tokens``         tokens in the batch (non-attention operators, all-reduce: size/(2·hidden))
+``batch_size``         sequences (attention rows; 1 for prefill rows)
+``prefill_chunk_size`` prefill chunk ``c`` (prefill attention rows; 0 otherwise)
+``kv_cache_size``      cached tokens before the chunk / per decoding sequence (attention rows)
+``tp``                 tensor-parallel degree the row was measured (or derived) for
+``median_ms``          median time; ``mean_ms``, ``std_ms``: mean and standard deviation (empty if
+                       the source has only medians)
+``device``             the GPU as the source names it
+``software``           the profiler / framework (versions where the source records them)
+``date``               when the source was measured or, if unknown, the source's commit date
+``source``             file and repository the row comes from
+``derivation``         empty for a measurement; for a row derived from another model's measurement,
+                       how (e.g. head-count scaling), so derived rows are never mistaken for measured
+=====================  ==========================================================================
+
+Importers read Vidur's ``mlp.csv`` (``time_stats.<op>.<stat>`` columns), ``attention.csv``
+(``time_stats.attn_<op>.<stat>`` or the sample's ``attn_<op>_median_ms`` columns) and network
+``all_reduce.csv`` (``size`` in bytes, ``num_workers``, ``devices_per_node``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("operator", "num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size", "tp", "median_ms", "mean_ms",
+           "std_ms", "device", "software", "date", "source", "derivation")
+MEASUREMENTS_CSV = "measurements.csv"
+PROFILE_JSON, LINEAR_JSON, PIECEWISE_JSON = "profile.json", "infermax_linear.json", "infermax_piecewise.json"
+NON_ATTENTION_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+                     "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+ATTENTION_OPS = ("attn_prefill", "attn_kv_cache_save", "attn_decode")
+VIDUR_SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a set of rows comes from (copied into every row's provenance columns)."""
+
+    device: str
+    software: str
+    date: str
+    source: str
+    derivation: str = ""
+
+
+def _frame(rows: dict, provenance: Provenance, tp: int) -> pd.DataFrame:
+    """A table in ``COLUMNS`` order from the given columns; shape columns default to 0, stats to NaN."""
+    n = len(rows["operator"])
+    table = pd.DataFrame({"tp": np.full(n, tp), **rows})
+    for col in ("num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size"):
+        table[col] = table.get(col, 0)
+    for col in ("mean_ms", "std_ms"):
+        table[col] = table.get(col, np.nan)
+    for key in ("device", "software", "date", "source", "derivation"):
+        table[key] = getattr(provenance, key)
+    return table[list(COLUMNS)]
+
+
+def import_vidur_mlp(path: str | Path, tp: int, provenance: Provenance) -> pd.DataFrame:
+    """Rows of a Vidur ``mlp.csv`` for one TP degree: every operator (and ``emb``) at every ``num_tokens``.
+
+    Where ``num_tokens`` appears twice the first row is kept (Vidur's file repeats a few sizes).
+    """
+    table = pd.read_csv(path)
+    table = table[table["num_tensor_parallel_workers"] == tp].drop_duplicates("num_tokens")
+    if table.empty:
+        raise ValueError(f"{path}: no rows with num_tensor_parallel_workers == {tp}")
+    parts = []
+    for op in ("emb",) + NON_ATTENTION_OPS:
+        rows = {"operator": np.full(len(table), op), "num_tokens": table["num_tokens"].to_numpy(),
+                "median_ms": table[f"time_stats.{op}.median"].to_numpy(), "mean_ms": table[f"time_stats.{op}.mean"].to_numpy(),
+                "std_ms": table[f"time_stats.{op}.std"].to_numpy()}
+        parts.append(_frame(rows, provenance, tp))
+    return pd.concat(parts, ignore_index=True)
+
+
+def vidur_tp_degrees(path: str | Path) -> list[int]:
+    """The TP degrees present in a Vidur ``mlp.csv`` or ``attention.csv``."""
+    return sorted(int(t) for t in pd.read_csv(path, usecols=["num_tensor_parallel_workers"])
+                  ["num_tensor_parallel_workers"].unique())
+
+
+def vidur_model_shape(path: str | Path) -> dict:
+    """The model shape columns of a Vidur ``mlp.csv`` (first row)."""
+    row = pd.read_csv(path, nrows=1).iloc[0]
+    return {c: int(row[c]) for c in VIDUR_SHAPE_COLUMNS}
+
+
+def _attention_stat(table: pd.DataFrame, op: str, stat: str) -> np.ndarray | None:
+    for col in (f"time_stats.{op}.{stat}", f"{op}_{stat}_ms"):
+        if col in table:
+            return table[col].to_numpy(dtype=float)
+    return None
+
+
+def import_vidur_attention(path: str | Path, tp: int, provenance: Provenance) -> pd.DataFrame:
+    """Prefill (``attn_prefill``, ``attn_kv_cache_save``) and decode (``attn_decode``) rows of a
+    Vidur-format ``attention.csv`` for one TP degree. Decode rows' KV-cache save is not imported:
+    it is a few microseconds per whole batch and the cost models leave it out (see ``fitting``)."""
+    table = pd.read_csv(path)
+    table = table[table["num_tensor_parallel_workers"] == tp]
+    if table.empty:
+        raise ValueError(f"{path}: no rows with num_tensor_parallel_workers == {tp}")
+    prefill = table["is_prefill"].astype(str).str.lower() == "true"
+    parts = []
+    for op, mask in (("attn_prefill", prefill), ("attn_kv_cache_save", prefill), ("attn_decode", ~prefill)):
+        rows_table = table[mask]
+        median = _attention_stat(rows_table, op, "median")
+        if median is None:
+            raise ValueError(f"{path}: no median column for {op} (expected time_stats.{op}.median or {op}_median_ms)")
+        rows = {"operator": np.full(len(rows_table), op), "batch_size": rows_table["batch_size"].to_numpy(),
+                "prefill_chunk_size": rows_table["prefill_chunk_size"].to_numpy(),
+                "kv_cache_size": rows_table["kv_cache_size"].to_numpy(), "median_ms": median}
+        for stat in ("mean", "std"):
+            values = _attention_stat(rows_table, op, stat)
+            if values is not None:
+                rows[f"{stat}_ms"] = values
+        rows["num_tokens"] = np.where(op == "attn_decode", rows["batch_size"], rows["prefill_chunk_size"])
+        parts.append(_frame(rows, provenance, tp))
+    return pd.concat(parts, ignore_index=True)
+
+
+def import_vidur_all_reduce(path: str | Path, tp: int, hidden_size: int, provenance: Provenance) -> pd.DataFrame:
+    """All-reduce rows of a Vidur network ``all_reduce.csv`` for ``tp`` workers on one node
+    (``devices_per_node == num_workers``); ``num_tokens = size_bytes / (2 · hidden_size)`` (fp16
+    activations of ``hidden_size`` per token, as Vidur converts them). Repeated sizes: first kept."""
+    table = pd.read_csv(path)
+    table = table[(table["num_workers"] == tp) & (table["devices_per_node"] == tp)].drop_duplicates("size")
+    if table.empty:
+        raise ValueError(f"{path}: no all-reduce rows with num_workers == devices_per_node == {tp}")
+    rows = {"operator": np.full(len(table), "all_reduce"),
+            "num_tokens": table["size"].to_numpy(dtype=float) / (2 * hidden_size),
+            "median_ms": table["time_stats.all_reduce.median"].to_numpy(),
+            "mean_ms": table["time_stats.all_reduce.mean"].to_numpy(), "std_ms": table["time_stats.all_reduce.std"].to_numpy()}
+    return _frame(rows, provenance, tp)
+
+
+def write_measurements(table: pd.DataFrame, path: str | Path) -> None:
+    """Write a measurement table (columns ``COLUMNS``, in that order)."""
+    table[list(COLUMNS)].to_csv(path, index=False, float_format="%.6g")
+
+
+def read_measurements(path: str | Path) -> pd.DataFrame:
+    """Read and check a ``measurements.csv``: every column present, times positive and finite."""
+    table = pd.read_csv(path, keep_default_na=False, na_values={"mean_ms": [""], "std_ms": [""]})
+    missing = [c for c in COLUMNS if c not in table]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")
+    median = pd.to_numeric(table["median_ms"], errors="coerce").to_numpy()
+    bad = np.flatnonzero(~(np.isfinite(median) & (median >= 0)))
+    if len(bad):
+        raise ValueError(f"{path}: line {bad[0] + 2}: median_ms must be a non-negative number, "
+                         f"got {table['median_ms'][bad[0]]!r}")
+    table["median_ms"] = median
+    return table

@@ -1,0 +1,152 @@
+"""The convex piecewise-linear cost model: a sum of gated terms, each the maximum of affine pieces.
+
+The JSON document (kind ``infermax-piecewise``, version 1) stores the terms exactly as the MILP
+contract (``CostTerm``) states them, in seconds per batch::
+
+    {"kind": "infermax-piecewise", "version": 1, "family": "piecewise" | "roofline",
+     "gpu": ..., "model": ..., "tp": ...,
+     "terms": [{"name": "non_attention", "active_if": "n_tokens",
+                "pieces": [{"intercept_s": ..., "coef_s": {"n_tokens": ...}}, ...]}, ...],
+     "fit": {...}}
+
+so ``milp_terms()`` is the document itself and ``batch_time_s`` evaluates the same sum of maxima. The
+roofline fallback (``roofline.py``) is a document of the same kind with ``family: roofline``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..jsonio import read_json
+from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm
+
+KIND, VERSION = "infermax-piecewise", 1
+FAMILIES = ("piecewise", "roofline")
+
+
+def _check_number(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _parse_terms(doc: dict, source: str) -> tuple[CostTerm, ...]:
+    terms = doc.get("terms")
+    if not isinstance(terms, list) or not terms:
+        raise ValueError(f"{source}: key 'terms' must be a non-empty list")
+    parsed = []
+    for i, term in enumerate(terms):
+        where = f"{source}: terms[{i}]"
+        if not isinstance(term, dict) or not isinstance(term.get("name"), str):
+            raise ValueError(f"{where}: needs a string 'name'")
+        if term.get("active_if") not in FEATURE_COLUMNS:
+            raise ValueError(f"{where}: 'active_if' must be one of {', '.join(FEATURE_COLUMNS)}, got {term.get('active_if')!r}")
+        pieces = term.get("pieces")
+        if not isinstance(pieces, list) or not pieces:
+            raise ValueError(f"{where}: 'pieces' must be a non-empty list")
+        affine = []
+        for j, piece in enumerate(pieces):
+            coef = piece.get("coef_s") if isinstance(piece, dict) else None
+            if not isinstance(coef, dict):
+                raise ValueError(f"{where}.pieces[{j}]: needs 'intercept_s' and a 'coef_s' object")
+            unknown = sorted(set(coef) - set(FEATURE_COLUMNS))
+            if unknown:
+                raise ValueError(f"{where}.pieces[{j}]: unknown feature(s) {', '.join(unknown)}")
+            affine.append(AffinePiece(_check_number(piece.get("intercept_s"), f"{where}.pieces[{j}].intercept_s"),
+                                      {f: _check_number(c, f"{where}.pieces[{j}].coef_s.{f}") for f, c in coef.items()}))
+        parsed.append(CostTerm(term["name"], term["active_if"], tuple(affine)))
+    return tuple(parsed)
+
+
+def terms_document(terms: tuple[CostTerm, ...]) -> list[dict]:
+    """The JSON form of ``CostTerm``s."""
+    return [{"name": t.name, "active_if": t.active_if,
+             "pieces": [{"intercept_s": p.intercept_s, "coef_s": dict(p.coef_s)} for p in t.pieces]} for t in terms]
+
+
+class PiecewiseCostModel:
+    """Batch time = Σ over terms (when its gate feature is positive) of the max of its affine pieces."""
+
+    def __init__(self, doc: dict, source: str = "<dict>"):
+        if doc.get("kind") != KIND:
+            raise ValueError(f"{source}: key 'kind' must be {KIND!r}, got {doc.get('kind')!r}")
+        if doc.get("version") != VERSION:
+            raise ValueError(f"{source}: key 'version' must be {VERSION}, got {doc.get('version')!r}")
+        if doc.get("family") not in FAMILIES:
+            raise ValueError(f"{source}: key 'family' must be one of {', '.join(FAMILIES)}, got {doc.get('family')!r}")
+        for key in ("gpu", "model"):
+            if not isinstance(doc.get(key), str):
+                raise ValueError(f"{source}: key '{key}' must be a string")
+        if isinstance(doc.get("tp"), bool) or not isinstance(doc.get("tp"), int) or doc["tp"] < 1:
+            raise ValueError(f"{source}: key 'tp' must be a positive integer")
+        self._terms = _parse_terms(doc, source)
+        self.doc = json.loads(json.dumps(doc))
+        self.family, self.gpu, self.model, self.tp = doc["family"], doc["gpu"], doc["model"], doc["tp"]
+        self.name = f"{self.family}:{self.gpu}/{self.model}/tp{self.tp}"
+        # Plain tuples for the scalar hot path.
+        self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple(p.coef_s.items())) for p in t.pieces))
+                               for t in self._terms)
+
+    @classmethod
+    def from_terms(cls, terms: tuple[CostTerm, ...], *, family: str, gpu: str, model: str, tp: int,
+                   fit: dict | None = None) -> "PiecewiseCostModel":
+        """A model from ``CostTerm``s (``fit``: provenance and error tables kept in the document)."""
+        doc = {"kind": KIND, "version": VERSION, "family": family, "gpu": gpu, "model": model, "tp": tp,
+               "terms": terms_document(terms), "fit": fit or {}}
+        return cls(doc, source=f"{family} model")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "PiecewiseCostModel":
+        """Load and validate a model JSON file."""
+        doc = read_json(Path(path))
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: top level must be a JSON object")
+        return cls(doc, source=str(path))
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self.doc))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.doc, indent=2) + "\n")
+
+    def batch_time_s(self, features: BatchFeatures) -> float:
+        """Batch time in seconds (scalar hot path; same arithmetic order as ``terms_time_s``)."""
+        total = 0.0
+        for active_if, pieces in self._compiled:
+            if getattr(features, active_if) <= 0:
+                continue
+            best = -math.inf
+            for intercept, coefs in pieces:
+                s = 0.0
+                for name, c in coefs:
+                    s += c * getattr(features, name)
+                value = intercept + s
+                if value > best:
+                    best = value
+            total += best
+        return total
+
+    def predict_s(self, table: pd.DataFrame) -> np.ndarray:
+        """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
+        total = np.zeros(len(table))
+        for term in self._terms:
+            values = np.full(len(table), -np.inf)
+            for p in term.pieces:
+                piece = np.full(len(table), p.intercept_s)
+                for name, c in p.coef_s.items():
+                    piece = piece + c * table[name].to_numpy(dtype=float)
+                values = np.maximum(values, piece)
+            total += np.where(table[term.active_if].to_numpy() > 0, values, 0.0)
+        return total
+
+    def milp_terms(self) -> tuple[CostTerm, ...]:
+        """The model's terms, exactly (see ``CostTerm``)."""
+        return self._terms
+
+    def __repr__(self) -> str:
+        return f"PiecewiseCostModel({self.name!r})"

@@ -1,0 +1,201 @@
+"""Piecewise fitting, the MILP epigraph form, roofline terms and fitting an unseen Vidur-format folder."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pulp
+import pytest
+
+from infermax.costmodel import (BatchFeatures, PiecewiseCostModel, load_cost_model, profile_folder, roofline_model,
+                                terms_time_s)
+from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_pieces
+from infermax.costmodel.measurements import NON_ATTENTION_OPS, read_measurements
+
+PROFILE = profile_folder("a100", "llama-2-7b", 1)
+
+
+def test_recovers_known_one_feature_pieces():
+    # f(n) = max(9, 5 + 0.05 n, -20 + 0.07 n): a floor, then two slopes (kinks at n = 80 and 1250)
+    n = np.arange(1, 4097, 7, dtype=float)
+    y = np.maximum.reduce([np.full_like(n, 9.0), 5 + 0.05 * n, -20 + 0.07 * n])
+    fitted = fit_max_affine(n, y, 3)
+    order = np.argsort(fitted.slopes[:, 0])
+    assert fitted.slopes[order, 0] == pytest.approx([0.0, 0.05, 0.07], abs=1e-9)
+    assert fitted.intercepts[order] == pytest.approx([9.0, 5.0, -20.0], abs=1e-6)
+    k, errors = select_pieces(n, y, np.ones(len(n)))
+    assert k == 3 and errors[3] < 1e-6 < errors[2]
+
+
+def test_recovers_known_two_feature_pieces():
+    rng = np.random.default_rng(3)
+    x = np.column_stack([rng.uniform(0, 1e5, 400), rng.integers(1, 512, 400)])
+    y = np.maximum(0.2 + 0.001 * x[:, 1], 0.05 + 2e-5 * x[:, 0] + 0.0004 * x[:, 1])
+    fitted = fit_max_affine(x, y, 2)
+    order = np.argsort(fitted.slopes[:, 0])
+    assert fitted.slopes[order] == pytest.approx(np.array([[0.0, 0.001], [2e-5, 0.0004]]), abs=1e-9)
+    assert fitted.intercepts[order] == pytest.approx([0.2, 0.05], abs=1e-7)
+
+
+def test_range_weights_balance_ranges():
+    w = range_weights(np.array([1, 2, 100, 2000, 3000, 4000]), ((1, 16), (17, 128), (129, 1024), (1025, 4096)))
+    # three non-empty ranges share 6 rows: each range's weights sum to 2
+    assert w == pytest.approx([1, 1, 2, 2 / 3, 2 / 3, 2 / 3])
+    with pytest.raises(ValueError, match="outside"):
+        range_weights(np.array([5000.0]), ((1, 16),))
+
+
+def random_batches(seed: int, count: int = 40) -> list[BatchFeatures]:
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(count):
+        f = BatchFeatures()
+        for c, m in rng.integers(1, 3000, (rng.integers(0, 3), 2)):
+            f.add_prefill(int(c), int(m))
+        for m in rng.integers(0, 8000, rng.integers(0, 60)):
+            f.add_decode(int(m))
+        batches.append(f)
+    return batches
+
+
+def epigraph_time_s(terms, f: BatchFeatures) -> float:
+    """Minimise Σ t_term subject to t_term ≥ piece(f) for each piece of each active term (HiGHS LP)."""
+    problem = pulp.LpProblem("epigraph", pulp.LpMinimize)
+    variables = []
+    for i, term in enumerate(terms):
+        if getattr(f, term.active_if) <= 0:
+            continue
+        t = pulp.LpVariable(f"t{i}")
+        variables.append(t)
+        for piece in term.pieces:
+            problem += t >= piece.intercept_s + sum(c * getattr(f, name) for name, c in piece.coef_s.items())
+    if not variables:
+        return 0.0
+    problem += pulp.lpSum(variables)
+    problem.solve(pulp.HiGHS(msg=False))
+    assert pulp.LpStatus[problem.status] == "Optimal"
+    return pulp.value(problem.objective)
+
+
+@pytest.mark.parametrize("name", ["piecewise", "roofline"])
+def test_epigraph_lp_equals_direct_evaluation(name):
+    model = load_cost_model(kind=name) if name == "piecewise" else roofline_model("a100", "llama-2-70b", 8)
+    terms = model.milp_terms()
+    for f in random_batches(7, 25):
+        direct = model.batch_time_s(f)
+        assert terms_time_s(terms, f) == direct
+        assert epigraph_time_s(terms, f) == pytest.approx(direct, rel=1e-7, abs=1e-9)
+
+
+def test_piecewise_predict_and_terms_match_scalar():
+    from infermax.costmodel import features_frame
+
+    model = PiecewiseCostModel.from_json(PROFILE / "infermax_piecewise.json")
+    batches = random_batches(11) + [BatchFeatures()]
+    scalar = [model.batch_time_s(f) for f in batches]
+    assert model.predict_s(features_frame(batches)) == pytest.approx(scalar, rel=1e-12)
+    assert [terms_time_s(model.milp_terms(), f) for f in batches] == scalar
+    assert scalar[-1] == 0.0
+
+
+def test_roofline_hand_computed_decode_and_communication():
+    # Llama-2-7B on A100, tp=2: per layer 2 * 16 KV heads * 128 * 2 bytes = 8192 bytes per KV token;
+    # 32 layers at 2039e9 * 0.8 B/s. Communication: 2 all-reduces * 2*(2-1)/2 * 4096 * 2 bytes per token
+    # per layer at 300e9 * 0.8 B/s.
+    model = roofline_model("a100", "llama-2-7b", 2)
+    terms = {t.name: t for t in model.milp_terms()}
+    f = BatchFeatures()
+    for _ in range(10):
+        f.add_decode(999)
+    assert terms["decode_attention"].value_s(f) == pytest.approx(32 * 8192 * 10_000 / (2039e9 * 0.8))
+    assert terms["communication"].value_s(f) == pytest.approx(32 * 2 * 4096 * 2 * 10 / (300e9 * 0.8))
+    with pytest.raises(ValueError, match="unknown gpu 'tpu'"):
+        roofline_model("tpu", "llama-2-7b")
+
+
+def test_kinds_and_file_loading(tmp_path):
+    assert load_cost_model(kind="linear").name.startswith("infermax-linear:")
+    assert load_cost_model(kind="piecewise").name == "piecewise:a100/llama-2-7b/tp1"
+    auto = json.loads((PROFILE / "profile.json").read_text())["auto"]
+    assert load_cost_model().name.split(":")[0] in {"linear": ("infermax-linear",), "piecewise": ("piecewise",)}[auto]
+    assert load_cost_model(path=PROFILE / "infermax_piecewise.json").name == "piecewise:a100/llama-2-7b/tp1"
+    with pytest.raises(ValueError, match="holds a piecewise model, not linear"):
+        load_cost_model(path=PROFILE / "infermax_piecewise.json", kind="linear")
+    with pytest.raises(ValueError, match="unknown cost-model kind"):
+        load_cost_model(kind="cubic")
+    bad = json.loads((PROFILE / "infermax_piecewise.json").read_text())
+    bad["terms"][0]["pieces"][0]["coef_s"] = {"n_tokenz": 1.0}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="bad.json: terms\\[0\\].pieces\\[0\\]: unknown feature"):
+        load_cost_model(path=tmp_path / "bad.json")
+
+
+def test_derived_attention_rows_are_scaled_by_hand():
+    """H100 Llama-2-70B tp=4 decode rows: KV lengths x 8 / (8 / 4) ... i.e. kv_scale = (8/4 * 128) / (8 * 128)
+    = 0.25, so KV lengths / 0.25; times x A100/H100 bandwidth 2039/3350. Prefill: q_scale (64/4)/32 = 0.5,
+    times x 312/989."""
+    table = read_measurements(profile_folder("h100", "llama-2-70b", 4) / "measurements.csv")
+    sample = pd.read_csv(profile_folder("a100", "llama-2-7b", 1).parent.parent.parent / "_sources"
+                         / "a100_llama3_8b_attention_sample.csv")
+    dec = sample[~sample.is_prefill].iloc[5]
+    rows = table[(table.operator == "attn_decode") & (table.batch_size == dec.batch_size)
+                 & np.isclose(table.kv_cache_size, dec.kv_cache_size / 0.25)]
+    assert rows.median_ms.iloc[0] == pytest.approx(dec.attn_decode_median_ms * 2039 / 3350, rel=1e-5)
+    pre = sample[sample.is_prefill].iloc[40]
+    rows = table[(table.operator == "attn_prefill") & (table.prefill_chunk_size == pre.prefill_chunk_size)
+                 & (table.kv_cache_size == pre.kv_cache_size)]
+    assert rows.median_ms.iloc[0] == pytest.approx(pre.attn_prefill_median_ms * 0.5 * 312 / 989, rel=1e-5)
+    assert rows.derivation.iloc[0].startswith("scaled from llama-3-8b")
+    assert (table[table.operator == "add"].derivation.fillna("") == "").all()
+
+
+def vidur_mlp_from_profile(folder) -> pd.DataFrame:
+    """Rebuild a Vidur-format mlp.csv (one TP) from a bundled profile's measurements."""
+    table = read_measurements(folder / "measurements.csv")
+    ops = table[table.operator.isin(("emb",) + NON_ATTENTION_OPS)]
+    wide = {}
+    for stat in ("median", "mean", "std"):
+        pivot = ops.pivot_table(index="num_tokens", columns="operator", values=f"{stat}_ms", aggfunc="first")
+        for op in pivot:
+            wide[f"time_stats.{op}.{stat}"] = pivot[op]
+    frame = pd.DataFrame(wide)
+    for op in ("emb",) + NON_ATTENTION_OPS:  # min/max are not used by the importer
+        frame[f"time_stats.{op}.min"] = frame[f"time_stats.{op}.max"] = frame[f"time_stats.{op}.median"]
+    frame = frame.assign(n_head=32, n_kv_head=32, n_embd=4096, n_expanded_embd=11008, vocab_size=32768,
+                         use_gated_mlp=True, num_tensor_parallel_workers=1).reset_index()
+    return frame
+
+
+def test_fit_an_unseen_vidur_folder(tmp_path):
+    """`infermax fit` on a Vidur-format folder it has never seen: imports, fits, writes models, plots and the
+    table; the result equals the bundled fit of the same measurements."""
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    vidur = tmp_path / "somewhere" / "a100" / "My-Llama-hf"
+    vidur.mkdir(parents=True)
+    vidur_mlp_from_profile(PROFILE).to_csv(vidur / "mlp.csv", index=False)
+    result = CliRunner().invoke(app, ["fit", str(vidur), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "non_attention" in result.output and "piecewise" in result.output
+    out = tmp_path / "out" / "tp1"
+    assert {p.name for p in out.glob("fit_*.png")} == {"fit_non_attention.png", "fit_prefill_attention.png",
+                                                        "fit_decode_attention.png"}
+    new, shipped = (json.loads((f / "infermax_piecewise.json").read_text()) for f in (out, PROFILE))
+    assert new["model"] == "llama-2-7b" and new["gpu"] == "a100"
+    assert new["terms"] == shipped["terms"]
+    bad = CliRunner().invoke(app, ["fit", str(tmp_path / "nowhere")])
+    assert bad.exit_code == 2 and "not a folder" in bad.output
+
+
+def test_costmodel_show_prints_terms_and_errors():
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    result = CliRunner().invoke(app, ["costmodel", "show", "--cost-model", "piecewise"])
+    assert result.exit_code == 0, result.output
+    assert "non_attention" in result.output and "decode_attention" in result.output and "1025-4096" in result.output
+    missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200"])
+    assert missing.exit_code == 2 and "--cost-model roofline" in missing.output
