@@ -65,7 +65,7 @@ def epigraph_time_s(terms, f: BatchFeatures) -> float:
     for i, term in enumerate(terms):
         if getattr(f, term.active_if) <= 0:
             continue
-        t = pulp.LpVariable(f"t{i}")
+        t = problem.add_variable(f"t{i}")
         variables.append(t)
         for piece in term.pieces:
             problem += t >= piece.intercept_s + sum(c * getattr(f, name) for name, c in piece.coef_s.items())
@@ -176,7 +176,7 @@ def test_fit_an_unseen_vidur_folder(tmp_path):
     vidur = tmp_path / "somewhere" / "a100" / "My-Llama-hf"
     vidur.mkdir(parents=True)
     vidur_mlp_from_profile(PROFILE).to_csv(vidur / "mlp.csv", index=False)
-    result = CliRunner().invoke(app, ["fit", str(vidur), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(app, ["fit", str(vidur), "--out", str(tmp_path / "out")], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "non_attention" in result.output and "piecewise" in result.output
     out = tmp_path / "out" / "tp1"
@@ -185,7 +185,7 @@ def test_fit_an_unseen_vidur_folder(tmp_path):
     new, shipped = (json.loads((f / "infermax_piecewise.json").read_text()) for f in (out, PROFILE))
     assert new["model"] == "llama-2-7b" and new["gpu"] == "a100"
     assert new["terms"] == shipped["terms"]
-    bad = CliRunner().invoke(app, ["fit", str(tmp_path / "nowhere")])
+    bad = CliRunner().invoke(app, ["fit", str(tmp_path / "nowhere")], env={"COLUMNS": "200"})
     assert bad.exit_code == 2 and "not a folder" in bad.output
 
 
@@ -194,8 +194,8 @@ def test_costmodel_show_prints_terms_and_errors():
 
     from infermax.cli import app
 
-    result = CliRunner().invoke(app, ["costmodel", "show", "--cost-model", "piecewise"])
+    result = CliRunner().invoke(app, ["costmodel", "show", "--cost-model", "piecewise"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "non_attention" in result.output and "decode_attention" in result.output and "1025-4096" in result.output
-    missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200"])
+    missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200"], env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "--cost-model roofline" in missing.output
