@@ -1,6 +1,6 @@
 """Print the held-out error tables of every bundled profile as Markdown (the tables in profiles/README.md).
 
-Usage: ``python benchmarks/costmodel_errors.py`` (reads ``profiles/<gpu>/<model>/tp<N>/profile.json``,
+Usage: ``PYTHONPATH=. python benchmarks/costmodel_errors.py`` (reads ``profiles/<gpu>/<model>/tp<N>/profile.json``,
 written by ``python -m infermax.costmodel.profile_import`` / ``infermax fit``).
 """
 
@@ -19,7 +19,27 @@ def cell(table: dict, key: str) -> str:
     return "–" if value is None else f"{value:.1f}%"
 
 
+def attention_sample_rows() -> list[str]:
+    """Both fits (held-out) and the roofline on the measured A100 Llama-3-8B attention sample itself."""
+    from infermax.costmodel import profiles_dir, roofline_model
+    from infermax.costmodel.fitting import ProfileSpec, build_groups, fit_group
+    from infermax.costmodel.measurements import import_vidur_attention
+    from infermax.costmodel.profile_import import ATTENTION_SAMPLE, SAMPLE_PROVENANCE
+
+    rows = import_vidur_attention(profiles_dir() / "_sources" / ATTENTION_SAMPLE, 1, SAMPLE_PROVENANCE)
+    spec = ProfileSpec("a100", "llama-3-8b", 1, 32, 4096)
+    lines = []
+    for group in build_groups(rows, spec):
+        for family, table in fit_group(group, roofline_model("a100", "llama-3-8b", 1)).errors.items():
+            lines.append(f"| {group.name} | {family} | " + " | ".join(cell(table, r) for r in RANGES) + " |")
+    return lines
+
+
 def main() -> None:
+    print("### attention, measured A100 Llama-3-8B sample (not scaled)\n")
+    print("| group | family | " + " | ".join(RANGES) + " |")
+    print("|---" * (2 + len(RANGES)) + "|")
+    print("\n".join(attention_sample_rows()))
     by_group: dict[str, list[str]] = {}
     for gpu, model, tp in available_combinations():
         doc = json.loads((profile_folder(gpu, model, tp) / "profile.json").read_text())

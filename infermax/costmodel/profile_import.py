@@ -35,11 +35,11 @@ SOURCES = "_sources"
 ATTENTION_SAMPLE = "a100_llama3_8b_attention_sample.csv"
 SAMPLE_MODEL, SAMPLE_GPU = "llama-3-8b", "a100"
 SAMPLE_PROVENANCE = Provenance(
-    device="NVIDIA A100 (Vidur profiler, FlashInfer backend)", software="Vidur attention profiler, FlashInfer",
-    date="not recorded (repository commit 7ac2fe9)",
-    source="github.com/sw5sh/cs378-assignment3 data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/attention.csv "
-           "@7ac2fe9 (sampled subset, Vidur format, MIT-licensed profiler)")
-VIDUR_SOFTWARE = "Vidur profiler (PyTorch; versions not recorded in the source)"
+    device="A100", software="Vidur profiler, FlashInfer; versions unrecorded", date="unrecorded (commit 7ac2fe9)",
+    source="github.com/sw5sh/cs378-assignment3@7ac2fe9:data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/"
+           "attention.csv (sampled subset)")
+VIDUR_SOFTWARE = "Vidur profiler; versions unrecorded"
+NETWORK_CITATION = "github.com/microsoft/vidur@e26eb8f:data/profiling/network/{gpu}_dgx/all_reduce.csv"
 
 
 def _sources_dir() -> Path:
@@ -76,10 +76,8 @@ def derive_attention(target_model: str, tp: int, gpu: str) -> pd.DataFrame:
     rows.loc[decode, "median_ms"] *= bandwidth_ratio
     rows["kv_cache_size"] = rows["kv_cache_size"].astype(float)
     rows.loc[decode, "kv_cache_size"] /= kv_scale
-    rows["derivation"] = (f"scaled from {SAMPLE_MODEL} on {SAMPLE_GPU} to {target.name} tp{tp} on {dst_gpu.name}: "
-                          f"attn_prefill x q_scale {q_scale:g} x peak-FLOP/s ratio {compute_ratio:.4g}; "
-                          f"attn_kv_cache_save unscaled; attn_decode x bandwidth ratio {bandwidth_ratio:.4g}, "
-                          f"kv_cache_size / kv_scale {kv_scale:g}")
+    rows["derivation"] = (f"scaled from {SAMPLE_MODEL}/{SAMPLE_GPU}: prefill x q_scale {q_scale:g} x flops ratio "
+                          f"{compute_ratio:.4g}; save x1; decode x bw ratio {bandwidth_ratio:.4g}, kv / {kv_scale:g}")
     return rows
 
 
@@ -120,9 +118,11 @@ def import_vidur_folder(path: Path, out: Path, *, gpu: str | None = None, model:
         if not network.is_file():
             network = _sources_dir() / "vidur_network" / f"{gpu}_dgx_all_reduce.csv"
         if degree > 1 and network.is_file():
+            bundled = network.parent == _sources_dir() / "vidur_network"
             parts.append(import_vidur_all_reduce(network, degree, shape["n_embd"], Provenance(
-                f"{gpu} DGX node (NVLink)", "Vidur collective profiler (PyTorch distributed; versions not recorded)",
-                provenance.date, f"{network.name}: {_network_source(network)}")))
+                f"{gpu.upper()} DGX node", "Vidur collective profiler; versions unrecorded",
+                "unrecorded; file of 2024-05-14" if bundled else provenance.date,
+                NETWORK_CITATION.format(gpu=gpu) if bundled else str(network.resolve()))))
         folder = out / f"tp{degree}"
         folder.mkdir(parents=True, exist_ok=True)
         write_measurements(pd.concat(parts, ignore_index=True), folder / MEASUREMENTS_CSV)
@@ -133,11 +133,6 @@ def import_vidur_folder(path: Path, out: Path, *, gpu: str | None = None, model:
         (folder / PROFILE_JSON).write_text(json.dumps(profile, indent=2) + "\n")
         folders.append(folder)
     return folders
-
-
-def _network_source(path: Path) -> str:
-    readme = path.parent / "README.md"
-    return "see README.md beside it" if readme.is_file() else str(path.resolve())
 
 
 def prepare(path: str | Path, out: str | Path | None = None, **options) -> list[Path]:
@@ -171,9 +166,8 @@ def bundle(vidur_root: Path, commit: str, date: str) -> list[Path]:
         gpu, vidur_model = mlp.parent.parent.name, mlp.parent.name
         model = match_model(vidur_model_shape(mlp))
         org = "codellama" if vidur_model.startswith("CodeLlama") else "meta-llama"
-        provenance = Provenance(device=f"NVIDIA {gpu.upper()} (as named by Vidur)", software=VIDUR_SOFTWARE, date=date,
-                                source=f"github.com/microsoft/vidur data/profiling/compute/{gpu}/{org}/{vidur_model}/mlp.csv "
-                                       f"@{commit} (MIT License)")
+        provenance = Provenance(device=gpu.upper(), software=VIDUR_SOFTWARE, date=date,
+                                source=f"github.com/microsoft/vidur@{commit}:data/profiling/compute/{gpu}/{org}/{vidur_model}/mlp.csv")
         folders += import_vidur_folder(mlp.parent, profiles_dir() / gpu / model, gpu=gpu, model=model,
                                        provenance=provenance)
     return folders
@@ -185,8 +179,8 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="import and fit every Vidur <gpu>/<model>/mlp.csv under a folder")
     parser.add_argument("vidur_root", type=Path)
-    parser.add_argument("--commit", default="7d47513 (mlp.csv last changed bee57da, 2024-05-14)")
-    parser.add_argument("--date", default="not recorded; file committed 2024-05-14")
+    parser.add_argument("--commit", default="bee57da", help="Vidur commit that last changed the mlp.csv files")
+    parser.add_argument("--date", default="unrecorded; file of 2024-05-14")
     args = parser.parse_args(argv)
     for folder in bundle(args.vidur_root, args.commit, args.date):
         doc = fit_profile(folder)
