@@ -38,8 +38,14 @@ def simulate(
     cost_model: CostModel | None = None,
     progress: bool = False,
     meta: dict | None = None,
+    fast_forward: bool = True,
 ) -> SimResult:
-    """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer."""
+    """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer.
+
+    With ``fast_forward`` (and a scheduler that ``repeats_full_decode``), runs of identical
+    decode-only batches are applied without re-planning them (``Replayer.repeat_full_decode``); the
+    result is identical to stepping batch by batch (``fast_forward=False``), which the tests check.
+    """
     if not requests:
         raise ValueError("the workload has no requests")
     if cost_model is None:
@@ -57,6 +63,7 @@ def simulate(
     waited_until: float | None = None
     total_tokens = sum(r.prompt_tokens + r.output_tokens for r in requests)
     batches_without_token = 0
+    repeat = fast_forward and scheduler.repeats_full_decode
     bar = _Tracker(sum(r.output_tokens for r in requests)) if progress else nullcontext(None)
     with bar as tracker:
         while rp.unfinished:
@@ -80,8 +87,11 @@ def simulate(
             except ScheduleViolation as exc:
                 raise SchedulerError(f"scheduler '{scheduler.name}' planned an invalid batch: {exc}") from exc
             scheduler.batch_done(batch, finished)
-            now = rp.clock_s
             generated = rp.last_generated
+            if repeat and rp.last_full_decode:
+                stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
+                generated += generated * rp.repeat_full_decode(batch, stop)
+            now = rp.clock_s
             batches_without_token = 0 if generated else batches_without_token + 1
             if batches_without_token > total_tokens:
                 raise NoProgressError(

@@ -85,6 +85,7 @@ class Replayer:
         self.holders = 0  # requests with m > 0
         self.unfinished = len(self.states)
         self.last_generated = 0
+        self.last_full_decode = False
         self.batch_rows: list[tuple] = []
         self.batches: list[ScheduledBatch] = []
 
@@ -113,36 +114,53 @@ class Replayer:
             s.evictions += 1
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
-        feats = BatchFeatures()
+        # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
+        n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = 0
+        unit_blocks = lim.block_size == 1
+        kv, holders = self.kv_tokens, self.holders
         generators: list[RequestState] = []
         seen: set[int] = set()
         for rid, c in batch.items:
-            s = self._state(j, rid)
+            s = states.get(rid)
+            if s is None or s.finish_s is not None:
+                self._state(j, rid)  # raises the matching violation
             if rid in seen:
                 raise ScheduleViolation(j, rid, "duplicate", "appears twice in the batch")
             if rid in evicted:
                 raise ScheduleViolation(j, rid, "evict-and-process", "evicted and processed in the same batch")
             seen.add(rid)
-            if s.req.arrival_s > start:
-                start = s.req.arrival_s
+            arrival = s.req.arrival_s
+            if arrival > start:
+                start = arrival
             m0 = s.m
-            if m0 < s.input_tokens:
-                if not 1 <= c <= s.input_tokens - m0:
+            icur = s.input_tokens
+            if m0 < icur:
+                if not 1 <= c <= icur - m0:
                     raise ScheduleViolation(
-                        j, rid, "chunk", f"prefill chunk c={c} outside 1..{s.input_tokens - m0} (m={m0}, Icur={s.input_tokens})")
-                feats.add_prefill(c, m0)
+                        j, rid, "chunk", f"prefill chunk c={c} outside 1..{icur - m0} (m={m0}, Icur={icur})")
+                n_tokens += c
+                prefill_tokens += c
+                prefill_sq += c * c
+                prefill_ctx += c * m0
+                n_prefill += 1
                 s.prefill_processed += c
-                if m0 + c == s.input_tokens:
+                if m0 + c == icur:
                     generators.append(s)
             else:
                 if c != 1:
                     raise ScheduleViolation(j, rid, "decode", f"decode phase processes exactly 1 token, got c={c}")
-                feats.add_decode(m0)
+                n_tokens += 1
+                decode_kv += m0 + 1
+                n_decode += 1
                 generators.append(s)
             if m0 == 0:
-                self.holders += 1
-            self.kv_tokens += blocks(m0 + c) - blocks(m0)
+                holders += 1
+            kv += c if unit_blocks else blocks(m0 + c) - blocks(m0)
             s.m = m0 + c
+        self.kv_tokens, self.holders = kv, holders
+        feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
+                              prefill_ctx_tokens=prefill_ctx, n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
+                              decode_kv_tokens=decode_kv)
 
         if feats.n_tokens > lim.C:
             raise ScheduleViolation(j, None, "C", f"{feats.n_tokens} tokens > C={lim.C}")
@@ -170,6 +188,9 @@ class Replayer:
         self.unfinished -= len(finished)
         self.clock_s = end
         self.last_generated = len(generators)
+        # Every KV holder decoded one token; nothing was prefilled, evicted or finished.
+        self.last_full_decode = (not feats.n_prefill_seqs and not batch.evict and not finished
+                                 and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
             j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
@@ -177,6 +198,48 @@ class Replayer:
             kv_peak, self.kv_tokens, holders_peak, self.holders,
         ))
         return finished
+
+    def repeat_full_decode(self, batch: ScheduledBatch, stop_at_s: float | None = None) -> int:
+        """Apply further copies of ``batch`` while that is exactly what ``apply`` would do; return how many.
+
+        Precondition: ``batch`` was the last batch applied and ``last_full_decode`` (every item was a
+        decode, it evicted and finished nothing, and it held every KV holder). Copies stop before one
+        that would start at or after ``stop_at_s`` (an arrival), exceed ``M``, or finish a request, so
+        each copy decodes the same requests one token further. Each copy is recorded like ``apply``
+        records it (a Schedule batch and a table row with the same arithmetic), at O(1) cost per copy
+        plus O(len(batch.items)) once. The copies share one ``items`` list.
+        """
+        if not self.last_full_decode or batch is not self.batches[-1]:
+            raise ValueError("repeat_full_decode needs the last applied batch, a full decode-only batch")
+        sts = [self.states[rid] for rid, _ in batch.items]
+        n, b, M = len(sts), self.limits.block_size, self.limits.M
+        copies = min(s.req.output_tokens - s.generated for s in sts) - 1
+        new_block_at = None
+        if b > 1:  # a decode from m to m+1 takes a new block when m % b == 0
+            new_block_at = [0] * b
+            for s in sts:
+                new_block_at[s.m % b] += 1
+        decode_kv = sum(s.m for s in sts) + n
+        kv, clock, holders, j = self.kv_tokens, self.clock_s, self.holders, len(self.batch_rows)
+        rows, batches, cost = self.batch_rows, self.batches, self.cost_model.batch_time_s
+        items = list(batch.items)
+        done = 0
+        while done < copies and (stop_at_s is None or stop_at_s > clock):
+            grow = n if new_block_at is None else b * new_block_at[-done % b]
+            if kv + grow > M:
+                break
+            kv += grow
+            duration = cost(BatchFeatures(n_tokens=n, n_decode_seqs=n, decode_kv_tokens=decode_kv))
+            end = clock + duration
+            rows.append((j, clock, duration, end, n, 0, n, 0, n, n, 0, kv, kv, holders, holders))
+            batches.append(ScheduledBatch(items=items))
+            clock, decode_kv, j, done = end, decode_kv + n, j + 1, done + 1
+        if done:
+            for s in sts:
+                s.m += done
+                s.generated += done
+            self.kv_tokens, self.clock_s, self.last_generated = kv, clock, n
+        return done
 
     def _state(self, j: int, rid: int) -> RequestState:
         s = self.states.get(rid)

@@ -78,7 +78,18 @@ _RANK_KEY = {
 
 
 class Algorithm1Scheduler(Scheduler):
-    """Algorithm 1 of the InferMax paper, configured by an `Algorithm1Policy`."""
+    """Algorithm 1 of the InferMax paper, configured by an `Algorithm1Policy`.
+
+    ``repeats_full_decode`` holds for every policy. After a batch that decoded every running request
+    (running = KV holders), the next call sees the same groups in the same order (ranks are static;
+    every running request stays in decode phase) and the same token, prefill and ``Rmax`` budgets at
+    every candidate's turn; only the free KV changes, and it shrinks (eviction-free: it is constant).
+    So each decode still succeeds while the batch's KV fits ``M``, and each waiting candidate that
+    failed or was skipped before fails or is skipped again (its need is unchanged, its budget is not
+    larger); nobody is evicted, and ``batch_done`` of such a batch changes nothing.
+    """
+
+    repeats_full_decode = True
 
     def __init__(self, limits: Limits, policy: Algorithm1Policy, cost_model: CostModel | None = None,
                  name: str = "algorithm1"):
@@ -117,7 +128,11 @@ class Algorithm1Scheduler(Scheduler):
         position: dict[int, int] | None = None  # built on the first eviction only
         victim_ptr = len(priority) - 1
         tokens_left, prefill_left = lim.C, lim.prefill_budget
-        kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m) for s in self.running))
+        unit_blocks = lim.block_size == 1
+        if pol.eviction_free:
+            kv_free = lim.M - self._reserved_total
+        else:
+            kv_free = lim.M - (sum(s.m for s in self.running) if unit_blocks else sum(blocks(s.m) for s in self.running))
         holders = len(self.running)
         items: list[tuple[int, int]] = []
         evict: list[int] = []
@@ -128,9 +143,21 @@ class Algorithm1Scheduler(Scheduler):
             for s in candidates:
                 if s.id in taken:
                     continue
-                is_prefill = s.m < s.input_tokens
+                m = s.m
+                is_prefill = m < s.input_tokens
                 if not pol.hybrid and items and is_prefill != batch_is_prefill:
                     continue  # CheckHybridBatching
+                if not is_prefill and tokens_left >= 1:
+                    # A decode's CanAllocate inline (the common case): one token, never a new holder.
+                    need = 0 if pol.eviction_free else (1 if unit_blocks else blocks(m + 1) - blocks(m))
+                    if need <= kv_free:
+                        items.append((s.id, 1))
+                        taken.add(s.id)
+                        tokens_left -= 1
+                        kv_free -= need
+                        if batch_is_prefill is None:
+                            batch_is_prefill = False
+                        continue
                 while True:  # CanAllocate, evicting on M failures where allowed
                     failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free, holders)
                     if failure is None:

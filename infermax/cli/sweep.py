@@ -1,0 +1,49 @@
+"""``infermax sweep``: run a declarative sweep spec into one Parquet table (and its figures)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import app, console, fail
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="Sweep spec (TOML): [base] configuration, [axes] to sweep, [[plot]] figures."),
+    out: Optional[Path] = typer.Option(None, help="Results directory (default: results/<name> next to the spec)."),
+    backend: str = typer.Option("local", help="local (processes on this machine) or ray."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address (ray backend; default: a local instance)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel workers (default: every core)."),
+    plots: bool = typer.Option(True, help="Draw the spec's [[plot]] figures into <out>/figures."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and count its points; run nothing."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Run every point of a sweep spec; rerun to resume (finished points are kept, never recomputed)."""
+    from ..sweep import SpecError, load_spec, run_sweep
+
+    try:
+        parsed = load_spec(spec)
+    except SpecError as exc:
+        fail(str(exc))
+    n_points = len(parsed.points())
+    if dry_run:
+        console.print(f"{parsed.name}: {n_points} {parsed.kind} points over "
+                      f"{' x '.join(f'{k} ({len(v)})' for k, v in parsed.axes.items()) or 'no axes'}", highlight=False)
+        return
+    out_dir = out or parsed.default_out_dir()
+    try:
+        report = run_sweep(parsed, out_dir, backend=backend, jobs=jobs, address=address, progress=progress)
+    except (ValueError, RuntimeError) as exc:
+        fail(str(exc))
+    console.print(f"{parsed.name}: {report.points} points ({report.cached} already done, {report.computed} computed, "
+                  f"{report.errors} errors) in {report.wall_s:.1f} s wall, {report.compute_s:.1f} s of point compute; "
+                  f"table {report.table}", highlight=False, soft_wrap=True)
+    if plots and parsed.plots:
+        from ..plot import plot_from_spec
+
+        for path in plot_from_spec(report.table, parsed.plots, Path(out_dir) / "figures"):
+            console.print(f"figure {os.fspath(path)}", highlight=False)

@@ -1,0 +1,200 @@
+"""The InferMax paper's figure styles drawn from a sweep's results table.
+
+- ``lines``: one row of panels per metric, one column per value of ``col`` (the paper's O), the
+  metric against ``x`` (I) with one line per ``hue`` (scheduler): Figs. 5, 8, 9, 11, 12.
+- ``heatmap``: a metric over two axes (``x`` by ``y``), one panel per ``facet`` value: Fig. 6.
+
+Both select rows with ``where`` (``{"B": 1024}``) and refuse a table in which a plotted cell would
+mix several rows (another column varies): the error names the columns to fix with ``where``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+KINDS = ("lines", "heatmap")
+FORMATS = (".png", ".svg", ".pdf")
+LABELS = {
+    "makespan_s": "latency (s)", "tps": "TPS (tokens/s)", "mean_ttft_s": "TTFT (s)", "mean_tpot_s": "TPOT (s)",
+    "mean_latency_s": "mean latency (s)", "evictions": "evictions", "mean_batch_size": "batch size",
+    "mean_running": "running size", "mean_kv_util": "KV usage (fraction of M)", "peak_kv_util": "peak KV usage",
+}
+
+
+def select(table: pd.DataFrame, where: dict | None) -> pd.DataFrame:
+    """Rows whose columns equal ``where``'s values (``"none"`` matches a missing value)."""
+    for key, value in (where or {}).items():
+        if key not in table.columns:
+            raise ValueError(f"where: no column {key!r}; columns: {', '.join(table.columns)}")
+        column = table[key]
+        if value is None or value == "none":
+            table = table[column.isna()]
+        else:
+            table = table[column.astype(str) == str(value)] if column.dtype == object else table[column == value]
+    if table.empty:
+        raise ValueError(f"no rows match where={where}")
+    return table
+
+
+def _check_columns(table: pd.DataFrame, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ValueError(f"no column(s) {', '.join(missing)} in the table; columns: {', '.join(table.columns)}")
+
+
+def _check_unique(table: pd.DataFrame, keys: list[str]) -> None:
+    if table.duplicated(keys).any():
+        ignore = set(keys) | {"point_id", "status", "error"}
+        varying = [c for c in table.columns if c not in ignore and table[c].astype(str).nunique() > 1
+                   and c in _config_columns(table)]
+        raise ValueError(f"several rows per ({', '.join(keys)}); other varying column(s): "
+                         f"{', '.join(varying) or '?'}; select one value with where")
+
+
+def _config_columns(table: pd.DataFrame) -> list[str]:
+    from .config import RunConfig
+
+    return [c for c in RunConfig.field_names() if c in table.columns]
+
+
+def _sorted_values(series: pd.Series) -> list:
+    values = list(dict.fromkeys(series.tolist()))
+    try:
+        return sorted(values)
+    except TypeError:
+        return values
+
+
+def _pow2_axis(ax, values) -> None:
+    numeric = [v for v in values if isinstance(v, (int, float, np.integer, np.floating)) and v > 0]
+    if len(numeric) == len(values) and len(values) > 2 and max(numeric) / min(numeric) >= 16:
+        ax.set_xscale("log", base=2 if all(math.log2(v).is_integer() for v in numeric) else 10)
+
+
+def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | None = "O",
+          hue: str | None = "scheduler", where: dict | None = None, title: str | None = None):
+    """Metric vs ``x``: one panel row per metric, one column per ``col`` value, one line per ``hue``."""
+    metrics = list(metrics)
+    if not metrics:
+        raise ValueError("give at least one metric")
+    _check_columns(table, [x, *metrics] + [c for c in (col, hue) if c])
+    data = select(table, where)
+    keys = [c for c in (col, hue, x) if c]
+    _check_unique(data, keys)
+    cols = _sorted_values(data[col]) if col else [None]
+    hues = list(dict.fromkeys(data[hue])) if hue else [None]
+    fig, axes = plt.subplots(len(metrics), len(cols), figsize=(2.6 * len(cols) + 0.8, 2.1 * len(metrics) + 0.6),
+                             squeeze=False, sharex=True)
+    for j, cv in enumerate(cols):
+        panel = data if col is None else data[data[col] == cv]
+        for i, metric in enumerate(metrics):
+            ax = axes[i][j]
+            for hv in hues:
+                part = panel if hue is None else panel[panel[hue] == hv]
+                part = part.sort_values(x)
+                ax.plot(part[x], part[metric], marker="o", markersize=3, label=None if hv is None else str(hv))
+            _pow2_axis(ax, _sorted_values(data[x]))
+            if i == 0 and col:
+                ax.set_title(f"{col}={cv}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel(LABELS.get(metric, metric), fontsize=8)
+            if i == len(metrics) - 1:
+                ax.set_xlabel(x)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    if hue:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=min(len(hues), 6), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, y=0.995, fontsize=10, va="bottom")
+    fig.tight_layout(rect=(0, 0, 1, 0.95 if hue else 1))
+    return fig
+
+
+def heatmap(table: pd.DataFrame, metric: str, x: str = "I", y: str = "O", facet: str | None = "scheduler",
+            where: dict | None = None, title: str | None = None, annotate: bool = True):
+    """``metric`` over ``x`` (columns) and ``y`` (rows), one panel per ``facet`` value, shared colour scale."""
+    _check_columns(table, [x, y, metric] + ([facet] if facet else []))
+    data = select(table, where)
+    _check_unique(data, [c for c in (facet, x, y) if c])
+    facets = list(dict.fromkeys(data[facet])) if facet else [None]
+    xs, ys = _sorted_values(data[x]), _sorted_values(data[y])
+    values = pd.to_numeric(data[metric], errors="coerce")
+    vmin, vmax = np.nanmin(values), np.nanmax(values)
+    fig, axes = plt.subplots(1, len(facets), figsize=(0.45 * len(xs) * len(facets) + 1.5, 0.4 * len(ys) + 1.4),
+                             squeeze=False)
+    image = None
+    for k, fv in enumerate(facets):
+        ax = axes[0][k]
+        part = data if facet is None else data[data[facet] == fv]
+        grid = part.pivot(index=y, columns=x, values=metric).reindex(index=ys, columns=xs).astype(float)
+        image = ax.imshow(grid.to_numpy(), origin="lower", aspect="auto", vmin=vmin, vmax=vmax, cmap="viridis")
+        ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(ys)), [str(v) for v in ys], fontsize=7)
+        ax.set_xlabel(x)
+        if k == 0:
+            ax.set_ylabel(y)
+        if facet:
+            ax.set_title(str(fv), fontsize=9)
+        if annotate and len(xs) * len(ys) <= 144:
+            for (r, c), v in np.ndenumerate(grid.to_numpy()):
+                if not np.isnan(v):
+                    ax.text(c, r, f"{v:.3g}" if abs(v) < 1000 else f"{v / 1000:.0f}k", ha="center", va="center",
+                            fontsize=5, color="white" if v < (vmin + vmax) / 2 else "black")
+    fig.colorbar(image, ax=axes[0].tolist(), label=LABELS.get(metric, metric), shrink=0.9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def save(fig, path: str | Path) -> Path:
+    """Write a figure as PNG, SVG or PDF (by the file's suffix) and close it."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"{path}: figure format must be one of {', '.join(FORMATS)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+PLOT_KEYS = {"lines": ("kind", "file", "metrics", "x", "col", "hue", "where", "title"),
+             "heatmap": ("kind", "file", "metric", "x", "y", "facet", "where", "title", "annotate")}
+
+
+def check_options(options: dict) -> str:
+    """Validate one plot description's keys; returns its kind."""
+    kind = options.get("kind", "lines")
+    if kind not in KINDS:
+        raise ValueError(f"plot kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    unknown = sorted(set(options) - set(PLOT_KEYS[kind]))
+    if unknown:
+        raise ValueError(f"unknown {kind} plot key(s) {', '.join(unknown)}; known: {', '.join(PLOT_KEYS[kind])}")
+    return kind
+
+
+def draw(table: pd.DataFrame, options: dict):
+    """A figure from one plot description (a spec's ``[[plot]]`` table; ``file`` is ignored)."""
+    kind = check_options(options)
+    kwargs = {k: v for k, v in options.items() if k not in ("kind", "file")}
+    return (lines if kind == "lines" else heatmap)(table, **kwargs)
+
+
+def plot_from_spec(table_path: str | Path, plots: list[dict], out_dir: str | Path) -> list[Path]:
+    """Draw a sweep spec's ``[[plot]]`` figures from its results table into ``out_dir``."""
+    table = pd.read_parquet(table_path)
+    written = []
+    for i, options in enumerate(plots):
+        if "file" not in options:
+            raise ValueError(f"plot {i}: needs 'file' (e.g. \"fig5.png\")")
+        written.append(save(draw(table, options), Path(out_dir) / options["file"]))
+    return written

@@ -1,0 +1,99 @@
+"""Point kinds: what one sweep point computes from its configuration.
+
+A point kind names its configuration fields (with types and defaults), checks a configuration
+before anything runs, and turns one configuration into a flat record of result columns. ``simulate``
+is the only kind so far; another (e.g. ``optimize``) is added with one ``register_kind`` call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import types
+import typing
+from dataclasses import MISSING, dataclass, fields
+from typing import Callable
+
+from ..config import RunConfig
+
+
+@dataclass(frozen=True)
+class PointKind:
+    """``config_cls``: a dataclass with ``from_dict``; ``check(config)`` raises ValueError on a bad
+    configuration; ``run(config)`` returns the point's result columns (a flat dict of scalars)."""
+
+    name: str
+    config_cls: type
+    check: Callable[[dict], None]
+    run: Callable[[dict], dict]
+
+    def defaults(self) -> dict:
+        return {f.name: f.default for f in fields(self.config_cls) if f.default is not MISSING}
+
+    def field_types(self) -> dict[str, tuple[type, ...]]:
+        """Each field's allowed Python types (``int | None`` -> ``(int, NoneType)``)."""
+        hints = typing.get_type_hints(self.config_cls)
+        out = {}
+        for f in fields(self.config_cls):
+            hint = hints[f.name]
+            out[f.name] = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        return out
+
+
+POINT_KINDS: dict[str, PointKind] = {}
+
+
+def register_kind(kind: PointKind) -> None:
+    """Make a point kind usable as a spec's ``kind``."""
+    if kind.name in POINT_KINDS:
+        raise ValueError(f"point kind {kind.name!r} is already registered")
+    POINT_KINDS[kind.name] = kind
+
+
+def get_kind(name: str) -> PointKind:
+    kind = POINT_KINDS.get(name)
+    if kind is None:
+        raise ValueError(f"unknown point kind {name!r}; known: {', '.join(POINT_KINDS)}")
+    return kind
+
+
+def point_id(kind: str, config: dict) -> str:
+    """A stable identifier of a point: a hash of its kind and full configuration."""
+    text = json.dumps({"kind": kind, "config": config}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_point(kind: str, config: dict) -> dict:
+    """Compute one point: ``{"id", "kind", "config", "result", "wall_s"}``.
+
+    ``result`` holds ``status`` ("ok" or "error"), ``error`` (the message of a configuration the
+    simulator rejects, e.g. a request that never fits ``M``) and the kind's result columns.
+    """
+    started = time.perf_counter()
+    result = get_kind(kind).run(config)
+    return {"id": point_id(kind, config), "kind": kind, "config": config, "result": result,
+            "wall_s": time.perf_counter() - started}
+
+
+def _check_simulate(config: dict) -> None:
+    from ..schedulers import get_spec
+
+    run_config = RunConfig.from_dict(config)
+    get_spec(run_config.scheduler)
+    run_config.limits()
+
+
+def _run_simulate(config: dict) -> dict:
+    from ..schedulers import SchedulerError
+
+    try:
+        result = RunConfig.from_dict(config).simulate()
+    except (ValueError, FileNotFoundError, SchedulerError) as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    limits = result.schedule.limits
+    return {"status": "ok", "error": None, "limit_P": limits.prefill_budget, "limit_M": limits.M,
+            "cost_model_name": result.meta.get("cost_model"), **result.summary}
+
+
+register_kind(PointKind("simulate", RunConfig, _check_simulate, _run_simulate))

@@ -1,0 +1,95 @@
+"""The decode fast-forward is exact: every table, summary and Schedule equals step-by-step simulation."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from conftest import AffineCost
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from infermax.costmodel import load_cost_model
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.replay import Replayer
+from infermax.request import Request
+from infermax.schedule import ScheduledBatch
+from infermax.schedulers import available
+from infermax.workload import fixed
+
+LINEAR = load_cost_model(kind="linear")
+
+
+@pytest.fixture
+def count_copies(monkeypatch):
+    """Counts the batches applied by ``Replayer.repeat_full_decode``."""
+    counter = {"copies": 0}
+    original = Replayer.repeat_full_decode
+
+    def counted(self, *args, **kwargs):
+        copies = original(self, *args, **kwargs)
+        counter["copies"] += copies
+        return copies
+
+    monkeypatch.setattr(Replayer, "repeat_full_decode", counted)
+    return counter
+
+
+def assert_identical(a, b) -> None:
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.batches, b.batches)
+    assert a.schedule.to_json() == b.schedule.to_json()
+    assert a.summary.keys() == b.summary.keys()
+    assert all(x == y or (x != x and y != y) for x, y in zip(a.summary.values(), b.summary.values()))
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(1, 12))
+    online = draw(st.booleans())
+    reqs, t = [], 0.0
+    for i in range(n):
+        if online:
+            t += draw(st.sampled_from([0.0, 0.005, 0.05, 0.5, 2.0]))
+        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 80))))
+    block = draw(st.sampled_from([1, 1, 2, 4, 16]))
+    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
+    need = max(r.peak_kv_tokens for r in reqs)  # non-chunking schedulers must fit any refill in one batch
+    C = draw(st.integers(need, 160))
+    P = draw(st.one_of(st.none(), st.integers(need, C)))
+    M = draw(st.integers(peak, peak * 3))
+    Rmax = draw(st.one_of(st.none(), st.none(), st.integers(1, 6)))
+    cost = draw(st.sampled_from(["linear", "affine"]))
+    return reqs, Limits(C=C, P=P, M=M, Rmax=Rmax, block_size=block), draw(st.sampled_from(available())), cost
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(cases())
+def test_fast_forward_equals_step_by_step(count_copies, case):
+    reqs, limits, name, cost_name = case
+    cost = LINEAR if cost_name == "linear" else AffineCost(0.01, 0.001)
+    before = count_copies["copies"]
+    step = simulate(reqs, name, limits, cost, fast_forward=False)
+    assert count_copies["copies"] == before  # the reference really stepped every batch
+    fast = simulate(reqs, name, limits, cost)
+    event("fast-forwarded" if count_copies["copies"] > before else "nothing to fast-forward")
+    assert_identical(step, fast)
+
+
+@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("I, O, B, M, block", [(8, 64, 6, 100_000, 1), (64, 200, 40, 4000, 1), (30, 90, 20, 1500, 16)])
+def test_fast_forward_skips_planning_and_matches(count_copies, name, I, O, B, M, block):
+    # Large enough that long decode-only runs exist (and, with small M, evictions between them).
+    reqs = fixed(I, O, B)
+    limits = Limits(M=M, block_size=block)
+    step = simulate(reqs, name, limits, LINEAR, fast_forward=False)
+    fast = simulate(reqs, name, limits, LINEAR)
+    assert count_copies["copies"] > 0
+    assert_identical(step, fast)
+
+
+def test_repeat_needs_a_full_decode_batch():
+    rp = Replayer(fixed(4, 3, 2), Limits(), AffineCost())
+    rp.apply(ScheduledBatch(items=[(0, 4)]))  # a prefill: request 1 holds no KV, nothing to repeat
+    with pytest.raises(ValueError, match="full decode-only batch"):
+        rp.repeat_full_decode(rp.batches[-1])

@@ -1,0 +1,231 @@
+"""Sweeps: spec parsing, the results table, resuming after SIGKILL, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from infermax.cli import app
+from infermax.config import RunConfig
+from infermax.sweep import SpecError, load_spec, parse_spec, point_id, run_sweep
+from infermax.sweep.store import ResultStore
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+SMALL = """
+name = "small"
+[base]
+B = 6
+O = 3
+cost_model = "linear"
+[axes]
+scheduler = ["vllm", "sarathi"]
+I = [4, 16, 64]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_points_are_the_product_of_the_axes_in_order(tmp_path):
+    spec = load_spec(write(tmp_path, SMALL))
+    points = spec.points()
+    assert [(p["scheduler"], p["I"]) for p in points] == [
+        ("vllm", 4), ("vllm", 16), ("vllm", 64), ("sarathi", 4), ("sarathi", 16), ("sarathi", 64)]
+    # Every point is a full configuration: base values, axis values, RunConfig defaults for the rest.
+    assert all(p["B"] == 6 and p["O"] == 3 and p["C"] == 4096 and p["Rmax"] is None for p in points)
+    assert set(points[0]) == set(RunConfig.field_names())
+    assert spec.default_out_dir() == tmp_path / "results" / "small"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nme = 'x'", "unknown top-level key(s) nme; known: name, description, kind, base, axes, plot"),
+    ("[base]\nbatch = 3", "unknown simulate field(s) in [base]: batch; known: scheduler,"),
+    ("[axes]\nschedular = ['vllm']", "unknown simulate field(s) in [axes]: schedular"),
+    ("kind = 'optimise'", "unknown point kind 'optimise'; known: simulate"),
+    ("[base]\nI = 'big'", "base.I must be int, got 'big'"),
+    ("[base]\nI = 2.5", "base.I must be int, got 2.5"),
+    ("[base]\nscheduler = 3", "base.scheduler must be str, got 3"),
+    ("[axes]\nI = 4", "axes.I must be a non-empty list of values, got 4"),
+    ("[axes]\nI = []", "axes.I must be a non-empty list"),
+    ("[axes]\nI = [1, 2, 1]", "axes.I lists a value twice"),
+    ("[base]\nI = 1\n[axes]\nI = [2]", "field(s) I appear in both [base] and [axes]"),
+    ("[axes]\nscheduler = ['vllm', 'fastest']", "point 1 (scheduler='fastest'): unknown scheduler 'fastest'"),
+    ("[axes]\nP = [100, 8192]", "point 1 (P=8192): P (prefill tokens per batch) = 8192 must not exceed C = 4096"),
+    ("[[plot]]\nkind = 'pie'", "plot 0: plot kind must be one of lines, heatmap, got 'pie'"),
+    ("[[plot]]\nmetric = 'tps'", "plot 0: unknown lines plot key(s) metric"),
+    ("name = 'a/b'", "'name' must be a non-empty string without '/'"),
+])
+def test_bad_specs_name_the_problem(tmp_path, text, message):
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert str(info.value).startswith(str(tmp_path / "spec.toml") + ": ")
+    assert message in str(info.value)
+
+
+def test_not_toml_and_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(write(tmp_path, "[base\nI = 1"))
+    with pytest.raises(SpecError, match="no such spec file"):
+        load_spec(tmp_path / "absent.toml")
+
+
+def test_none_and_number_coercions():
+    spec = parse_spec({"axes": {"Rmax": [32, "none"], "rate": [2]}, "base": {"arrival": "poisson"}})
+    assert [p["Rmax"] for p in spec.points()] == [32, None] and spec.points()[0]["rate"] == 2.0
+    assert isinstance(spec.points()[0]["rate"], float)  # 2 and 2.0 are one point, not two
+    with pytest.raises(SpecError, match="base.I must be int, got 'none'"):
+        parse_spec({"base": {"I": "none"}})
+
+
+def test_table_has_one_row_per_point_with_configuration_and_metrics(tmp_path):
+    spec = load_spec(write(tmp_path, SMALL))
+    report = run_sweep(spec, tmp_path / "out", jobs=1)
+    table = pd.read_parquet(report.table)
+    assert (report.points, report.cached, report.computed, report.errors) == (6, 0, 6, 0)
+    assert list(table.columns[:1 + len(RunConfig.field_names())]) == ["point_id", *RunConfig.field_names()]
+    assert list(zip(table.scheduler, table.I)) == [(p["scheduler"], p["I"]) for p in spec.points()]
+    assert (table.status == "ok").all() and table.error.isna().all()
+    # Counts derivable by hand: 6 requests x 3 tokens each; no evictions at M = 100K.
+    assert (table.num_requests == 6).all() and (table.generated_tokens == 18).all() and (table.evictions == 0).all()
+    assert list(table.limit_P) == [4096, 4096, 4096, 512, 512, 512]
+    # Each row's metrics are exactly those of simulating its configuration directly.
+    row = table.iloc[4]
+    direct = RunConfig(scheduler="sarathi", I=16, O=3, B=6, cost_model="linear").simulate().summary
+    assert {k: row[k] for k in direct} == direct
+    assert row.point_id == point_id("simulate", spec.points()[4])
+
+
+def test_rejected_configurations_become_error_rows(tmp_path):
+    # I + O - 1 = 101 KV tokens never fit M = 100: that point is an error row, the others run.
+    spec = parse_spec({"base": {"B": 4, "O": 2, "M": 100, "cost_model": "linear"}, "axes": {"I": [10, 100]}})
+    report = run_sweep(spec, tmp_path, jobs=1)
+    table = pd.read_parquet(report.table)
+    assert report.errors == 1 and list(table.status) == ["ok", "error"]
+    assert "needs 101 KV tokens" in table.error[1] and pd.isna(table.tps[1]) and table.tps[0] > 0
+
+
+def test_rerun_computes_nothing_and_parallel_equals_serial(tmp_path):
+    spec = load_spec(write(tmp_path, SMALL))
+    serial = run_sweep(spec, tmp_path / "serial", jobs=1)
+    parallel = run_sweep(spec, tmp_path / "parallel", jobs=2)
+    pd.testing.assert_frame_equal(pd.read_parquet(serial.table), pd.read_parquet(parallel.table))
+    again = run_sweep(spec, tmp_path / "parallel", jobs=2)
+    assert (again.cached, again.computed) == (6, 0)
+    pd.testing.assert_frame_equal(pd.read_parquet(serial.table), pd.read_parquet(again.table))
+
+
+def test_a_changed_spec_reuses_the_points_it_shares(tmp_path):
+    run_sweep(load_spec(write(tmp_path, SMALL)), tmp_path / "out", jobs=1)
+    bigger = load_spec(write(tmp_path, SMALL.replace("I = [4, 16, 64]", "I = [4, 16, 64, 128]"), "bigger.toml"))
+    report = run_sweep(bigger, tmp_path / "out", jobs=1)
+    assert (report.points, report.cached, report.computed) == (8, 6, 2)
+    assert len(pd.read_parquet(report.table)) == 8
+
+
+def test_a_damaged_point_file_is_recomputed_and_stale_temp_files_removed(tmp_path):
+    spec = load_spec(write(tmp_path, SMALL))
+    report = run_sweep(spec, tmp_path / "out", jobs=1)
+    points = tmp_path / "out" / "points"
+    victim = points / f"{point_id('simulate', spec.points()[0])}.json"
+    victim.write_text(victim.read_text()[:40])  # as if written without the atomic rename
+    (points / ".leftover.json.tmp").write_text("{")
+    again = run_sweep(spec, tmp_path / "out", jobs=1)
+    assert (again.cached, again.computed) == (5, 1)
+    assert not list(points.glob(".*.tmp"))
+    pd.testing.assert_frame_equal(pd.read_parquet(report.table), pd.read_parquet(again.table))
+
+
+def test_one_sweep_per_results_directory(tmp_path):
+    spec = load_spec(write(tmp_path, SMALL))
+    with ResultStore(tmp_path / "out"):
+        with pytest.raises(RuntimeError, match="in use by another running sweep"):
+            run_sweep(spec, tmp_path / "out", jobs=1)
+
+
+KILL_SPEC = """
+name = "kill"
+[base]
+scheduler = "sarathi"
+I = 64
+B = 300
+M = 5000
+cost_model = "linear"
+[axes]
+O = [{outputs}]
+"""
+
+
+def test_resume_after_sigkill_keeps_every_finished_point(tmp_path):
+    outputs = list(range(280, 312, 2))  # 16 points of about 0.3 s each
+    spec_path = write(tmp_path, KILL_SPEC.format(outputs=", ".join(map(str, outputs))))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "infermax", "sweep", str(spec_path), "--out", str(out), "--jobs", "2",
+               "--no-progress"]
+    proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    points = out / "points"
+    deadline = time.monotonic() + 120
+    while len(list(points.glob("*.json"))) < 3:
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in points.glob("*.json")}
+    assert 3 <= len(finished) < len(outputs), "kill the sweep mid-run"
+    for content in finished.values():
+        json.loads(content[1])  # every point file left behind is whole
+    # The pool workers exit with the killed sweep instead of lingering.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "orphaned sweep workers are still running"
+        time.sleep(0.1)
+
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(outputs)} points ({len(finished)} already done, {len(outputs) - len(finished)} computed, 0 errors)" \
+        in resumed.stdout
+    for name, (mtime, content) in finished.items():  # not rewritten, so not recomputed
+        assert ((points / name).stat().st_mtime_ns, (points / name).read_bytes()) == (mtime, content)
+    table = pd.read_parquet(out / "results.parquet")
+    assert list(table.O) == outputs and (table.status == "ok").all()
+    fresh = run_sweep(load_spec(spec_path), tmp_path / "fresh", jobs=2)
+    pd.testing.assert_frame_equal(table, pd.read_parquet(fresh.table))
+
+
+def test_cli_dry_run_and_errors(tmp_path):
+    spec = write(tmp_path, SMALL)
+    result = runner.invoke(app, ["sweep", str(spec), "--dry-run"])
+    assert result.exit_code == 0 and "small: 6 simulate points over scheduler (2) x I (3)" in result.output
+    bad = write(tmp_path, "[base]\nbatch = 3", "bad.toml")
+    result = runner.invoke(app, ["sweep", str(bad)])
+    assert result.exit_code == 2 and "unknown simulate field(s) in [base]: batch" in result.output
+    result = runner.invoke(app, ["sweep", str(spec), "--backend", "slurm", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "unknown backend 'slurm'" in result.output
+
+
+def test_cli_runs_and_draws_the_specs_figures(tmp_path):
+    spec = write(tmp_path, SMALL + '\n[[plot]]\nkind = "lines"\nfile = "tps.svg"\nmetrics = ["tps"]\nx = "I"\ncol = "O"\n')
+    result = runner.invoke(app, ["sweep", str(spec), "--no-progress", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    assert "small: 6 points (0 already done, 6 computed, 0 errors)" in result.output
+    figure = tmp_path / "results" / "small" / "figures" / "tps.svg"
+    assert figure.read_text().lstrip().startswith("<?xml") and "<svg" in figure.read_text()
