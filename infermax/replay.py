@@ -30,7 +30,7 @@ class RequestState:
 
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
-        "prefill_processed", "first_token_s", "finish_s", "hidden", "token_times",
+        "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
     )
 
     def __init__(self, req: Request):
@@ -43,6 +43,7 @@ class RequestState:
         self.prefill_processed = 0  # prefill tokens processed, refills included
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
+        self.last_token_s: float | None = None
         self.hidden = False  # cache form of the m cached tokens: hidden states (True) or KV
         # Every token's emission time, kept only for requests with a TBT target (P99 TBT needs them).
         self.token_times: list[float] | None = [] if req.tbt_slo_s is not None else None
@@ -210,6 +211,7 @@ class Replayer:
             s.generated += 1
             if s.first_token_s is None:
                 s.first_token_s = end
+            s.last_token_s = end
             if s.token_times is not None:
                 s.token_times.append(end)
             if s.generated == s.req.output_tokens:
@@ -274,6 +276,7 @@ class Replayer:
             for s in sts:
                 s.m += done
                 s.generated += done
+                s.last_token_s = clock
                 if s.token_times is not None:
                     s.token_times.extend(ends)
             self.kv_tokens, self.clock_s, self.last_generated = kv, clock, n
