@@ -76,6 +76,14 @@ def marginal_items(c: Candidate) -> list[tuple[float, int, str]]:
     return [(kv_density, c.kv_size, "kv")]
 
 
+def _feasible_items(c: Candidate, capacity: int) -> list[tuple[float, int, str]]:
+    if c.kv_size <= capacity:
+        return marginal_items(c)
+    if c.hidden_value is not None and 0 < c.hidden_size <= capacity and c.hidden_value >= 0:
+        return [(c.hidden_value / c.hidden_size, c.hidden_size, "hidden")]
+    return []
+
+
 def greedy_select(candidates: Sequence[Candidate], capacity: int,
                   admit: Callable[[Hashable, int], bool] | None = None, double_check: bool = True) -> Selection:
     """The appendix's Algorithm 1 over ``candidates`` with memory ``capacity``.
@@ -85,10 +93,12 @@ def greedy_select(candidates: Sequence[Candidate], capacity: int,
     must pass ``admit(key, n_selected_before)`` (token and sequence budgets): the first refusal stops
     the greedy too. With ``double_check``, the best single feasible option of the request whose
     item did not fit (KV if it fits ``capacity``, else hidden) replaces the set when it is worth more.
+    Options larger than ``capacity`` are dropped first (no solution can use them); the appendix's
+    proof assumes this, and without it a request too big to fit could block every other one.
     """
     items = []
     for order, c in enumerate(candidates):
-        for rank, (theta, size, step) in enumerate(marginal_items(c)):
+        for rank, (theta, size, step) in enumerate(_feasible_items(c, capacity)):
             items.append((-theta, order, rank, size, step, c))
     items.sort(key=lambda t: (t[0], t[1], t[2]))
     forms: dict = {}
