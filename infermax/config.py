@@ -19,8 +19,10 @@ DEFAULT_M = 100_000
 class RunConfig:
     """Everything that determines a simulation's result (defaults: the README's first command).
 
-    Workload source: ``trace`` if given, else ``mix``, else ``input_dist``/``output_dist``, else
-    the fixed grid ``I``/``O``/``B``. ``M`` defaults to 100,000 tokens unless ``gpu_mem_util`` derives
+    Workload source: ``trace`` if given, else ``mix``, else ``dataset`` (ShareGPT/HumanEval/
+    LongBench-like lengths), else ``input_dist``/``output_dist``, else the fixed grid ``I``/``O``/``B``.
+    Latency targets (every request): ``slo`` names a dataset whose Table-3 SLOs apply;
+    ``slo_ttft_s``/``slo_tbt_s`` set or override them. No target: no SLO metrics. ``M`` defaults to 100,000 tokens unless ``gpu_mem_util`` derives
     it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
     ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file.
     """
@@ -35,6 +37,7 @@ class RunConfig:
     O: int = 128
     B: int = 1024
     mix: str | None = None
+    dataset: str | None = None
     input_dist: str | None = None
     output_dist: str | None = None
     trace: str | None = None
@@ -50,6 +53,9 @@ class RunConfig:
     Rmax: int | None = None
     block_size: int = 1
     seed: int = 0
+    slo: str | None = None
+    slo_ttft_s: float | None = None
+    slo_tbt_s: float | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -91,7 +97,7 @@ class RunConfig:
         """The workload with its arrival times."""
         from . import workload
 
-        sources = [name for name, given in (("trace", self.trace), ("mix", self.mix),
+        sources = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset),
                                             ("input_dist/output_dist", self.input_dist or self.output_dist)) if given]
         if len(sources) > 1:
             raise ValueError(f"choose one workload source, got {' and '.join(sources)}")
@@ -101,6 +107,8 @@ class RunConfig:
             arrival = arrival or "trace"
         elif self.mix:
             requests = workload.heterogeneous_mix(self.mix, self.B, seed=self.seed)
+        elif self.dataset:
+            requests = workload.dataset_like(self.dataset, self.B, seed=self.seed)
         elif self.input_dist or self.output_dist:
             if not (self.input_dist and self.output_dist):
                 raise ValueError("input_dist and output_dist go together")
@@ -110,8 +118,26 @@ class RunConfig:
         arrival = arrival or "offline"
         if arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs a trace")
-        return workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
-                                      time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+        requests = workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
+                                          time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+        ttft, tbt = self.slo_targets()
+        return requests if ttft is None and tbt is None else workload.with_slo(requests, ttft, tbt)
+
+    def slo_targets(self) -> tuple[float | None, float | None]:
+        """(TTFT, P99 TBT) targets: the ``slo`` dataset's, overridden by ``slo_ttft_s``/``slo_tbt_s``."""
+        from .workload import DATASETS
+
+        ttft = tbt = None
+        if self.slo is not None:
+            profile = DATASETS.get(self.slo.lower())
+            if profile is None:
+                raise ValueError(f"unknown SLO preset {self.slo!r}; known: {', '.join(DATASETS)}")
+            ttft, tbt = profile.ttft_slo_s, profile.tbt_slo_s
+        for name, value in (("slo_ttft_s", self.slo_ttft_s), ("slo_tbt_s", self.slo_tbt_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        return (self.slo_ttft_s if self.slo_ttft_s is not None else ttft,
+                self.slo_tbt_s if self.slo_tbt_s is not None else tbt)
 
     def simulate(self, progress: bool = False):
         """Run the simulation; the result's ``meta['config']`` is this configuration."""

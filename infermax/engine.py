@@ -63,7 +63,7 @@ def simulate(
     waited_until: float | None = None
     total_tokens = sum(r.prompt_tokens + r.output_tokens for r in requests)
     batches_without_token = 0
-    repeat = fast_forward and scheduler.repeats_full_decode
+    repeat = fast_forward
     bar = _Tracker(sum(r.output_tokens for r in requests)) if progress else nullcontext(None)
     with bar as tracker:
         while rp.unfinished:
@@ -88,7 +88,7 @@ def simulate(
                 raise SchedulerError(f"scheduler '{scheduler.name}' planned an invalid batch: {exc}") from exc
             scheduler.batch_done(batch, finished)
             generated = rp.last_generated
-            if repeat and rp.last_full_decode:
+            if repeat and rp.last_full_decode and scheduler.repeats_full_decode:  # re-read: may depend on state
                 stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
                 generated += generated * rp.repeat_full_decode(batch, stop)
             now = rp.clock_s

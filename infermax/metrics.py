@@ -7,6 +7,12 @@ generated tokens / makespan. Running size and KV use are the state *after* each
 batch (Algorithm 1's ``Rr`` once completed requests left), averaged over batches;
 ``kv_tokens_peak``/``running_peak`` are the values *during* the batch that the
 ``M``/``Rmax`` limits bound.
+
+Latency targets (Apt-Serve's evaluation): when requests carry ``ttft_slo_s``/``tbt_slo_s`` the
+request table gains ``p99_tbt_s`` (99th percentile, linear interpolation, of the request's own gaps
+between consecutive tokens; NaN for O = 1), ``ttft_ok``, ``tbt_ok`` and ``slo_met`` (both met; a
+missing target or a request with no gap counts as met; ``≤`` meets), and the summary gains
+``slo_attainment`` (requests meeting both / requests with a target) and the two per-target shares.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ REQUEST_COLUMNS = (
     "id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
     "ttft_s", "tpot_s", "latency_s", "generated_tokens", "evictions", "refilled_tokens",
 )
+SLO_COLUMNS = ("ttft_slo_s", "tbt_slo_s", "p99_tbt_s", "ttft_ok", "tbt_ok", "slo_met")
 
 
 @dataclass
@@ -50,6 +57,8 @@ class SimResult:
             rows.append((r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, s.first_token_s, s.finish_s,
                          ttft, tpot, s.finish_s - r.arrival_s, s.generated, s.evictions, s.prefill_processed - r.prompt_tokens))
         requests = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+        if any(s.req.has_slo for s in rp.states.values()):
+            requests = pd.concat([requests, slo_table(rp.states.values())], axis=1)
         batches = pd.DataFrame(rp.batch_rows, columns=list(BATCH_COLUMNS))
         schedule = Schedule([s.req for s in rp.states.values()], rp.limits, rp.batches, dict(meta or {}))
         return cls(requests, batches, summarize(requests, batches, rp.limits.M), schedule, dict(meta or {}))
@@ -63,6 +72,26 @@ class SimResult:
         self.batches.to_parquet(out / "batches.parquet", index=False)
         self.schedule.save(out / "schedule.json")
         return out
+
+
+def p99_tbt_s(token_times: list[float]) -> float:
+    """99th percentile (linear interpolation) of the gaps between consecutive token times; NaN if none."""
+    if len(token_times) < 2:
+        return math.nan
+    return float(np.percentile(np.diff(np.asarray(token_times, dtype=float)), 99))
+
+
+def slo_table(states) -> pd.DataFrame:
+    """Per request: targets, P99 TBT and whether each target (and both) is met; see the module docstring."""
+    rows = []
+    for s in states:
+        r = s.req
+        p99 = p99_tbt_s(s.token_times) if s.token_times is not None else math.nan
+        ttft_ok = r.ttft_slo_s is None or s.first_token_s - r.arrival_s <= r.ttft_slo_s
+        tbt_ok = r.tbt_slo_s is None or math.isnan(p99) or p99 <= r.tbt_slo_s
+        rows.append((r.ttft_slo_s, r.tbt_slo_s, p99, ttft_ok, tbt_ok, ttft_ok and tbt_ok))
+    table = pd.DataFrame(rows, columns=list(SLO_COLUMNS))
+    return table.astype({"ttft_slo_s": float, "tbt_slo_s": float, "p99_tbt_s": float})
 
 
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens: int) -> dict:
@@ -93,5 +122,12 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens:
         "mean_running": float(batches["running"].mean()) if len(batches) else 0.0,
         "mean_kv_util": float(batches["kv_tokens"].mean() / kv_capacity_tokens) if len(batches) else 0.0,
         "peak_kv_util": float(batches["kv_tokens_peak"].max() / kv_capacity_tokens) if len(batches) else 0.0,
+        "hidden_item_share": (float(batches["hidden_seqs"].sum() / batches["num_requests"].sum())
+                              if len(batches) else 0.0),
     })
+    if "slo_met" in requests:
+        with_slo = requests[requests["ttft_slo_s"].notna() | requests["tbt_slo_s"].notna()]
+        out.update({"slo_attainment": float(with_slo["slo_met"].mean()),
+                    "ttft_attainment": float(with_slo["ttft_ok"].mean()),
+                    "tbt_attainment": float(with_slo["tbt_ok"].mean())})
     return out

@@ -30,7 +30,7 @@ class RequestState:
 
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
-        "prefill_processed", "first_token_s", "finish_s",
+        "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
     )
 
     def __init__(self, req: Request):
@@ -43,6 +43,10 @@ class RequestState:
         self.prefill_processed = 0  # prefill tokens processed, refills included
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
+        self.last_token_s: float | None = None
+        self.hidden = False  # cache form of the m cached tokens: hidden states (True) or KV
+        # Every token's emission time, kept only for requests with a TBT target (P99 TBT needs them).
+        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None else None
 
     @property
     def in_prefill(self) -> bool:
@@ -57,10 +61,20 @@ class RequestState:
         return self.input_tokens - self.m
 
 
+def cache_tokens(limits: Limits, m: int, hidden: bool) -> int:
+    """Memory, in KV-token units, of ``m`` cached tokens: ``blocks(m)`` as KV; as hidden states half
+    the blocks, rounded up (``b·⌈⌈m/b⌉/2⌉``; ``⌈m/2⌉`` with ``block_size`` 1)."""
+    if not hidden:
+        return limits.blocks(m)
+    b = limits.block_size
+    kv_blocks = -(-m // b)
+    return b * -(-kv_blocks // 2)
+
+
 BATCH_COLUMNS = (
     "batch", "start_s", "duration_s", "end_s", "num_requests", "num_prefill_seqs", "num_decode_seqs",
     "prefill_tokens", "decode_tokens", "generated_tokens", "evictions",
-    "kv_tokens_peak", "kv_tokens", "running_peak", "running",
+    "kv_tokens_peak", "kv_tokens", "running_peak", "running", "hidden_seqs",
 )
 
 
@@ -69,7 +83,10 @@ class Replayer:
 
     Per batch: evictions first, then each ``(id, c)``; checks the Semantics and the
     limits (``Σc ≤ C``, prefill tokens ``≤ P``, KV ``≤ M`` and KV holders ``≤ Rmax``
-    counting requests that finish in the batch); then frees finished requests.
+    counting requests that finish in the batch); then frees finished requests. An item in
+    ``batch.hidden`` holds its cache in hidden form (``cache_tokens``), chosen when its cache
+    starts (``m = 0``) and kept until evicted or finished; each processed hidden-form item adds
+    its ``m`` cached tokens to ``hidden_recompute_tokens`` (their K/V are projected again).
     """
 
     def __init__(self, requests: Iterable[Request], limits: Limits, cost_model: CostModel):
@@ -108,15 +125,17 @@ class Replayer:
             s = states[rid]
             if s.m >= s.input_tokens:
                 s.input_tokens = s.req.prompt_tokens + s.generated
-            self.kv_tokens -= blocks(s.m)
+            self.kv_tokens -= cache_tokens(lim, s.m, s.hidden)
             self.holders -= 1
             s.m = 0
+            s.hidden = False
             s.evictions += 1
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
-        n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = 0
+        n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = hidden_rc = 0
         unit_blocks = lim.block_size == 1
+        hidden_ids = batch.hidden
         kv, holders = self.kv_tokens, self.holders
         generators: list[RequestState] = []
         seen: set[int] = set()
@@ -155,12 +174,25 @@ class Replayer:
                 generators.append(s)
             if m0 == 0:
                 holders += 1
-            kv += c if unit_blocks else blocks(m0 + c) - blocks(m0)
+                if hidden_ids:
+                    s.hidden = rid in hidden_ids
+            elif s.hidden != (rid in hidden_ids):
+                raise ScheduleViolation(j, rid, "cache-form", (
+                    f"holds its cache in {'hidden' if s.hidden else 'KV'} form; switching form needs an eviction "
+                    f"(discard and recompute) first"))
+            if s.hidden:
+                hidden_rc += m0
+                kv += cache_tokens(lim, m0 + c, True) - cache_tokens(lim, m0, True)
+            else:
+                kv += c if unit_blocks else blocks(m0 + c) - blocks(m0)
             s.m = m0 + c
+        if hidden_ids and not hidden_ids <= seen:
+            rid = min(hidden_ids - seen)
+            raise ScheduleViolation(j, rid, "hidden-not-item", "listed as hidden but not processed in the batch")
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
-                              decode_kv_tokens=decode_kv)
+                              decode_kv_tokens=decode_kv, hidden_recompute_tokens=hidden_rc)
 
         if feats.n_tokens > lim.C:
             raise ScheduleViolation(j, None, "C", f"{feats.n_tokens} tokens > C={lim.C}")
@@ -179,23 +211,27 @@ class Replayer:
             s.generated += 1
             if s.first_token_s is None:
                 s.first_token_s = end
+            s.last_token_s = end
+            if s.token_times is not None:
+                s.token_times.append(end)
             if s.generated == s.req.output_tokens:
                 s.finish_s = end
-                self.kv_tokens -= blocks(s.m)
+                self.kv_tokens -= cache_tokens(lim, s.m, s.hidden)
                 self.holders -= 1
                 s.m = 0
+                s.hidden = False
                 finished.append(s)
         self.unfinished -= len(finished)
         self.clock_s = end
         self.last_generated = len(generators)
         # Every KV holder decoded one token; nothing was prefilled, evicted or finished.
         self.last_full_decode = (not feats.n_prefill_seqs and not batch.evict and not finished
-                                 and len(batch.items) == self.holders)
+                                 and not hidden_ids and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
             j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
             feats.prefill_tokens, feats.n_decode_seqs, len(generators), len(batch.evict),
-            kv_peak, self.kv_tokens, holders_peak, self.holders,
+            kv_peak, self.kv_tokens, holders_peak, self.holders, len(hidden_ids),
         ))
         return finished
 
@@ -203,7 +239,7 @@ class Replayer:
         """Apply further copies of ``batch`` while that is exactly what ``apply`` would do; return how many.
 
         Precondition: ``batch`` was the last batch applied and ``last_full_decode`` (every item was a
-        decode, it evicted and finished nothing, and it held every KV holder). Copies stop before one
+        decode in KV form, it evicted and finished nothing, and it held every KV holder). Copies stop before one
         that would start at or after ``stop_at_s`` (an arrival), exceed ``M``, or finish a request, so
         each copy decodes the same requests one token further. Each copy is recorded like ``apply``
         records it (a Schedule batch and a table row with the same arithmetic), at O(1) cost per copy
@@ -223,6 +259,7 @@ class Replayer:
         kv, clock, holders, j = self.kv_tokens, self.clock_s, self.holders, len(self.batch_rows)
         rows, batches, cost = self.batch_rows, self.batches, self.cost_model.batch_time_s
         items = list(batch.items)
+        ends: list[float] = []
         done = 0
         while done < copies and (stop_at_s is None or stop_at_s > clock):
             grow = n if new_block_at is None else b * new_block_at[-done % b]
@@ -231,13 +268,17 @@ class Replayer:
             kv += grow
             duration = cost(BatchFeatures(n_tokens=n, n_decode_seqs=n, decode_kv_tokens=decode_kv))
             end = clock + duration
-            rows.append((j, clock, duration, end, n, 0, n, 0, n, n, 0, kv, kv, holders, holders))
+            rows.append((j, clock, duration, end, n, 0, n, 0, n, n, 0, kv, kv, holders, holders, 0))
             batches.append(ScheduledBatch(items=items))
+            ends.append(end)
             clock, decode_kv, j, done = end, decode_kv + n, j + 1, done + 1
         if done:
             for s in sts:
                 s.m += done
                 s.generated += done
+                s.last_token_s = clock
+                if s.token_times is not None:
+                    s.token_times.extend(ends)
             self.kv_tokens, self.clock_s, self.last_generated = kv, clock, n
         return done
 

@@ -11,12 +11,16 @@ class Request:
 
     ``prompt_tokens`` is the paper's ``I``, ``output_tokens`` its ``O`` (tokens to
     generate, the first one produced by the batch that completes the prompt).
+    ``ttft_slo_s`` / ``tbt_slo_s``: optional latency targets (time to first token; 99th
+    percentile of the request's own times between tokens); ``None`` = no target.
     """
 
     id: int
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    ttft_slo_s: float | None = None
+    tbt_slo_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -25,6 +29,15 @@ class Request:
             raise ValueError(f"request {self.id}: output_tokens must be >= 1, got {self.output_tokens}")
         if not self.arrival_s >= 0:
             raise ValueError(f"request {self.id}: arrival_s must be >= 0, got {self.arrival_s}")
+        for name in ("ttft_slo_s", "tbt_slo_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"request {self.id}: {name} must be > 0 (or None), got {value}")
+
+    @property
+    def has_slo(self) -> bool:
+        """True if the request carries a TTFT or TBT target."""
+        return self.ttft_slo_s is not None or self.tbt_slo_s is not None
 
     @property
     def peak_kv_tokens(self) -> int:

@@ -5,11 +5,14 @@ On disk (JSON)::
     {"format": "infermax.schedule/1",
      "limits": {"C": 4096, "P": 512, "M": 100000, "Rmax": null, "block_size": 1},
      "requests": [[id, arrival_s, prompt_tokens, output_tokens], ...],
-     "batches": [{"items": [[id, c], ...], "evict": [id, ...], "not_before_s": 1.5}, ...],
+     "batches": [{"items": [[id, c], ...], "evict": [id, ...], "hidden": [id, ...], "not_before_s": 1.5}, ...],
      "meta": {"scheduler": "vllm", ...}}
 
-``evict`` (recompute evictions applied before the batch) and ``not_before_s`` (the
-batch waited for an arrival while the engine was idle) are omitted when empty.
+``evict`` (recompute evictions applied before the batch), ``hidden`` (the items processed with
+their cache in hidden form, Apt-Serve's hybrid cache) and ``not_before_s`` (the batch waited for an
+arrival while the engine was idle) are omitted when empty. A request with latency targets is written
+``[id, arrival_s, prompt_tokens, output_tokens, ttft_slo_s, tbt_slo_s]`` (either may be null).
+Files without these optional parts are read as before.
 """
 
 from __future__ import annotations
@@ -27,16 +30,22 @@ FORMAT = "infermax.schedule/1"
 
 @dataclass
 class ScheduledBatch:
-    """One batch: ``(request id, tokens processed)`` pairs plus evictions applied before it."""
+    """One batch: ``(request id, tokens processed)`` pairs plus evictions applied before it.
+
+    ``hidden``: ids of the items whose cache is in hidden form (half the memory; K/V recomputed).
+    """
 
     items: list[tuple[int, int]] = field(default_factory=list)
     evict: list[int] = field(default_factory=list)
     not_before_s: float | None = None
+    hidden: frozenset[int] = frozenset()
 
     def to_json(self) -> dict:
         out: dict = {"items": [[rid, c] for rid, c in self.items]}
         if self.evict:
             out["evict"] = list(self.evict)
+        if self.hidden:
+            out["hidden"] = sorted(self.hidden)
         if self.not_before_s is not None:
             out["not_before_s"] = self.not_before_s
         return out
@@ -55,7 +64,7 @@ class Schedule:
         return {
             "format": FORMAT,
             "limits": self.limits.to_dict(),
-            "requests": [[r.id, r.arrival_s, r.prompt_tokens, r.output_tokens] for r in self.requests],
+            "requests": [_request_json(r) for r in self.requests],
             "batches": [b.to_json() for b in self.batches],
             "meta": self.meta,
         }
@@ -71,12 +80,13 @@ class Schedule:
             raise ValueError(f"{source}: not an InferMax schedule (format {data.get('format')!r}, expected {FORMAT!r})")
         try:
             limits = Limits(**data["limits"])
-            requests = [Request(int(i), float(t), int(p), int(o)) for i, t, p, o in data["requests"]]
+            requests = [_request_from_json(row) for row in data["requests"]]
             batches = [
                 ScheduledBatch(
                     items=[(int(rid), int(c)) for rid, c in b["items"]],
                     evict=[int(rid) for rid in b.get("evict", [])],
                     not_before_s=b.get("not_before_s"),
+                    hidden=frozenset(int(rid) for rid in b.get("hidden", [])),
                 )
                 for b in data["batches"]
             ]
@@ -87,3 +97,15 @@ class Schedule:
     @classmethod
     def load(cls, path: str | Path) -> "Schedule":
         return cls.from_json(read_json(path), source=str(path))
+
+
+def _request_json(r: Request) -> list:
+    row = [r.id, r.arrival_s, r.prompt_tokens, r.output_tokens]
+    return row + [r.ttft_slo_s, r.tbt_slo_s] if r.has_slo else row
+
+
+def _request_from_json(row: list) -> Request:
+    if len(row) not in (4, 6):
+        raise ValueError(f"a request is [id, arrival_s, prompt_tokens, output_tokens(, ttft_slo_s, tbt_slo_s)], got {row!r}")
+    slo = [None if v is None else float(v) for v in row[4:]]
+    return Request(int(row[0]), float(row[1]), int(row[2]), int(row[3]), *slo)

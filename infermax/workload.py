@@ -4,6 +4,8 @@
 - :func:`heterogeneous_mix` — appendix A.3's mixes of SISO/SILO/LISO/LILO request groups.
 - :func:`sampled` — lengths drawn from parametric distributions (:func:`parse_length_dist` specs).
 - :func:`load_trace` — real request traces, e.g. the bundled Azure LLM inference traces 2023.
+- :func:`dataset_like` — ShareGPT-, HumanEval- and LongBench-like lengths (Apt-Serve's evaluation),
+  with :data:`DATASET_SLOS` (the paper's Table 3) and :func:`with_slo` to attach latency targets.
 - :func:`with_arrivals` — an arrival process (offline, Poisson, Gamma, trace replay) applied to
   any list of requests.
 
@@ -276,3 +278,53 @@ def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_pe
             gaps = rng.gamma(shape, 1.0 / (rate_per_s * shape), max(n - 1, 0))
         arrivals = np.concatenate([[0.0], np.cumsum(gaps)])[:n]
     return [replace(r, arrival_s=float(t)) for r, t in zip(requests, arrivals)]
+
+
+@dataclass(frozen=True)
+class DatasetProfile:
+    """Length distributions of one of Apt-Serve's evaluation datasets (our approximation, see below)."""
+
+    input_dist: str
+    output_dist: str
+    ttft_slo_s: float
+    tbt_slo_s: float
+
+
+# Apt-Serve (SIGMOD 2025) shows its datasets' lengths only as plots (Figure 7), so these are our
+# approximations of what the paper says about them, not the data: ShareGPT high variance in both,
+# the highest mean output (lognormal means ~161 in / ~338 out, the vLLM paper's ShareGPT means);
+# HumanEval short prompts and solutions, low variance; LongBench long, highly varied prompts and long
+# outputs. Every dataset keeps the authors' filter (prompt and output >= 4 tokens, prompt + output
+# <= 2048, OPT's context) by rejection. SLOs: Table 3's OPT-13B-on-one-A100 column (TTFT, P99 TBT).
+DATASETS: dict[str, DatasetProfile] = {
+    "sharegpt": DatasetProfile("lognormal:98:1.0", "lognormal:205:1.0", 1.0, 1.0),
+    "humaneval": DatasetProfile("lognormal:130:0.4", "lognormal:55:0.6", 0.5, 0.5),
+    "longbench": DatasetProfile("lognormal:1200:0.5", "lognormal:200:0.8", 4.0, 1.0),
+}
+DATASET_MAX_TOKENS = 2048
+
+
+def dataset_like(name: str, num_requests: int, seed: int = 0) -> list[Request]:
+    """``num_requests`` requests with ``name``'s lengths (``DATASETS``), arriving at 0, deterministic in ``seed``.
+
+    Pairs are drawn until ``num_requests`` pass the filter (prompt, output >= 4; sum <= 2048).
+    """
+    profile = DATASETS.get(str(name).lower())
+    if profile is None:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    n = _check_int("num_requests", num_requests)
+    dists = [parse_length_dist(d) for d in (profile.input_dist, profile.output_dist)]
+    rng = np.random.default_rng(seed)
+    prompts: list[int] = []
+    outputs: list[int] = []
+    while len(prompts) < n:
+        ins, outs = (d.sample(rng, 2 * n) for d in dists)
+        keep = (ins >= 4) & (outs >= 4) & (ins + outs <= DATASET_MAX_TOKENS)
+        prompts += ins[keep].tolist()
+        outputs += outs[keep].tolist()
+    return [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts[:n], outputs[:n]))]
+
+
+def with_slo(requests: Sequence[Request], ttft_slo_s: float | None, tbt_slo_s: float | None) -> list[Request]:
+    """Copies of ``requests`` carrying the given TTFT and P99-TBT targets (None: no target)."""
+    return [replace(r, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s) for r in requests]

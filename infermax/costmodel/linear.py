@@ -14,8 +14,9 @@ over ``m`` cached tokens). ``b3`` is the KV-cache write of prefill chunks (per p
 layer); it is charged to prefill tokens only. Decode tokens' KV writes (a few microseconds per
 whole decode batch per layer in the profiles) are not modelled, so the non-attention line
 ``a0 + a1 * n_tokens`` is the operators alone. See ``fitting`` for how ``b3`` is fitted.
-An empty batch costs 0. Swap and hidden-cache recompute tokens are not part of this model
-(they are ignored here; the engine accounts for swap time separately).
+An empty batch costs 0. Swap tokens are not part of this model. Hidden-cache recompute tokens
+(``H``, Apt-Serve's hybrid cache) add ``[H > 0] * share * L * (a0 + a1 * H)``, the K/V-projection
+share of the non-attention operators (``hidden.py`` derives ``share`` from the model's shapes).
 
 Coefficients are stored in milliseconds in a JSON file; the model returns seconds.
 JSON schema (``kind`` ``"infermax-linear"``, ``version`` 1)::
@@ -42,6 +43,7 @@ import pandas as pd
 
 from ..jsonio import read_json
 from .base import AffinePiece, BatchFeatures, CostTerm
+from .hidden import HIDDEN_FEATURE, HIDDEN_TERM, kv_projection_share, no_share_error
 
 KIND = "infermax-linear"
 VERSION = 1
@@ -100,6 +102,10 @@ class LinearCostModel:
         self._per_prefill_token_s = layers_s * ms["per_layer_ms.prefill_attention.per_token"]
         self._decode_s = layers_s * ms["per_layer_ms.decode_attention.intercept"]
         self._per_kv_token_s = layers_s * ms["per_layer_ms.decode_attention.per_kv_token"]
+        self.kv_share = kv_projection_share(self.model)
+        share = self.kv_share or 0.0
+        self._hidden_s = share * layers_s * ms["per_layer_ms.non_attention.intercept"]
+        self._per_hidden_token_s = share * layers_s * ms["per_layer_ms.non_attention.per_token"]
 
     @classmethod
     def from_json(cls, path: str | Path) -> "LinearCostModel":
@@ -133,23 +139,32 @@ class LinearCostModel:
                     + self._per_c_ctx_s * features.prefill_ctx_tokens + self._per_prefill_token_s * features.prefill_tokens)
         if features.n_decode_seqs:
             t_s += self._decode_s + self._per_kv_token_s * features.decode_kv_tokens
+        if features.hidden_recompute_tokens > 0:
+            if self.kv_share is None:
+                raise no_share_error(self.model)
+            t_s += self._hidden_s + self._per_hidden_token_s * features.hidden_recompute_tokens
         return t_s
 
     def predict_s(self, table: pd.DataFrame) -> np.ndarray:
         """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
         col = {c: table[c].to_numpy(dtype=float) for c in
                ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs", "n_decode_seqs",
-                "decode_kv_tokens")}
+                "decode_kv_tokens", "hidden_recompute_tokens")}
         t_s = self._base_s + self._per_token_s * col["n_tokens"]
         t_s += (col["n_prefill_seqs"] > 0) * (self._prefill_s + self._per_c2_s * col["prefill_sq_tokens"]
                                               + self._per_c_ctx_s * col["prefill_ctx_tokens"]
                                               + self._per_prefill_token_s * col["prefill_tokens"])
         t_s += (col["n_decode_seqs"] > 0) * (self._decode_s + self._per_kv_token_s * col["decode_kv_tokens"])
+        if self.kv_share is None and (col["hidden_recompute_tokens"] > 0).any():
+            raise no_share_error(self.model)
+        t_s += (col["hidden_recompute_tokens"] > 0) * (self._hidden_s + self._per_hidden_token_s
+                                                       * col["hidden_recompute_tokens"])
         return np.where(col["n_tokens"] > 0, t_s, 0.0)
 
     def milp_terms(self) -> tuple[CostTerm, ...]:
-        """The model as three gated single-piece terms (see ``CostTerm``)."""
-        return (
+        """The model as gated single-piece terms (see ``CostTerm``); the hidden-recompute term needs a
+        registered model (its K/V share)."""
+        terms = (
             CostTerm("non_attention", "n_tokens", (AffinePiece(self._base_s, {"n_tokens": self._per_token_s}),)),
             CostTerm("prefill_attention", "n_prefill_seqs", (AffinePiece(self._prefill_s, {
                 "prefill_sq_tokens": self._per_c2_s, "prefill_ctx_tokens": self._per_c_ctx_s,
@@ -157,6 +172,10 @@ class LinearCostModel:
             CostTerm("decode_attention", "n_decode_seqs",
                      (AffinePiece(self._decode_s, {"decode_kv_tokens": self._per_kv_token_s}),)),
         )
+        if self.kv_share is None:
+            return terms
+        return terms + (CostTerm(HIDDEN_TERM, HIDDEN_FEATURE, (
+            AffinePiece(self._hidden_s, {HIDDEN_FEATURE: self._per_hidden_token_s}),)),)
 
     def __repr__(self) -> str:
         return f"LinearCostModel({self.name!r})"

@@ -10,7 +10,9 @@ contract (``CostTerm``) states them, in seconds per batch::
      "fit": {...}}
 
 so ``milp_terms()`` is the document itself and ``batch_time_s`` evaluates the same sum of maxima. The
-roofline fallback (``roofline.py``) is a document of the same kind with ``family: roofline``.
+roofline fallback (``roofline.py``) is a document of the same kind with ``family: roofline``. A document
+without a ``hidden_recompute`` term gets one derived from its ``non_attention`` term and the model's
+K/V-projection share (``hidden.py``), appended to ``milp_terms()`` (not written to the document).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pandas as pd
 
 from ..jsonio import read_json
 from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm
+from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
 FAMILIES = ("piecewise", "roofline")
@@ -87,6 +90,11 @@ class PiecewiseCostModel:
         self._terms = _parse_terms(doc, source)
         self.doc = json.loads(json.dumps(doc))
         self.family, self.gpu, self.model, self.tp = doc["family"], doc["gpu"], doc["model"], doc["tp"]
+        names = {t.name: t for t in self._terms}
+        self.kv_share = kv_projection_share(self.model)
+        if HIDDEN_TERM not in names and "non_attention" in names and self.kv_share is not None:
+            self._terms += (hidden_recompute_term(names["non_attention"], self.kv_share),)
+        self._hidden_missing = all(t.name != HIDDEN_TERM for t in self._terms)
         self.name = f"{self.family}:{self.gpu}/{self.model}/tp{self.tp}"
         # Plain tuples for the scalar hot path.
         self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple(p.coef_s.items())) for p in t.pieces))
@@ -116,6 +124,8 @@ class PiecewiseCostModel:
 
     def batch_time_s(self, features: BatchFeatures) -> float:
         """Batch time in seconds (scalar hot path; same arithmetic order as ``terms_time_s``)."""
+        if self._hidden_missing and features.hidden_recompute_tokens > 0:
+            raise no_share_error(self.model)
         total = 0.0
         for active_if, pieces in self._compiled:
             if getattr(features, active_if) <= 0:
@@ -133,6 +143,8 @@ class PiecewiseCostModel:
 
     def predict_s(self, table: pd.DataFrame) -> np.ndarray:
         """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
+        if self._hidden_missing and (table["hidden_recompute_tokens"].to_numpy() > 0).any():
+            raise no_share_error(self.model)
         total = np.zeros(len(table))
         for term in self._terms:
             values = np.full(len(table), -np.inf)

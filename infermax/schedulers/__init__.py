@@ -89,3 +89,21 @@ for _key, _label in (("arrival", "org"), ("prompt", "i"), ("output", "o")):
                          f"{_key}; hybrid, chunked prefill, P=C",
                          Algorithm1Policy("rank", hybrid=True, chunked_prefill=True, evict_for="running_decode",
                                           rank_by=_key))
+# Apt-Serve (SIGMOD 2025) and its ablations / option variants (infermax/schedulers/aptserve.py).
+from .aptserve import AptServeOptions, AptServeScheduler  # noqa: E402
+
+for _name, _desc, _opts in (
+    ("aptserve", "Apt-Serve: hybrid KV/hidden cache, value-density greedy, prefill- or decode-only iterations",
+     AptServeOptions()),
+    ("aptserve-kv", "Apt-Serve ablation: KV cache only (adaptive scheduling kept)", AptServeOptions(hybrid=False)),
+    ("aptserve-fcfs", "Apt-Serve ablation: FCFS scheduling (hybrid cache kept)", AptServeOptions(adaptive=False)),
+    ("aptserve-decay", "Apt-Serve*: SLO violators' value decayed by 0.4 instead of near zero",
+     AptServeOptions(demotion="decay")),
+    ("aptserve-authors-rho", "Apt-Serve with the authors' rho (QKV projection slope / 5)", AptServeOptions(rho="authors")),
+    ("aptserve-code", "Apt-Serve as the authors' code: their rho, hidden requests re-prefilled, no single-item check",
+     AptServeOptions(rho="authors", reprefill_hidden=True, double_check=False)),
+    ("aptserve-paper", "Apt-Serve as the paper states it: N = |W|+|R|, prefill memory M - sum of running KV sizes",
+     AptServeOptions(n_minus_violators=False, prefill_memory="paper")),
+):
+    register(SchedulerSpec(name=_name, description=_desc,
+                           factory=lambda limits, cm, o=_opts, n=_name: AptServeScheduler(limits, cm, o, name=n)))
