@@ -43,6 +43,9 @@ def sweep(
                   f"{report.errors} errors) in {report.wall_s:.1f} s wall, {report.compute_s:.1f} s of point compute; "
                   f"table {report.table}", highlight=False, soft_wrap=True)
     if plots and parsed.plots:
+        import matplotlib
+
+        matplotlib.use("Agg")
         from ..plot import plot_from_spec
 
         for path in plot_from_spec(report.table, parsed.plots, Path(out_dir) / "figures"):
