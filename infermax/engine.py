@@ -42,7 +42,7 @@ def simulate(
 ) -> SimResult:
     """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer.
 
-    With ``fast_forward`` (and a scheduler that ``repeats_full_decode``), runs of identical
+    With ``fast_forward`` (and a scheduler whose ``repeats_full_decode`` promises it), runs of identical
     decode-only batches are applied without re-planning them (``Replayer.repeat_full_decode``); the
     result is identical to stepping batch by batch (``fast_forward=False``), which the tests check.
     """
@@ -63,7 +63,6 @@ def simulate(
     waited_until: float | None = None
     total_tokens = sum(r.prompt_tokens + r.output_tokens for r in requests)
     batches_without_token = 0
-    repeat = fast_forward
     bar = _Tracker(sum(r.output_tokens for r in requests)) if progress else nullcontext(None)
     with bar as tracker:
         while rp.unfinished:
@@ -88,7 +87,7 @@ def simulate(
                 raise SchedulerError(f"scheduler '{scheduler.name}' planned an invalid batch: {exc}") from exc
             scheduler.batch_done(batch, finished)
             generated = rp.last_generated
-            if repeat and rp.last_full_decode and scheduler.repeats_full_decode:  # re-read: may depend on state
+            if fast_forward and rp.last_full_decode and scheduler.repeats_full_decode(batch):
                 stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
                 generated += generated * rp.repeat_full_decode(batch, stop)
             now = rp.clock_s

@@ -6,6 +6,7 @@
 
 Both select rows with ``where`` (``{"B": 1024}``) and refuse a table in which a plotted cell would
 mix several rows (another column varies): the error names the columns to fix with ``where``.
+The module draws with pyplot's current backend (inline in a notebook); the CLI selects Agg.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 KINDS = ("lines", "heatmap")
 FORMATS = (".png", ".svg", ".pdf")
@@ -93,7 +91,7 @@ def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | 
     cols = _sorted_values(data[col]) if col else [None]
     hues = list(dict.fromkeys(data[hue])) if hue else [None]
     fig, axes = plt.subplots(len(metrics), len(cols), figsize=(2.6 * len(cols) + 0.8, 2.1 * len(metrics) + 0.6),
-                             squeeze=False, sharex=True)
+                             squeeze=False, sharex=True, layout="constrained")
     for j, cv in enumerate(cols):
         panel = data if col is None else data[data[col] == cv]
         for i, metric in enumerate(metrics):
@@ -111,12 +109,11 @@ def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | 
                 ax.set_xlabel(x)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
     if hue:
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=min(len(hues), 6), fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, y=0.995, fontsize=10, va="bottom")
-    fig.tight_layout(rect=(0, 0, 1, 0.95 if hue else 1))
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(hues), 6), fontsize=8, frameon=False)
     return fig
 
 
@@ -162,7 +159,7 @@ def save(fig, path: str | Path) -> Path:
     if path.suffix.lower() not in FORMATS:
         raise ValueError(f"{path}: figure format must be one of {', '.join(FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

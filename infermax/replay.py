@@ -224,9 +224,9 @@ class Replayer:
         self.unfinished -= len(finished)
         self.clock_s = end
         self.last_generated = len(generators)
-        # Every KV holder decoded one token; nothing was prefilled, evicted or finished.
-        self.last_full_decode = (not feats.n_prefill_seqs and not batch.evict and not finished
-                                 and not hidden_ids and len(batch.items) == self.holders)
+        # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
+        self.last_full_decode = (not feats.n_prefill_seqs and not finished and not hidden_ids
+                                 and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
             j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
@@ -239,7 +239,8 @@ class Replayer:
         """Apply further copies of ``batch`` while that is exactly what ``apply`` would do; return how many.
 
         Precondition: ``batch`` was the last batch applied and ``last_full_decode`` (every item was a
-        decode in KV form, it evicted and finished nothing, and it held every KV holder). Copies stop before one
+        decode in KV form, it finished nothing, and it held every KV holder); its evictions are not repeated.
+        Copies stop before one
         that would start at or after ``stop_at_s`` (an arrival), exceed ``M``, or finish a request, so
         each copy decodes the same requests one token further. Each copy is recorded like ``apply``
         records it (a Schedule batch and a table row with the same arithmetic), at O(1) cost per copy

@@ -63,7 +63,7 @@ def cases(draw):
     return reqs, Limits(C=C, P=P, M=M, Rmax=Rmax, block_size=block), draw(st.sampled_from(available())), cost
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(cases())
 def test_fast_forward_equals_step_by_step(count_copies, case):
     reqs, limits, name, cost_name = case

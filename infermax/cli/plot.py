@@ -39,8 +39,10 @@ def plot(
     title: Optional[str] = typer.Option(None, help="Figure title."),
 ) -> None:
     """Draw a figure from a sweep's results table."""
+    import matplotlib
     import pandas as pd
 
+    matplotlib.use("Agg")
     from ..plot import draw, save
 
     if not results.is_file():

@@ -13,12 +13,12 @@ from .common import app, console, fail
 
 @app.command()
 def sweep(
-    spec: Path = typer.Argument(..., help="Sweep spec (TOML): [base] configuration, [axes] to sweep, [[plot]] figures."),
+    spec: Path = typer.Argument(..., help="Sweep spec (TOML): a base configuration, the axes to sweep, optional plots."),
     out: Optional[Path] = typer.Option(None, help="Results directory (default: results/<name> next to the spec)."),
     backend: str = typer.Option("local", help="local (processes on this machine) or ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (ray backend; default: a local instance)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel workers (default: every core)."),
-    plots: bool = typer.Option(True, help="Draw the spec's [[plot]] figures into <out>/figures."),
+    plots: bool = typer.Option(True, help="Draw the spec's plot figures into <out>/figures."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and count its points; run nothing."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
@@ -43,6 +43,9 @@ def sweep(
                   f"{report.errors} errors) in {report.wall_s:.1f} s wall, {report.compute_s:.1f} s of point compute; "
                   f"table {report.table}", highlight=False, soft_wrap=True)
     if plots and parsed.plots:
+        import matplotlib
+
+        matplotlib.use("Agg")
         from ..plot import plot_from_spec
 
         for path in plot_from_spec(report.table, parsed.plots, Path(out_dir) / "figures"):

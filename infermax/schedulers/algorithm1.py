@@ -80,16 +80,18 @@ _RANK_KEY = {
 class Algorithm1Scheduler(Scheduler):
     """Algorithm 1 of the InferMax paper, configured by an `Algorithm1Policy`.
 
-    ``repeats_full_decode`` holds for every policy. After a batch that decoded every running request
-    (running = KV holders), the next call sees the same groups in the same order (ranks are static;
-    every running request stays in decode phase) and the same token, prefill and ``Rmax`` budgets at
-    every candidate's turn; only the free KV changes, and it shrinks (eviction-free: it is constant).
-    So each decode still succeeds while the batch's KV fits ``M``, and each waiting candidate that
-    failed or was skipped before fails or is skipped again (its need is unchanged, its budget is not
-    larger); nobody is evicted, and ``batch_done`` of such a batch changes nothing.
+    ``repeats_full_decode``: after a batch that decoded every running request (running = KV
+    holders) and evicted nothing, the next call sees the same groups in the same order (ranks are
+    static; every running request stays in decode phase) and the same token, prefill and ``Rmax``
+    budgets at every candidate's turn; only the free KV changes, and it shrinks (eviction-free: it
+    is constant). So each decode still succeeds while the batch's KV fits ``M``, and each waiting
+    candidate that failed or was skipped before fails or is skipped again (its need is unchanged,
+    its budget is not larger); nobody is evicted, and ``batch_done`` of such a batch changes
+    nothing. After an eviction the victims head the waiting queue, so the FCFS groups check the
+    head's ``CanAllocate`` at the next batch's budgets (it is the only waiting candidate tried
+    before its group stops); the ranking group, which tries every waiting candidate, does not
+    repeat after an eviction.
     """
-
-    repeats_full_decode = True
 
     def __init__(self, limits: Limits, policy: Algorithm1Policy, cost_model: CostModel | None = None,
                  name: str = "algorithm1"):
@@ -262,6 +264,27 @@ class Algorithm1Scheduler(Scheduler):
         self.running.remove(s)
         self._running_ids.discard(s.id)
         self._reserved_total -= self._reserved.pop(s.id, 0)
+
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        if not batch.evict:
+            return True
+        pol, lim = self.policy, self.limits
+        if pol.grouping == "rank":
+            return False
+        if pol.grouping == "decode_first" and not pol.hybrid:
+            return True  # after the decodes, CheckHybridBatching skips every (prefill) waiting request
+        blocks, n = lim.blocks, len(self.running)
+        if pol.grouping == "decode_first":  # the head is tried after every running request decoded
+            tokens_left = lim.C - n
+            kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m + 1) for s in self.running))
+        else:  # prefill_first: the head is tried first, with the whole budget
+            tokens_left = lim.C
+            kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m) for s in self.running))
+        try:
+            failure, _, _ = self._can_allocate(self.waiting[0], True, tokens_left, lim.prefill_budget, kv_free, n)
+        except InfeasibleRequestError:
+            return False  # let the next planned batch raise it
+        return failure is not None
 
     def describe_state(self) -> str:
         lim = self.limits

@@ -209,10 +209,9 @@ class AptServeScheduler(Scheduler):
     neither; it prefills whenever a waiting request fits (vLLM's rule) and demotes nobody.
     """
 
-    @property
-    def repeats_full_decode(self) -> bool:
-        """True while nobody waits. Then, after a full decode batch in KV form (no prefill, eviction,
-        finish or hidden item), the next call plans a decode iteration (nothing waiting to select) in
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        """True while nobody waits (a batch that preempted someone leaves them waiting, so it never
+        repeats). Then, after a full decode batch in KV form (no prefill, finish or hidden item), the next call plans a decode iteration (nothing waiting to select) in
         which every running request's KV need fits ``M`` as long as the replayer's KV check passes
         (``Σ blocks(m + 1) ≤ M`` is both conditions), so the greedy takes every item: all stay in KV
         form and decode, in running order. Nothing arrives during the copies, so nobody starts waiting."""

@@ -31,12 +31,15 @@ class Scheduler(ABC):
     """
 
     name = "scheduler"
-    #: True if, after a batch that decoded every KV holder (no prefill, eviction or finish), the
-    #: scheduler plans that same batch again (same items, same order) for as long as nothing
-    #: arrives, nothing finishes and the KV cache stays within ``M``, and ``batch_done`` of such a
-    #: batch leaves its state unchanged. The engine then applies those batches without asking it
-    #: (``Replayer.repeat_full_decode``). False (the safe default) makes the engine ask every time.
-    repeats_full_decode = False
+
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        """Called after ``batch_done`` of a batch that decoded every KV holder with no prefill and no
+        finish (evictions allowed). True promises that the next batches are that batch's items again
+        (same order, no evictions) for as long as nothing arrives, nothing finishes and the KV cache
+        stays within ``M``, and that ``batch_done`` of such a batch leaves the scheduler unchanged;
+        the engine then applies them without asking (``Replayer.repeat_full_decode``). The default,
+        False, makes the engine ask for every batch."""
+        return False
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None):
         self.limits = limits

@@ -1,0 +1,87 @@
+"""Figures from a results table: what is drawn where, and clear errors."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from infermax import plot  # noqa: E402
+from infermax.cli import app  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def table():
+    rows = []
+    for s, k in (("vllm", 1.0), ("sarathi", 2.0)):
+        for o in (8, 32):
+            for i in (1, 4, 16):
+                for b in (32, 1024):
+                    rows.append({"scheduler": s, "I": i, "O": o, "B": b, "Rmax": None, "tps": k * 1000 + 10 * i + o + b,
+                                 "evictions": i * o})
+    return pd.DataFrame(rows)
+
+
+def test_lines_panel_per_metric_and_column_line_per_hue(table):
+    fig = plot.lines(table, ["tps", "evictions"], x="I", col="O", hue="scheduler", where={"B": 1024})
+    axes = np.array(fig.axes).reshape(2, 2)
+    assert [ax.get_title() for ax in axes[0]] == ["O=8", "O=32"]
+    line = axes[0][1].get_lines()[1]  # tps, O=32, second scheduler in table order (sarathi)
+    assert line.get_label() == "sarathi"
+    assert list(line.get_xdata()) == [1, 4, 16] and list(line.get_ydata()) == [2000 + 10 * i + 32 + 1024 for i in (1, 4, 16)]
+    assert list(axes[1][0].get_lines()[0].get_ydata()) == [8, 32, 128]
+    plot.plt.close(fig)
+
+
+def test_heatmap_cells_hold_the_metric(table):
+    fig = plot.heatmap(table, "tps", x="I", y="O", facet="scheduler", where={"B": 32})
+    image = fig.axes[0].get_images()[0].get_array()
+    assert image.shape == (2, 3)  # rows: O = 8, 32; columns: I = 1, 4, 16
+    assert image[1, 2] == 1000 + 160 + 32 + 32
+    plot.plt.close(fig)
+
+
+def test_ambiguous_cells_name_the_varying_column(table):
+    with pytest.raises(ValueError, match=r"several rows per \(O, scheduler, I\); other varying column\(s\): B"):
+        plot.lines(table, ["tps"])
+    with pytest.raises(ValueError, match="no column"):
+        plot.lines(table, ["throughput"], where={"B": 32})
+    with pytest.raises(ValueError, match="no rows match"):
+        plot.lines(table, ["tps"], where={"B": 7})
+    with pytest.raises(ValueError, match="where: no column 'batch'"):
+        plot.lines(table, ["tps"], where={"batch": 7})
+
+
+def test_where_none_selects_missing_values(table):
+    assert len(plot.select(table, {"Rmax": "none", "B": 32})) == 12
+
+
+def test_save_formats(table, tmp_path):
+    fig = plot.lines(table, ["tps"], where={"B": 32})
+    assert plot.save(fig, tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="figure format must be one of .png, .svg, .pdf"):
+        plot.save(plot.lines(table, ["tps"], where={"B": 32}), tmp_path / "f.jpg")
+
+
+def test_cli_plot(table, tmp_path):
+    path = tmp_path / "results.parquet"
+    table.to_parquet(path)
+    out = tmp_path / "fig.svg"
+    result = runner.invoke(app, ["plot", str(path), "--metric", "tps", "--where", "B=1024", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "<svg" in out.read_text()
+    result = runner.invoke(app, ["plot", str(path), "--kind", "heatmap", "--metric", "tps", "--where", "B=32",
+                                 "--out", str(tmp_path / "h.png")])
+    assert result.exit_code == 0 and (tmp_path / "h.png").exists()
+    result = runner.invoke(app, ["plot", str(path), "--metric", "tps", "--out", str(out)])
+    assert result.exit_code == 2 and "other varying column(s): B" in result.output
+    result = runner.invoke(app, ["plot", str(tmp_path / "none.parquet"), "--out", str(out)])
+    assert result.exit_code == 2 and "no such results table" in result.output
+    result = runner.invoke(app, ["plot", str(path), "--where", "B", "--out", str(out)])
+    assert result.exit_code == 2 and "--where takes KEY=VALUE" in result.output
