@@ -110,3 +110,13 @@ def test_run_config_round_trips_and_rejects_unknown_keys():
     assert result.summary["generated_tokens"] == 12
     with pytest.raises(ValueError, match="unknown configuration key.*bogus"):
         RunConfig.from_dict({"bogus": 1})
+
+
+def test_simulate_reports_slo_attainment():
+    base = ("simulate", "-s", "aptserve", "--dataset", "humaneval", "--B", "40", "--arrival", "poisson", "--rate", "5",
+            "--block-size", "16", "--json")
+    loose = json.loads(invoke(*base, "--slo-ttft", "1000", "--slo-tbt", "1000").output)
+    impossible = json.loads(invoke(*base, "--slo-ttft", "1e-9", "--slo-tbt", "1000").output)
+    assert loose["slo_attainment"] == 1.0 and loose["num_requests"] == 40
+    assert impossible["slo_attainment"] == 0.0 and impossible["tbt_attainment"] == 1.0
+    assert "slo_attainment" not in json.loads(invoke("simulate", "--B", "4", "--I", "8", "--O", "2", "--json").output)

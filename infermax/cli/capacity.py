@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, List, Optional
+from typing import List
 
 import typer
 from rich.table import Table
 
-from .common import (BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt, GpuOpt,
-                     InputDistOpt, IOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RmaxOpt, TpOpt, app,
-                     config_header, console, fail, run_config)
+from .common import (BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
+                     GpuOpt, InputDistOpt, IOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RmaxOpt, SloOpt,
+                     SloTbtOpt, SloTtftOpt, TpOpt, app, config_header, console, fail, run_config)
 
-DatasetOpt = Annotated[Optional[str], typer.Option(help="ShareGPT-, HumanEval- or LongBench-like lengths: sharegpt | humaneval | longbench.")]
-SloOpt = Annotated[Optional[str], typer.Option(help="Latency targets of a dataset (Apt-Serve's Table 3): sharegpt | humaneval | longbench.")]
-SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", help="TTFT target in seconds (overrides --slo).")]
-SloTbtOpt = Annotated[Optional[float], typer.Option("--slo-tbt", help="P99 time-between-tokens target in seconds (overrides --slo).")]
 
 
 @app.command()

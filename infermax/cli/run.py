@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
+from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
-                     RateOpt, RmaxOpt, SeedOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
+                     RateOpt, RmaxOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config)
 
 
@@ -18,21 +18,21 @@ def simulate(
     scheduler: str = typer.Option("vllm", "--scheduler", "-s", help="Registered scheduler (see `infermax schedulers`)."),
     model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
     costmodel: CostModelPathOpt = None, I: IOpt = 512, O: OOpt = 128, B: BOpt = 1024, mix: MixOpt = None,
-    input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None, trace: TraceOpt = None,
+    dataset: DatasetOpt = None, input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None, trace: TraceOpt = None,
     trace_limit: TraceLimitOpt = None, arrival: ArrivalOpt = None, rate: RateOpt = None, cv: CvOpt = None,
     time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
     gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
-    out: OutOpt = None,
+    slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None, out: OutOpt = None,
     progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate a workload through a scheduler and print the summary."""
     from ..schedulers import InfeasibleRequestError, SchedulerError
 
-    options = {k: v for k, v in locals().items() if k not in ("scheduler", "out", "progress", "as_json",
-                                                               "InfeasibleRequestError", "SchedulerError")}
+    options = {k: v for k, v in locals().items() if k not in ("scheduler", "out", "progress", "as_json", "slo_ttft",
+                                                               "slo_tbt", "InfeasibleRequestError", "SchedulerError")}
     try:
-        config = run_config(scheduler, **options)
+        config = run_config(scheduler, slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, **options)
         result = config.simulate(progress=progress and not as_json)
     except (ValueError, FileNotFoundError, InfeasibleRequestError, SchedulerError) as exc:
         fail(str(exc))
