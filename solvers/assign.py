@@ -127,7 +127,7 @@ def violations(prob: pulp.LpProblem, tol: float = 1e-6) -> list[str]:
             out.append(f"{v.name}={x} outside [{v.lowBound}, {v.upBound}]")
         if v.cat == pulp.LpInteger and abs(x - round(x)) > tol:
             out.append(f"{v.name}={x} not integral")
-    for name, con in prob.constraints.items():
+    for name, con in prob._constraints.items():  # PuLP's own backends read this too
         lhs = con.value()  # expression − rhs
         scale = tol * max(1.0, abs(con.constant))
         if (con.sense == pulp.LpConstraintLE and lhs > scale) or (con.sense == pulp.LpConstraintGE and lhs < -scale) \

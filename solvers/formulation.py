@@ -64,19 +64,24 @@ class Formulation:
         self._build()
 
     # ----------------------------------------------------------------- variables and request constraints
+    def _var(self, name: str, low=None, up=None, cat=CONT) -> pulp.LpVariable:
+        if hasattr(self.prob, "add_variable"):  # PuLP >= 3.3 attaches variables to the model
+            return self.prob.add_variable(name, low, up, cat=cat)
+        return pulp.LpVariable(name, low, up, cat=cat)
+
     def _cell(self, i: int, j: int) -> Cell:
         r, rb, pol = self.requests[i], self.rb[i], self.policies
         x = Cell()
         name = f"{i}_{j}"
-        x.e = 0 if pol.eviction_free else pulp.LpVariable(f"e_{name}", cat=BIN)
-        x.cz = pulp.LpVariable(f"cz_{name}", cat=BIN)
-        x.dg = pulp.LpVariable(f"dg_{name}", cat=BIN)
-        x.g = pulp.LpVariable(f"g_{name}", cat=BIN)
-        x.d = 0 if j == 0 else pulp.LpVariable(f"d_{name}", cat=BIN)
-        x.fin = pulp.LpVariable(f"fin_{name}", cat=BIN)
-        x.m = pulp.LpVariable(f"m_{name}", 0, rb.peak, cat=INT)
+        x.e = 0 if pol.eviction_free else self._var(f"e_{name}", cat=BIN)
+        x.cz = self._var(f"cz_{name}", cat=BIN)
+        x.dg = self._var(f"dg_{name}", cat=BIN)
+        x.g = self._var(f"g_{name}", cat=BIN)
+        x.d = 0 if j == 0 else self._var(f"d_{name}", cat=BIN)
+        x.fin = self._var(f"fin_{name}", cat=BIN)
+        x.m = self._var(f"m_{name}", 0, rb.peak, cat=INT)
         nbits = max(1, rb.chunk.bit_length())
-        x.bits = [pulp.LpVariable(f"b_{name}_{k}", cat=BIN) for k in range(nbits)]
+        x.bits = [self._var(f"b_{name}_{k}", cat=BIN) for k in range(nbits)]
         x.cp = pulp.lpSum((1 << k) * b for k, b in enumerate(x.bits))
         x.c = x.cp + x.dg
         x.pz = x.cz - x.dg
@@ -91,7 +96,7 @@ class Formulation:
             row = [self._cell(i, j) for j in range(K)]
             self.cells.append(row)
             self._request_constraints(i, r, row)
-        self.z = [pulp.LpVariable(f"z_{j}", cat=BIN) for j in range(K)]
+        self.z = [self._var(f"z_{j}", cat=BIN) for j in range(K)]
         self.hy: list = [None] * K
         for j in range(K):
             col = [row[j] for row in self.cells]
@@ -155,7 +160,7 @@ class Formulation:
         if "prefill_sq_tokens" in used:
             terms = []
             for k, b in enumerate(x.bits):
-                u = pulp.LpVariable(f"u_{n}_{k}", 0, rb.chunk)
+                u = self._var(f"u_{n}_{k}", 0, rb.chunk)
                 prob += u <= rb.chunk * b, f"u1_{n}_{k}"
                 prob += u <= x.cp, f"u2_{n}_{k}"
                 prob += u >= x.cp - rb.chunk * (1 - b), f"u3_{n}_{k}"
@@ -165,7 +170,7 @@ class Formulation:
         if "prefill_ctx_tokens" in used:
             terms = []
             for k, b in enumerate(x.bits):
-                w = pulp.LpVariable(f"w_{n}_{k}", 0, rb.peak)
+                w = self._var(f"w_{n}_{k}", 0, rb.peak)
                 prob += w <= rb.peak * b, f"w1_{n}_{k}"
                 prob += w <= x.mbar, f"w2_{n}_{k}"
                 prob += w >= x.mbar - rb.peak * (1 - b), f"w3_{n}_{k}"
@@ -173,7 +178,7 @@ class Formulation:
                 terms.append((1 << k) * w)
             x.ctx = pulp.lpSum(terms)
         if "decode_kv_tokens" in used:
-            v = pulp.LpVariable(f"v_{n}", 0, rb.peak)
+            v = self._var(f"v_{n}", 0, rb.peak)
             prob += v <= rb.peak * x.dg, f"v1_{n}"
             prob += v <= x.m, f"v2_{n}"
             prob += v >= x.m - rb.peak * (1 - x.dg), f"v3_{n}"
@@ -200,16 +205,16 @@ class Formulation:
             prob += pulp.lpSum(held) <= lim.M, f"M_{j}"
         else:
             for i, (x, h) in enumerate(zip(col, held)):
-                x.kvb = pulp.LpVariable(f"kvb_{i}_{j}", 0, math.ceil(self.rb[i].peak / b), cat=INT)
+                x.kvb = self._var(f"kvb_{i}_{j}", 0, math.ceil(self.rb[i].peak / b), cat=INT)
                 prob += b * x.kvb >= h, f"kvb_{i}_{j}"
             prob += pulp.lpSum(b * x.kvb for x in col) <= lim.M, f"M_{j}"
         if lim.Rmax is not None and lim.Rmax < len(col):
             for i, (x, h) in enumerate(zip(col, held)):
-                x.mz = pulp.LpVariable(f"mz_{i}_{j}", cat=BIN)
+                x.mz = self._var(f"mz_{i}_{j}", cat=BIN)
                 prob += self.rb[i].peak * x.mz >= h, f"mz_{i}_{j}"
             prob += pulp.lpSum(x.mz for x in col) <= lim.Rmax, f"Rmax_{j}"
         if self.policies.no_hybrid:
-            hy = self.hy[j] = pulp.LpVariable(f"hy_{j}", cat=BIN)  # 1: a decode batch
+            hy = self.hy[j] = self._var(f"hy_{j}", cat=BIN)  # 1: a decode batch
             for i, x in enumerate(col):
                 prob += x.dg <= hy, f"hy_d_{i}_{j}"
                 prob += x.pz <= 1 - hy, f"hy_p_{i}_{j}"
@@ -239,7 +244,7 @@ class Formulation:
         kind = "prefill" if feature in PREFILL_FEATURES else "decode" if feature in DECODE_FEATURES else feature
         if kind in cache:
             return cache[kind]
-        a = pulp.LpVariable(f"a_{kind}_{j}", cat=BIN)
+        a = self._var(f"a_{kind}_{j}", cat=BIN)
         if kind in ("prefill", "decode"):
             items = [x.pz if kind == "prefill" else x.dg for x in col]
             for i, it in enumerate(items):
@@ -253,7 +258,7 @@ class Formulation:
 
     def _timing(self) -> None:
         prob, T = self.prob, TIME_UNIT
-        self.tau: list[list[pulp.LpVariable]] = []
+        self.tau: list[list] = []
         self.gates: list[dict] = []
         self.start, self.end = [], []
         prev_end = 0
@@ -263,7 +268,7 @@ class Formulation:
                 a = self._gate(j, term.active_if, feats, cache)
                 ranges = [piece_range(p, self.fb) for p in term.pieces]
                 low = min(0.0, max(lo for lo, _ in ranges)) * T
-                tau = pulp.LpVariable(f"tau_{t_idx}_{j}", low if low < 0 else 0)
+                tau = self._var(f"tau_{t_idx}_{j}", low if low < 0 else 0)
                 if low < 0:
                     prob += tau >= low * a, f"tau_low_{t_idx}_{j}"
                 for p_idx, (p, (_, hi)) in enumerate(zip(term.pieces, ranges)):
@@ -273,7 +278,7 @@ class Formulation:
                 taus.append(tau)
             self.tau.append(taus)
             self.gates.append(cache)
-            start = pulp.LpVariable(f"start_{j}", 0)
+            start = self._var(f"start_{j}", 0)
             prob += start >= prev_end, f"start_after_{j}"
             for i, r in enumerate(self.requests):
                 if r.arrival_s > 0:
@@ -294,7 +299,7 @@ class Formulation:
         for i, r in enumerate(self.requests):
             arr = r.arrival_s * T
             if obj.latency:
-                f = pulp.LpVariable(f"finish_{i}", arr)
+                f = self._var(f"finish_{i}", arr)
                 for j in range(self.slots):
                     big = self.t_last + (j + 1) * self.tmax - arr
                     done = self.cells[i][j - 1].fin if j > 0 else 0
@@ -302,14 +307,14 @@ class Formulation:
                 self.finish.append(f)
                 parts.append(obj.latency * (f - arr))
             if obj.ttft:
-                ft = pulp.LpVariable(f"first_{i}", arr)
+                ft = self._var(f"first_{i}", arr)
                 G = 0
                 for j in range(self.slots):
                     big = self.t_last + (j + 1) * self.tmax - arr
                     if j == 0:
                         prob += ft >= self.end[0], f"first_{i}_0"
                     else:
-                        s = pulp.LpVariable(f"s_{i}_{j - 1}", 0, 1)  # <= [a token was generated by slot j-1]
+                        s = self._var(f"s_{i}_{j - 1}", 0, 1)  # <= [a token was generated by slot j-1]
                         prob += s <= G, f"s_{i}_{j - 1}"
                         self.seen[i, j - 1] = s
                         prob += ft >= self.end[j] - big * s, f"first_{i}_{j}"
@@ -326,4 +331,4 @@ class Formulation:
     def size(self) -> dict:
         vs = self.prob.variables()
         return {"variables": len(vs), "integer": sum(v.cat == INT for v in vs),
-                "constraints": len(self.prob.constraints)}
+                "constraints": len(self.prob._constraints)}
