@@ -96,6 +96,7 @@ class Formulation:
             row = [self._cell(i, j) for j in range(K)]
             self.cells.append(row)
             self._request_constraints(i, r, row)
+        self._symmetry()
         self.z = [self._var(f"z_{j}", cat=BIN) for j in range(K)]
         self.hy: list = [None] * K
         for j in range(K):
@@ -137,8 +138,11 @@ class Formulation:
                 prob += x.e <= m_prev, f"evict_holds_kv_{n}"
                 prob += x.e <= 1 - fin_prev, f"evict_unfinished_{n}"
             prob += x.cz <= 1 - fin_prev, f"done_{n}"
+            # valid cuts: a generating item, and any request in decode phase after the batch, holds >= I tokens
+            prob += x.m >= I * x.g, f"m_gen_{n}"
             # phase transition into the next slot
             if j + 1 < len(row):
+                prob += x.m >= I * row[j + 1].d, f"m_decode_{n}"
                 nxt = row[j + 1].d
                 prob += nxt >= x.g, f"d_gen_{n}"
                 prob += nxt <= 1 - x.e, f"d_evict_{n}"
@@ -153,6 +157,16 @@ class Formulation:
             self._products(i, x, n)
             m_prev, fin_prev = x.m, x.fin
         prob += G_before == O, f"terminate_{i}"  # (1)
+
+    def _symmetry(self) -> None:
+        """Identical requests (same arrival, I, O) are interchangeable: relabel them in finishing order,
+        so the lower-index one has finished whenever the higher-index one has (valid, cuts symmetric copies)."""
+        key = [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in self.requests]
+        for i in range(len(key)):
+            twin = next((k for k in range(i + 1, len(key)) if key[k] == key[i]), None)
+            if twin is not None:
+                for j in range(self.slots):
+                    self.prob += self.cells[i][j].fin >= self.cells[twin][j].fin, f"sym_{i}_{twin}_{j}"
 
     def _products(self, i: int, x: Cell, n: str) -> None:
         """Exact linearisation of c², c·m and dg·m (binary × bounded integer, McCormick is exact)."""
