@@ -15,11 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from infermax.costmodel import load_cost_model
-from infermax.engine import simulate
-from infermax.limits import Limits
-from infermax.workload import fixed
-from solvers import Objective, Policies, SolveOptions, optimize
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's infermax and solvers
+
+from infermax.costmodel import load_cost_model  # noqa: E402
+from infermax.engine import simulate  # noqa: E402
+from infermax.limits import Limits  # noqa: E402
+from infermax.workload import fixed  # noqa: E402
+from solvers import Objective, Policies, SolveOptions, optimize  # noqa: E402
 
 SCHEDULERS = ("vllm", "vllm-ef", "sarathi", "sarathi-ef")
 
