@@ -168,35 +168,25 @@ class Formulation:
                 for j in range(self.slots):
                     self.prob += self.cells[i][j].fin >= self.cells[twin][j].fin, f"sym_{i}_{twin}_{j}"
 
+    def _product(self, name: str, b, x, bound: int):
+        """``w = b·x`` for a binary ``b`` and ``0 <= x <= bound`` (McCormick, exact for a binary)."""
+        w = self._var(name, 0, bound)
+        self.prob += w <= bound * b, f"{name}_1"
+        self.prob += w <= x, f"{name}_2"
+        self.prob += w >= x - bound * (1 - b), f"{name}_3"
+        return w
+
     def _products(self, i: int, x: Cell, n: str) -> None:
-        """Exact linearisation of c², c·m and dg·m (binary × bounded integer, McCormick is exact)."""
-        prob, rb, used = self.prob, self.rb[i], self.used_features
+        """Exact linearisation of c², c·m and dg·m: ``cp² = Σ 2^k (b_k·cp)``, ``cp·m̄ = Σ 2^k (b_k·m̄)``."""
+        rb, used = self.rb[i], self.used_features
         if "prefill_sq_tokens" in used:
-            terms = []
-            for k, b in enumerate(x.bits):
-                u = self._var(f"u_{n}_{k}", 0, rb.chunk)
-                prob += u <= rb.chunk * b, f"u1_{n}_{k}"
-                prob += u <= x.cp, f"u2_{n}_{k}"
-                prob += u >= x.cp - rb.chunk * (1 - b), f"u3_{n}_{k}"
-                x.u.append(u)
-                terms.append((1 << k) * u)
-            x.sq = pulp.lpSum(terms)
+            x.u = [self._product(f"u_{n}_{k}", b, x.cp, rb.chunk) for k, b in enumerate(x.bits)]
+            x.sq = pulp.lpSum((1 << k) * u for k, u in enumerate(x.u))
         if "prefill_ctx_tokens" in used:
-            terms = []
-            for k, b in enumerate(x.bits):
-                w = self._var(f"w_{n}_{k}", 0, rb.peak)
-                prob += w <= rb.peak * b, f"w1_{n}_{k}"
-                prob += w <= x.mbar, f"w2_{n}_{k}"
-                prob += w >= x.mbar - rb.peak * (1 - b), f"w3_{n}_{k}"
-                x.w.append(w)
-                terms.append((1 << k) * w)
-            x.ctx = pulp.lpSum(terms)
+            x.w = [self._product(f"w_{n}_{k}", b, x.mbar, rb.peak) for k, b in enumerate(x.bits)]
+            x.ctx = pulp.lpSum((1 << k) * w for k, w in enumerate(x.w))
         if "decode_kv_tokens" in used:
-            v = self._var(f"v_{n}", 0, rb.peak)
-            prob += v <= rb.peak * x.dg, f"v1_{n}"
-            prob += v <= x.m, f"v2_{n}"
-            prob += v >= x.m - rb.peak * (1 - x.dg), f"v3_{n}"
-            x.dkv = v
+            x.dkv = self._product(f"v_{n}", x.dg, x.m, rb.peak)
 
     # ----------------------------------------------------------------- batch constraints (5)
     def _batch_constraints(self, j: int, col: list[Cell]) -> None:
