@@ -92,7 +92,9 @@ class _HiGHS(pulp.HiGHS):
 
     def __init__(self, options: SolveOptions, warm: bool, **kw):
         super().__init__(msg=options.verbose, gapRel=options.mip_gap, threads=options.threads,
-                         timeLimit=options.time_limit_s, mip_feasibility_tolerance=1e-9, **kw)
+                         timeLimit=options.time_limit_s, **kw)
+        # HiGHS's default tolerances: with mip_feasibility_tolerance=1e-9, HiGHS 1.15 reported a
+        # suboptimal "optimal" on a brute-forced instance (tests/test_solver_bruteforce.py)
         self.opts, self.warm, self.trace, self.info = options, warm, [], None
 
     def actualSolve(self, lp):

@@ -200,6 +200,8 @@ class Formulation:
             prob += z[j] >= z[j + 1], f"z_order_{j}"
         prob += pulp.lpSum(x.c for x in col) <= lim.C, f"C_{j}"
         prob += pulp.lpSum(x.cp for x in col) <= lim.prefill_budget, f"P_{j}"
+        # valid cut: a generating request is unfinished and holds >= I tokens during the batch
+        prob += pulp.lpSum(r.prompt_tokens * x.g for r, x in zip(self.requests, col)) <= lim.M * z[j], f"M_gen_{j}"
         held = []  # KV held during the batch: m, except by requests finished before it
         for i, x in enumerate(col):
             fin_prev = self.cells[i][j - 1].fin if j > 0 else 0
