@@ -127,6 +127,9 @@ CASES = {
     "chunk": ([Request(0, 0, 3, 1), Request(1, 0, 1, 2)], Limits(C=2, M=8)),
     # the paper's section 4.5 in miniature: evicting a short request beats waiting (linear model)
     "evict-pays": ([Request(0, 0, 1, 3), Request(1, 0, 1, 3)], Limits(C=8, M=3)),
+    # KV in blocks of 2 tokens, and at most 2 requests holding KV
+    "blocks": ([Request(0, 0, 1, 2), Request(1, 0, 2, 2), Request(2, 0, 1, 1)], Limits(C=8, M=5, block_size=2)),
+    "rmax": ([Request(0, 0, 1, 2), Request(1, 0, 2, 1), Request(2, 0, 1, 2)], Limits(C=8, M=8, Rmax=2)),
     # online: the second request arrives while the first runs
     "online": ([Request(0, 0.0, 2, 2), Request(1, 0.0035, 1, 2)], Limits(C=8, M=4)),
 }
