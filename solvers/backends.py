@@ -221,7 +221,7 @@ def gurobi_error_message(exc: Exception, prob: pulp.LpProblem) -> str | None:
     """A user-facing explanation when ``exc`` is Gurobi's size-limited-licence error, else None."""
     if getattr(exc, "errno", None) == SIZE_LIMITED or "size-limited" in str(exc).lower():
         return (f"Gurobi's licence here is size-limited (the pip package's restricted licence, 2000 variables and "
-                f"2000 constraints); this model has {len(prob.variables())} variables and {len(prob.constraints)} "
+                f"2000 constraints); this model has {len(prob.variables())} variables and {len(prob._constraints)} "
                 f"constraints. Use --solver highs or --solver cbc, fewer slots, or install a full Gurobi licence.")
     return None
 

@@ -70,7 +70,7 @@ class Formulation:
         return pulp.LpVariable(name, low, up, cat=cat)
 
     def _cell(self, i: int, j: int) -> Cell:
-        r, rb, pol = self.requests[i], self.rb[i], self.policies
+        rb, pol = self.rb[i], self.policies
         x = Cell()
         name = f"{i}_{j}"
         x.e = 0 if pol.eviction_free else self._var(f"e_{name}", cat=BIN)
