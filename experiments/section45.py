@@ -24,6 +24,7 @@ from infermax.workload import fixed  # noqa: E402
 from solvers import Objective, Policies, SolveOptions, optimize  # noqa: E402
 
 SCHEDULERS = ("vllm", "vllm-ef", "sarathi", "sarathi-ef")
+FINDINGS = "<!-- findings: written by hand from the table; the script keeps this part -->"
 
 
 def row(I: int, O: int, B: int, cost, time_limit: float) -> dict:
@@ -78,8 +79,15 @@ def main() -> None:
         print(f"I={I}: opt {r['opt']:.3f} ms [{r['opt_status']}, gap {r['opt_gap']:.1%}, ev {r['opt_ev']}], "
               f"opt-ef {r['opt_ef']:.3f} ms [{r['opt_ef_status']}, gap {r['opt_ef_gap']:.1%}], "
               f"vllm {r['vllm']:.3f}, vllm-ef {r['vllm-ef']:.3f}", file=sys.stderr, flush=True)
-        args.out.write_text(markdown(rows, args.time_limit))
+        write(args.out, markdown(rows, args.time_limit))
     print(markdown(rows, args.time_limit))
+
+
+def write(path: Path, table: str) -> None:
+    """Replace the table, keeping the hand-written reading below the ``FINDINGS`` marker."""
+    old = path.read_text() if path.exists() else ""
+    tail = old[old.index(FINDINGS):] if FINDINGS in old else ""
+    path.write_text(table + ("\n" + tail if tail else ""))
 
 
 if __name__ == "__main__":
