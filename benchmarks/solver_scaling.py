@@ -19,7 +19,7 @@ from infermax.costmodel import load_cost_model  # noqa: E402
 from infermax.engine import simulate  # noqa: E402
 from infermax.limits import Limits  # noqa: E402
 from infermax.workload import fixed  # noqa: E402
-from solvers import Objective, SolveOptions, optimize  # noqa: E402
+from solvers import Objective, SolveOptions, SolverFailed, optimize  # noqa: E402
 
 
 def main() -> None:
@@ -40,13 +40,18 @@ def main() -> None:
             requests = fixed(I, O, B)
             t0 = time.perf_counter()
             sim = simulate(requests, "vllm", limits, cost)
-            res = optimize(requests, limits, cost, Objective(makespan=1), warm_start=sim.schedule,
-                           options=SolveOptions(backend, args.time_limit, 1e-4, args.threads))
+            try:
+                res = optimize(requests, limits, cost, Objective(makespan=1), warm_start=sim.schedule,
+                               options=SolveOptions(backend, args.time_limit, 1e-4, args.threads))
+            except SolverFailed as exc:
+                print(f"| {backend} | {B} | solver failure: {exc} |", flush=True)
+                continue
             total = time.perf_counter() - t0
             s = res.size
             print(f"| {backend} | {B} | {res.slots} | {s['variables']} ({s['integer']}) | {s['constraints']} | "
                   f"{sim.summary['makespan_s'] * 1e3:.3f} | {res.value_s * 1e3:.3f} | {res.bound_s * 1e3:.3f} | "
-                  f"{res.gap:.1%} | {res.solve.status} | {res.solve.wall_s:.1f} | {total:.1f} |", flush=True)
+                  f"{res.gap:.1%} | {res.solve.status} | {res.solve.wall_s:.1f} | {total:.1f} |"
+                  + (f" {'; '.join(res.solve.notes)}" if res.solve.notes else ""), flush=True)
 
 
 if __name__ == "__main__":

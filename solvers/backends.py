@@ -47,10 +47,15 @@ class SolveOutcome:
     bound: float
     wall_s: float
     progress: list[Progress] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def gap(self) -> float:
         return relative_gap(self.incumbent, self.bound)
+
+
+class SolverFailed(RuntimeError):
+    """The backend crashed or contradicted a verified feasible warm start."""
 
 
 def relative_gap(incumbent: float, bound: float) -> float:
@@ -161,14 +166,41 @@ _CBC_PROGRESS = re.compile(r"After (\d+) nodes, \d+ on tree, ([-\d.e+]+) best so
 
 
 def _solve_cbc(prob, options, warm) -> SolveOutcome:
+    """CBC; when its preprocessing declares the model infeasible (or CBC fails) although the caller's warm
+    start satisfies every constraint, retry once with preprocessing off for the remaining time (seen at
+    B = 16 in benchmarks/solver_scaling.py)."""
     if not pulp.PULP_CBC_CMD().available():
         raise SolverUnavailable("CBC is not available (PuLP's bundled cbc binary is missing)")
+    t0 = time.perf_counter()
+    start = [(v, v.varValue) for v in prob.variables()] if warm else []
+    try:
+        out = _run_cbc(prob, options, warm, options.time_limit_s, [])
+    except pulp.PulpSolverError as exc:
+        out = SolveOutcome("cbc", "solver_error", False, math.inf, -math.inf, time.perf_counter() - t0,
+                           notes=[f"CBC failed: {exc}"])
+    if warm and out.status in ("infeasible", "solver_error"):
+        left = None if options.time_limit_s is None else max(1.0, options.time_limit_s - out.wall_s)
+        note = f"CBC with preprocessing said {out.status} despite a feasible warm start; retried with preprocessing off"
+        for v, value in start:
+            v.varValue = value
+        try:
+            out = _run_cbc(prob, options, warm, left, ["preprocess off"])
+        except pulp.PulpSolverError as exc:
+            raise SolverFailed(f"CBC failed twice: {exc}") from exc
+        out.notes.insert(0, note)
+        out.wall_s = time.perf_counter() - t0
+    if warm and out.status == "infeasible":
+        raise SolverFailed("CBC declared the model infeasible although the warm start satisfies every constraint")
+    return out
+
+
+def _run_cbc(prob, options, warm, time_limit, extra) -> SolveOutcome:
     offset = _constant(prob)
     trace: list[Progress] = []
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "cbc.log"
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=options.time_limit_s, gapRel=options.mip_gap,
-                                   threads=options.threads, warmStart=warm, logPath=str(log), keepFiles=False)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=options.mip_gap, threads=options.threads,
+                                   warmStart=warm, logPath=str(log), keepFiles=False, options=extra)
         if warm:
             for v in prob.variables():
                 if v.varValue is not None:
@@ -205,7 +237,7 @@ def _solve_cbc(prob, options, warm) -> SolveOutcome:
     inc = float(objective.group(1)) + offset if has else math.inf
     if "Optimal" in result:
         status, bound = "optimal", inc
-    elif "infeasible" in result.lower():
+    elif "infeasible" in result.lower() or ("infeasible" in text.lower() and not has):
         status, bound = "infeasible", math.inf
     else:
         status = "time_limit" if has else "no_solution"

@@ -15,7 +15,7 @@ from infermax.request import Request
 from infermax.schedule import Schedule
 
 from .assign import set_from_schedule, to_schedule, violations
-from .backends import SolveOptions, SolveOutcome, relative_gap, solve
+from .backends import SolveOptions, SolveOutcome, SolverFailed, relative_gap, solve
 from .bounds import SlotBound, slot_bound
 from .formulation import TIME_UNIT, Formulation
 from .objective import Objective
@@ -67,6 +67,7 @@ class OptimizeResult:
             "solver": self.solve.backend if self.solve else None,
             "solver_status": self.solve.status if self.solve else None,
             "solve_wall_s": self.solve.wall_s if self.solve else None,
+            "solver_notes": "; ".join(self.solve.notes) if self.solve and self.solve.notes else None,
             **{f"model_{k}": v for k, v in self.size.items()},
         }
         if self.warm_start is not None:
@@ -127,6 +128,9 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
     base = dict(objective=objective, slots=K, slot_bound=sb, solve=outcome, warm_start=warm_info, size=form.size(),
                 policies=policies)
     bound_s = outcome.bound / TIME_UNIT
+    if warm and outcome.status == "infeasible":
+        raise SolverFailed(f"{outcome.backend} declared the model infeasible although the warm start satisfies "
+                           "every constraint")
     if not outcome.has_solution:
         status = "infeasible" if outcome.status == "infeasible" else "no_solution"
         return OptimizeResult(status, value_s=None, solver_value_s=None, bound_s=bound_s, schedule=None, result=None, **base)

@@ -59,7 +59,7 @@ def _display(summary: dict) -> dict:
 
 
 def _run(fn):
-    from solvers import SolutionRejected, SolverUnavailable
+    from solvers import SolutionRejected, SolverFailed, SolverUnavailable
     from infermax.schedulers import InfeasibleRequestError, SchedulerError
 
     try:
@@ -68,6 +68,8 @@ def _run(fn):
         fail(str(exc))
     except SolutionRejected as exc:
         fail(f"solution rejected: {exc}", code=1)
+    except SolverFailed as exc:
+        fail(f"solver failure: {exc}", code=1)
     except (ValueError, InfeasibleRequestError, SchedulerError) as exc:
         fail(str(exc))
 
