@@ -1,0 +1,156 @@
+"""``infermax optimize`` (optimal schedule by MILP) and ``infermax better`` (can any schedule beat a
+scheduler by a margin?). Both validate every solution by replay; see solvers/ and docs/design.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..jsonio import nan_to_null
+from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
+                     GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RateOpt,
+                     RmaxOpt, SeedOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, console,
+                     err_console, fail, run_config, summary_table)
+
+_RUN_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mix", "input_dist", "output_dist", "trace",
+             "trace_limit", "arrival", "rate", "cv", "time_scale", "C", "P", "M", "gpu_mem_util", "Rmax", "block_size",
+             "seed")
+ObjectiveOpt = typer.Option("makespan", help="makespan (total latency) | latency (sum) | ttft (mean) | e.g. makespan=1,ttft=0.5")
+SolverOpt = typer.Option("highs", help="highs | cbc | gurobi")
+TimeLimitOpt = typer.Option(60.0, help="Solver time limit in seconds.")
+GapOpt = typer.Option(1e-6, help="Relative MIP gap at which the solver stops.")
+ThreadsOpt = typer.Option(None, help="Solver threads (default: the solver's).")
+NoHybridOpt = typer.Option(False, "--no-hybrid", help="Force: no batch mixes prefill and decode items.")
+NoChunkOpt = typer.Option(False, "--no-chunked-prefill", help="Force: every prefill completes in one batch.")
+EvictionFreeOpt = typer.Option(False, "--eviction-free", help="Force: no evictions.")
+
+
+def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limit: float, gap: float,
+           threads: Optional[int], no_hybrid: bool, no_chunked_prefill: bool, eviction_free: bool, quiet: bool):
+    from solvers import BACKENDS, Objective, Policies, SolveOptions
+
+    if solver not in BACKENDS:
+        fail(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
+    if time_limit <= 0 or not 0 <= gap < 1:
+        fail("--time-limit must be > 0 and --gap in [0, 1)")
+    try:
+        obj = Objective.parse(objective)
+        config = run_config(scheduler, **{k: options[k] for k in _RUN_KEYS})
+        requests, limits, cost = config.requests(), config.limits(), config.cost()
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+
+    def show(p):
+        err_console.print(f"  {p.time_s:7.1f}s  incumbent {p.incumbent / 1e3:.6g} s  bound {p.bound / 1e3:.6g} s  "
+                          f"gap {p.gap:.2%}  nodes {p.nodes}", highlight=False)
+
+    opts = SolveOptions(solver, time_limit, gap, threads, on_progress=None if quiet else show)
+    return config, requests, limits, cost, obj, Policies(no_hybrid, no_chunked_prefill, eviction_free), opts
+
+
+def _display(summary: dict) -> dict:
+    """Rows worth printing: no empty values, booleans as yes/no."""
+    return {k: ("yes" if v else "no") if isinstance(v, bool) else v for k, v in summary.items()
+            if v is not None and not (isinstance(v, float) and math.isnan(v))}
+
+
+def _run(fn):
+    from solvers import SolutionRejected, SolverFailed, SolverUnavailable
+    from infermax.schedulers import InfeasibleRequestError, SchedulerError
+
+    try:
+        return fn()
+    except SolverUnavailable as exc:
+        fail(str(exc))
+    except SolutionRejected as exc:
+        fail(f"solution rejected: {exc}", code=1)
+    except SolverFailed as exc:
+        fail(f"solver failure: {exc}", code=1)
+    except (ValueError, InfeasibleRequestError, SchedulerError) as exc:
+        fail(str(exc))
+
+
+@app.command()
+def optimize(
+    model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
+    costmodel: CostModelPathOpt = None, I: IOpt = 16, O: OOpt = 4, B: BOpt = 4, mix: MixOpt = None,
+    input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None, trace: TraceOpt = None,
+    trace_limit: TraceLimitOpt = None, arrival: ArrivalOpt = None, rate: RateOpt = None, cv: CvOpt = None,
+    time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
+    gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
+    objective: str = ObjectiveOpt, solver: str = SolverOpt, time_limit: float = TimeLimitOpt, gap: float = GapOpt,
+    threads: Optional[int] = ThreadsOpt, no_hybrid: bool = NoHybridOpt, no_chunked_prefill: bool = NoChunkOpt,
+    eviction_free: bool = EvictionFreeOpt,
+    warm_start: str = typer.Option("vllm", help="Scheduler whose schedule seeds the solver and bounds the slots ('none': no seed)."),
+    slots: Optional[int] = typer.Option(None, help="Batch slots (default: the bound derived from the warm start)."),
+    out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Find an optimal schedule (MILP of the paper's CSP), validated by replay. Defaults: a small instance."""
+    from infermax.engine import simulate
+    from solvers import optimize as solve_milp
+
+    config, requests, limits, cost, obj, policies, opts = _setup(
+        "vllm", locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
+    if slots is not None and slots < 1:
+        fail("--slots must be >= 1")
+
+    def go():
+        seed = None if warm_start == "none" else simulate(requests, warm_start, limits, cost).schedule
+        return solve_milp(requests, limits, cost, obj, policies, slots=slots, warm_start=seed, options=opts)
+
+    res = _run(go)
+    summary = nan_to_null(res.summary())
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if res.schedule is not None:
+            res.schedule.save(out / "schedule.json")
+        (out / "summary.json").write_text(json.dumps({"summary": summary, "config": config.to_dict()}, indent=2))
+    if as_json:
+        print(json.dumps(summary))
+        return
+    console.print(config_header(config, limits).replace("vllm |", "optimal |", 1), highlight=False, soft_wrap=True)
+    console.print(summary_table(_display(res.summary()), "optimize"))
+    if out is not None:
+        console.print(f"results written to {out}")
+
+
+@app.command()
+def better(
+    scheduler: str = typer.Option("vllm", "--scheduler", "-s", help="The scheduler to beat."),
+    margin: float = typer.Option(0.1, help="Required improvement: a schedule with objective <= (1 - margin) x the scheduler's."),
+    model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
+    costmodel: CostModelPathOpt = None, I: IOpt = 16, O: OOpt = 4, B: BOpt = 4, mix: MixOpt = None,
+    input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None, trace: TraceOpt = None,
+    trace_limit: TraceLimitOpt = None, arrival: ArrivalOpt = None, rate: RateOpt = None, cv: CvOpt = None,
+    time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
+    gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
+    objective: str = ObjectiveOpt, solver: str = SolverOpt, time_limit: float = TimeLimitOpt, gap: float = GapOpt,
+    threads: Optional[int] = ThreadsOpt, no_hybrid: bool = NoHybridOpt, no_chunked_prefill: bool = NoChunkOpt,
+    eviction_free: bool = EvictionFreeOpt,
+    out: Optional[Path] = typer.Option(None, help="Write the better schedule (if found) and the answer here."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown (exit 0)."""
+    from solvers.better import better as ask
+
+    if not 0 < margin < 1:
+        fail("--margin must be in (0, 1)")
+    config, requests, limits, cost, obj, policies, opts = _setup(
+        scheduler, locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
+    ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if ans.schedule is not None:
+            ans.schedule.save(out / "schedule.json")
+        (out / "answer.json").write_text(json.dumps(nan_to_null(ans.to_dict()), indent=2))
+    if as_json:
+        print(json.dumps(nan_to_null(ans.to_dict())))
+        return
+    console.print(f"[bold]{ans.answer}[/]: {ans.explanation}", highlight=False, soft_wrap=True)
+    console.print(summary_table(_display({k: v for k, v in ans.to_dict().items() if k not in ("answer", "explanation")}),
+                                "better"))

@@ -1,0 +1,286 @@
+"""MILP backends behind one call: HiGHS (highspy, default), CBC (PuLP's bundled binary), Gurobi (gurobipy,
+when licensed). Each reports status, incumbent, best bound and gap, streams progress, takes a warm start."""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pulp
+
+BACKENDS = ("highs", "cbc", "gurobi")
+
+
+class SolverUnavailable(RuntimeError):
+    """The requested backend cannot run here (not installed, unlicensed or licence too small)."""
+
+
+@dataclass
+class Progress:
+    """One progress sample: seconds since start, incumbent and best bound (model units), nodes."""
+
+    time_s: float
+    incumbent: float
+    bound: float
+    nodes: int = 0
+
+    @property
+    def gap(self) -> float:
+        return relative_gap(self.incumbent, self.bound)
+
+
+@dataclass
+class SolveOutcome:
+    """``status``: optimal | time_limit | interrupted | infeasible | no_solution. Objective values are in
+    model units including the objective's constant; ``has_solution`` says the variables hold an incumbent."""
+
+    backend: str
+    status: str
+    has_solution: bool
+    incumbent: float
+    bound: float
+    wall_s: float
+    progress: list[Progress] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        return relative_gap(self.incumbent, self.bound)
+
+
+class SolverFailed(RuntimeError):
+    """The backend crashed or contradicted a verified feasible warm start."""
+
+
+def relative_gap(incumbent: float, bound: float) -> float:
+    """``(incumbent − bound) / |incumbent|`` (0 when equal, inf without an incumbent)."""
+    if not math.isfinite(incumbent):
+        return math.inf
+    if incumbent == bound:
+        return 0.0
+    return max(0.0, incumbent - bound) / max(abs(incumbent), 1e-12)
+
+
+@dataclass
+class SolveOptions:
+    backend: str = "highs"
+    time_limit_s: float | None = None
+    mip_gap: float = 1e-6
+    threads: int | None = None
+    verbose: bool = False
+    on_progress: Callable[[Progress], None] | None = None
+    stop_if_incumbent_below: float | None = None  # model units: stop once an incumbent reaches it
+    stop_if_bound_above: float | None = None  # model units: stop once the bound proves it unreachable
+
+
+def solve(prob: pulp.LpProblem, options: SolveOptions, warm: bool = False) -> SolveOutcome:
+    """Solve ``prob`` in place (variables hold the incumbent). ``warm``: use the variables' current values
+    as a MIP start."""
+    if options.backend not in BACKENDS:
+        raise ValueError(f"unknown solver {options.backend!r}; choose one of {', '.join(BACKENDS)}")
+    return {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[options.backend](prob, options, warm)
+
+
+def _constant(prob) -> float:
+    return float(prob.objective.constant) if prob.objective is not None else 0.0
+
+
+# ------------------------------------------------------------------------------------------------ HiGHS
+class _HiGHS(pulp.HiGHS):
+    """PuLP's highspy interface plus a MIP start, progress/stop callbacks and the best bound."""
+
+    def __init__(self, options: SolveOptions, warm: bool, **kw):
+        super().__init__(msg=options.verbose, gapRel=options.mip_gap, threads=options.threads,
+                         timeLimit=options.time_limit_s, **kw)
+        # HiGHS's default tolerances: with mip_feasibility_tolerance=1e-9, HiGHS 1.15 reported a
+        # suboptimal "optimal" on a brute-forced instance (tests/test_solver_bruteforce.py)
+        self.opts, self.warm, self.trace, self.info = options, warm, [], None
+
+    def actualSolve(self, lp):
+        import highspy
+
+        self.createAndConfigureSolver(lp)
+        self.buildSolverModel(lp)
+        h = lp.solverModel
+        offset = _constant(lp)
+        if self.warm:
+            sol = highspy.HighsSolution()
+            sol.col_value = [v.varValue if v.varValue is not None else 0.0 for v in lp.variables()]
+            sol.value_valid = True
+            h.setSolution(sol)
+        opts, last = self.opts, [0.0]
+
+        def on_interrupt(event):
+            out = event.data_out
+            inc, bnd = out.mip_primal_bound + offset, out.mip_dual_bound + offset
+            now = out.running_time
+            if now - last[0] >= 1.0:
+                last[0] = now
+                sample = Progress(now, inc, bnd, int(out.mip_node_count))
+                self.trace.append(sample)
+                if opts.on_progress:
+                    opts.on_progress(sample)
+            if (opts.stop_if_incumbent_below is not None and inc <= opts.stop_if_incumbent_below) or \
+                    (opts.stop_if_bound_above is not None and bnd > opts.stop_if_bound_above):
+                event.interrupt()
+
+        if h.getNumCol() and any(v.cat == pulp.LpInteger for v in lp.variables()):
+            h.cbMipInterrupt.subscribe(on_interrupt)
+        self.callSolver(lp)
+        status, sol_status = self.findSolutionValues(lp)
+        lp.assignStatus(status, sol_status)
+        self.info = h.getInfo()
+        self.model_status = h.getModelStatus()
+        return status
+
+
+def _solve_highs(prob, options, warm) -> SolveOutcome:
+    import highspy
+
+    solver = _HiGHS(options, warm)
+    t0 = time.perf_counter()
+    prob.solve(solver)
+    wall = time.perf_counter() - t0
+    info, ms = solver.info, solver.model_status
+    offset = _constant(prob)
+    has = info.primal_solution_status == 2
+    inc = info.objective_function_value + offset if has else math.inf
+    if ms == highspy.HighsModelStatus.kOptimal and not math.isfinite(info.mip_dual_bound):
+        bound = inc  # solved without branching (an LP, or presolve closed it)
+    else:
+        bound = info.mip_dual_bound + offset if math.isfinite(info.mip_dual_bound) else -math.inf
+    status = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time_limit",
+              highspy.HighsModelStatus.kInterrupt: "interrupted", highspy.HighsModelStatus.kInfeasible: "infeasible"
+              }.get(ms, "no_solution" if not has else "time_limit")
+    return SolveOutcome("highs", status, has, inc, bound, wall, solver.trace)
+
+
+# ------------------------------------------------------------------------------------------------ CBC
+_CBC_PROGRESS = re.compile(r"After (\d+) nodes, \d+ on tree, ([-\d.e+]+) best solution, best possible ([-\d.e+]+) \(([\d.]+) seconds\)")
+
+
+def _solve_cbc(prob, options, warm) -> SolveOutcome:
+    """CBC; when its preprocessing declares the model infeasible (or CBC fails) although the caller's warm
+    start satisfies every constraint, retry once with preprocessing off for the remaining time (seen at
+    B = 16 in benchmarks/solver_scaling.py)."""
+    if not pulp.PULP_CBC_CMD().available():
+        raise SolverUnavailable("CBC is not available (PuLP's bundled cbc binary is missing)")
+    t0 = time.perf_counter()
+    start = [(v, v.varValue) for v in prob.variables()] if warm else []
+    try:
+        out = _run_cbc(prob, options, warm, options.time_limit_s, [])
+    except pulp.PulpSolverError as exc:
+        out = SolveOutcome("cbc", "solver_error", False, math.inf, -math.inf, time.perf_counter() - t0,
+                           notes=[f"CBC failed: {exc}"])
+    if warm and out.status in ("infeasible", "solver_error"):
+        left = None if options.time_limit_s is None else max(1.0, options.time_limit_s - out.wall_s)
+        note = f"CBC with preprocessing said {out.status} despite a feasible warm start; retried with preprocessing off"
+        for v, value in start:
+            v.varValue = value
+        try:
+            out = _run_cbc(prob, options, warm, left, ["preprocess off"])
+        except pulp.PulpSolverError as exc:
+            raise SolverFailed(f"CBC failed twice: {exc}") from exc
+        out.notes.insert(0, note)
+        out.wall_s = time.perf_counter() - t0
+    if warm and out.status == "infeasible":
+        raise SolverFailed("CBC declared the model infeasible although the warm start satisfies every constraint")
+    return out
+
+
+def _run_cbc(prob, options, warm, time_limit, extra) -> SolveOutcome:
+    offset = _constant(prob)
+    trace: list[Progress] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "cbc.log"
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=options.mip_gap, threads=options.threads,
+                                   warmStart=warm, logPath=str(log), keepFiles=False, options=extra)
+        if warm:
+            for v in prob.variables():
+                if v.varValue is not None:
+                    v.setInitialValue(v.varValue)
+        done = threading.Event()
+
+        def tail():  # CBC reports progress only in its log: follow it
+            seen = 0
+            while not done.wait(1.0):
+                text = log.read_text() if log.exists() else ""
+                for mt in _CBC_PROGRESS.finditer(text, seen):
+                    seen = mt.end()
+                    sample = Progress(float(mt.group(4)), float(mt.group(2)) + offset, float(mt.group(3)) + offset,
+                                      int(mt.group(1)))
+                    trace.append(sample)
+                    if options.on_progress:
+                        options.on_progress(sample)
+
+        thread = threading.Thread(target=tail, daemon=True)
+        thread.start()
+        t0 = time.perf_counter()
+        try:
+            prob.solve(solver)
+        finally:
+            done.set()
+            thread.join()
+        wall = time.perf_counter() - t0
+        text = log.read_text() if log.exists() else ""
+    result = re.search(r"Result - (.*)", text)
+    result = result.group(1) if result else ""
+    objective = re.search(r"Objective value:\s+([-\d.e+]+)", text)
+    lower = re.search(r"Lower bound:\s+([-\d.e+]+)", text)
+    has = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible) and objective is not None
+    inc = float(objective.group(1)) + offset if has else math.inf
+    if "Optimal" in result:
+        status, bound = "optimal", inc
+    elif "infeasible" in result.lower() or ("infeasible" in text.lower() and not has):
+        status, bound = "infeasible", math.inf
+    else:
+        status = "time_limit" if has else "no_solution"
+        bound = float(lower.group(1)) + offset if lower else -math.inf
+    return SolveOutcome("cbc", status, has, inc, bound, wall, trace)
+
+
+# ------------------------------------------------------------------------------------------------ Gurobi
+SIZE_LIMITED = 10010  # GRB_ERROR_SIZE_LIMIT_EXCEEDED: the pip wheel's restricted licence
+
+
+def gurobi_error_message(exc: Exception, prob: pulp.LpProblem) -> str | None:
+    """A user-facing explanation when ``exc`` is Gurobi's size-limited-licence error, else None."""
+    if getattr(exc, "errno", None) == SIZE_LIMITED or "size-limited" in str(exc).lower():
+        return (f"Gurobi's licence here is size-limited (the pip package's restricted licence, 2000 variables and "
+                f"2000 constraints); this model has {len(prob.variables())} variables and {len(prob._constraints)} "
+                f"constraints. Use --solver highs or --solver cbc, fewer slots, or install a full Gurobi licence.")
+    return None
+
+
+def _solve_gurobi(prob, options, warm) -> SolveOutcome:
+    try:
+        import gurobipy  # noqa: F401
+    except ImportError:
+        raise SolverUnavailable("Gurobi is not installed (pip install gurobipy; it needs a licence for models "
+                                "above 2000 variables/constraints)") from None
+    solver = pulp.GUROBI(msg=options.verbose, timeLimit=options.time_limit_s, gapRel=options.mip_gap,
+                         warmStart=warm, **({"Threads": options.threads} if options.threads else {}))
+    if warm:
+        for v in prob.variables():
+            if v.varValue is not None:
+                v.setInitialValue(v.varValue)
+    t0 = time.perf_counter()
+    try:
+        prob.solve(solver)
+    except Exception as exc:  # gurobipy.GurobiError (licence, size limit) or PuLP's wrapper of it
+        message = gurobi_error_message(exc, prob) or f"Gurobi failed: {exc}"
+        raise SolverUnavailable(message) from exc
+    wall = time.perf_counter() - t0
+    model = prob.solverModel
+    offset = _constant(prob)
+    has = model.SolCount > 0
+    inc = model.ObjVal + offset if has else math.inf
+    status = {2: "optimal", 9: "time_limit", 11: "interrupted", 3: "infeasible"}.get(model.Status, "no_solution")
+    bound = model.ObjBound + offset if model.IsMIP else inc
+    return SolveOutcome("gurobi", status, has, inc, bound, wall, [])

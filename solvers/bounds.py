@@ -1,0 +1,131 @@
+"""Instance-derived constants of the MILP: per-request and per-batch bounds, the big-M values built
+from them, and the slot bound implied by a known schedule's objective (docs/design.md, solver section).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infermax.costmodel.base import CostTerm
+from infermax.limits import Limits
+from infermax.request import Request
+
+from .objective import Objective
+from .policy import Policies
+
+PREFILL_FEATURES = ("n_prefill_seqs", "prefill_tokens", "prefill_sq_tokens")
+DECODE_FEATURES = ("n_decode_seqs", "decode_kv_tokens")
+ALWAYS_ZERO = ("swap_tokens", "hidden_recompute_tokens")
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """``peak``: most KV tokens the request can hold (``I + O − 1``); ``chunk``: largest prefill chunk
+    (``min(C, P, M, largest Icur)``, where the largest ``Icur`` is ``I + O − 1`` after a decode-phase
+    eviction, ``I`` when eviction-free)."""
+
+    peak: int
+    chunk: int
+
+
+def request_bounds(r: Request, limits: Limits, policies: Policies) -> RequestBounds:
+    peak = r.prompt_tokens + r.output_tokens - 1
+    largest_input = r.prompt_tokens if policies.eviction_free else peak
+    chunk = min(limits.C, limits.prefill_budget, limits.M, largest_input)
+    if policies.no_chunked_prefill and r.prompt_tokens > chunk:
+        raise ValueError(f"request {r.id}: prompt of {r.prompt_tokens} tokens exceeds min(C, P, M) = {chunk}; "
+                         "it cannot be prefilled without chunking")
+    return RequestBounds(peak=peak, chunk=chunk)
+
+
+def feature_bounds(rb: list[RequestBounds], limits: Limits) -> dict[str, int]:
+    """Upper bound of each batch feature over every valid batch of the instance."""
+    n = len(rb)
+    if limits.Rmax is not None:
+        n = min(n, limits.Rmax)
+    chunks = sorted((b.chunk for b in rb), reverse=True)[:n]
+    prefill = min(limits.prefill_budget, sum(chunks))
+    tokens = min(limits.C, sum(max(c, 1) for c in chunks))
+    # a chunk c after m cached tokens of the same input has c + m <= Icur <= peak
+    ctx_item = sorted((min(b.chunk * (b.peak - 1), (b.peak // 2) * ((b.peak + 1) // 2)) for b in rb), reverse=True)[:n]
+    return {
+        "n_tokens": tokens,
+        "prefill_tokens": prefill,
+        "prefill_sq_tokens": min(sum(c * c for c in chunks), prefill * max(chunks)),
+        "prefill_ctx_tokens": min(sum(ctx_item), prefill * max(b.peak - 1 for b in rb)),
+        "n_prefill_seqs": min(n, prefill),
+        "n_decode_seqs": min(n, tokens),
+        "decode_kv_tokens": min(limits.M, sum(sorted((b.peak for b in rb), reverse=True)[:n])),
+        "swap_tokens": 0,
+        "hidden_recompute_tokens": 0,
+    }
+
+
+def piece_range(piece, fb: dict[str, int]) -> tuple[float, float]:
+    """(lower, upper) of an affine piece over the feature box ``0 <= f <= fb[f]``."""
+    lo = hi = piece.intercept_s
+    for f, c in piece.coef_s.items():
+        if f not in fb:
+            raise ValueError(f"cost term uses unknown feature {f!r}")
+        lo += min(0.0, c * fb[f])
+        hi += max(0.0, c * fb[f])
+    return lo, hi
+
+
+def max_batch_time_s(terms: tuple[CostTerm, ...], fb: dict[str, int]) -> float:
+    """Upper bound on any batch's time: Σ over terms of max(0, largest piece upper bound)."""
+    return sum(max(0.0, max(piece_range(p, fb)[1] for p in t.pieces)) for t in terms)
+
+
+@dataclass(frozen=True)
+class SlotBound:
+    """``slots``: an upper bound on the non-empty batches of any schedule with objective <= ``budget_s``
+    (None when it cannot be derived; ``reason`` says why)."""
+
+    slots: int | None
+    reason: str
+    tau0_s: float = math.nan
+    alpha_s: float = math.nan
+
+
+def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: Objective, objective_s: float) -> SlotBound:
+    """How many non-empty batches a schedule with objective at most ``objective_s`` can have.
+
+    Every non-empty batch takes at least ``tau0 + alpha · n_tokens`` (derived from the cost terms when
+    every coefficient is >= 0: the ``n_tokens``-gated terms' pieces with the largest intercept, plus
+    the cheaper of the prefill-gated and decode-gated intercepts, since a non-empty batch has a prefill
+    or a decode item). A complete schedule processes at least ``N = Σ (I + O − 1)`` tokens, so its
+    busy time is at least ``K·tau0 + alpha·N``. Busy time <= makespan <= objective / w_makespan, and
+    busy time <= last end − first arrival <= T_max − T_min + Σ latency <= ... + objective / w_latency.
+    Hence ``K <= (busy budget − alpha·N) / tau0``. Mean TTFT alone bounds nothing.
+    """
+    for t in terms:
+        for p in t.pieces:
+            if p.intercept_s < 0 or any(c < 0 for c in p.coef_s.values()):
+                return SlotBound(None, f"cost term {t.name!r} has a negative coefficient")
+    arrivals = [r.arrival_s for r in requests]
+    budgets = []
+    if objective.makespan > 0:
+        budgets.append(objective_s / objective.makespan)
+    if objective.latency > 0:
+        budgets.append(objective_s / objective.latency + max(arrivals) - min(arrivals))
+    if not budgets:
+        return SlotBound(None, "the objective has no makespan or latency weight (mean TTFT does not bound the batch count)")
+    tau0 = alpha = prefill0 = decode0 = 0.0
+    for t in terms:
+        if t.active_if == "n_tokens":
+            best = max(t.pieces, key=lambda p: (p.intercept_s, p.coef_s.get("n_tokens", 0.0)))
+            tau0 += best.intercept_s
+            alpha += best.coef_s.get("n_tokens", 0.0)
+        elif t.active_if in PREFILL_FEATURES:
+            prefill0 += max(p.intercept_s for p in t.pieces)
+        elif t.active_if in DECODE_FEATURES:
+            decode0 += max(p.intercept_s for p in t.pieces)
+    tau0 += min(prefill0, decode0)
+    if tau0 <= 0:
+        return SlotBound(None, "the cost model gives no positive minimum batch time", tau0, alpha)
+    tokens = sum(r.prompt_tokens + r.output_tokens - 1 for r in requests)
+    k = math.floor((min(budgets) - alpha * tokens) / tau0 * (1 + 1e-9) + 1e-9)
+    return SlotBound(max(k, 0), f"busy time >= K*{tau0 * 1e3:.6g} ms + {alpha * 1e3:.6g} ms/token * {tokens} tokens",
+                     tau0, alpha)

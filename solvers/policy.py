@@ -1,0 +1,50 @@
+"""Policy constraints the solver can force, and a replay-based check that a Schedule obeys them.
+
+Definitions (docs/design.md, solver section), in the replayer's terms:
+
+* ``no_hybrid``: no batch holds both a prefill-phase item (``m < Icur`` before the batch) and a
+  decode-phase item.
+* ``no_chunked_prefill``: every prefill-phase item processes all its remaining input
+  (``c = Icur − m``), i.e. a prefill always completes in one batch and generates a token.
+* ``eviction_free``: no batch evicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infermax.replay import Replayer
+from infermax.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Policies:
+    no_hybrid: bool = False
+    no_chunked_prefill: bool = False
+    eviction_free: bool = False
+
+    def names(self) -> list[str]:
+        return [n for n in ("no_hybrid", "no_chunked_prefill", "eviction_free") if getattr(self, n)]
+
+
+def policy_violations(schedule: Schedule, policies: Policies, cost_model) -> list[str]:
+    """Replay ``schedule`` and list every batch that breaks a forced policy (empty: it obeys them)."""
+    rp = Replayer(schedule.requests, schedule.limits, cost_model)
+    problems = []
+    for j, batch in enumerate(schedule.batches):
+        if policies.eviction_free and batch.evict:
+            problems.append(f"batch {j}: evicts {batch.evict} (eviction_free)")
+        phases = set()
+        for rid, c in batch.items:  # a request evicted in a batch is not processed in it (replay rejects it)
+            s = rp.states[rid]
+            m, icur = s.m, s.input_tokens
+            if m < icur:
+                phases.add("prefill")
+                if policies.no_chunked_prefill and c != icur - m:
+                    problems.append(f"batch {j}: request {rid} prefills {c} of {icur - m} remaining tokens (no_chunked_prefill)")
+            else:
+                phases.add("decode")
+        if policies.no_hybrid and len(phases) == 2:
+            problems.append(f"batch {j}: mixes prefill and decode items (no_hybrid)")
+        rp.apply(batch)
+    return problems
