@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=300.0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    cost = load_cost_model()
+    cost = load_cost_model(kind="linear")
     I, O = 4, 2
     limits = Limits(C=4096, M=max(2 * I, I + O - 1))
     print("| backend | B | slots | variables (integer) | constraints | vLLM ms | incumbent ms | bound ms | gap | status | "

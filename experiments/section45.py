@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64,128,256,512,1024")
     ap.add_argument("--out", type=Path, default=Path("experiments/section45.md"))
     args = ap.parse_args()
-    cost = load_cost_model()
+    cost = load_cost_model(kind="linear")
     rows = []
     for I in (int(x) for x in args.sizes.split(",")):
         rows.append(row(I, 4, 4, cost, args.time_limit))

@@ -151,7 +151,9 @@ def _solve_highs(prob, options, warm) -> SolveOutcome:
     offset = _constant(prob)
     has = info.primal_solution_status == 2
     inc = info.objective_function_value + offset if has else math.inf
-    if ms == highspy.HighsModelStatus.kOptimal and not math.isfinite(info.mip_dual_bound):
+    if ms == highspy.HighsModelStatus.kInfeasible:
+        bound = math.inf  # no feasible point: every objective value is ruled out (as CBC's branch reports)
+    elif ms == highspy.HighsModelStatus.kOptimal and not math.isfinite(info.mip_dual_bound):
         bound = inc  # solved without branching (an LP, or presolve closed it)
     else:
         bound = info.mip_dual_bound + offset if math.isfinite(info.mip_dual_bound) else -math.inf

@@ -65,7 +65,9 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
                             f"{base:.6g} s), validated by replay", schedule=res.schedule, **common)
     proven = res.status == "infeasible" or res.bound_s > target * (1 + BOUND_RTOL)
     if proven and sb.slots is not None:
-        return BetterAnswer("no", f"every schedule has objective >= {res.bound_s:.6g} s > target {target:.6g} s "
+        why = (f"no schedule reaches target {target:.6g} s (the model with that budget is infeasible)"
+               if res.status == "infeasible" else f"every schedule has objective >= {res.bound_s:.6g} s > target {target:.6g} s")
+        return BetterAnswer("no", f"{why} "
                             f"({margin:.0%} below {scheduler}'s {base:.6g} s); slots {slots} cover every schedule that "
                             f"good ({sb.reason})", **common)
     if proven:

@@ -18,13 +18,15 @@ from solvers.backends import gurobi_error_message
 from tests.conftest import AffineCost
 from tests.test_solver_bruteforce import ToyPiecewise
 
-LINEAR = load_cost_model()
+LINEAR = load_cost_model(kind="linear")
+FITTED_PIECEWISE = load_cost_model(kind="piecewise")  # the default (auto) family, several pieces per term
 TIGHT = ([Request(0, 0, 2, 2), Request(1, 0, 1, 3)], Limits(C=8, M=4))
 EVICT = ([Request(0, 0, 1, 3), Request(1, 0, 1, 3)], Limits(C=8, M=3))
 CHUNK = ([Request(0, 0, 3, 1), Request(1, 0, 1, 2)], Limits(C=3, M=8))
 
 
-@pytest.mark.parametrize("cost", [LINEAR, AffineCost(), ToyPiecewise()], ids=["linear", "affine", "piecewise"])
+@pytest.mark.parametrize("cost", [LINEAR, FITTED_PIECEWISE, AffineCost(), ToyPiecewise()],
+                         ids=["linear", "fitted-piecewise", "affine", "piecewise"])
 def test_milp_batch_times_equal_cost_model_on_replay(cost):
     requests, limits = EVICT
     res = optimize(requests, limits, cost, slots=5)
@@ -143,7 +145,7 @@ def test_online_arrival_waits_with_not_before():
 
 
 runner = CliRunner()
-SMALL = ["--I", "1", "--O", "3", "--B", "2", "--M", "3", "--C", "8", "--time-limit", "30"]
+SMALL = ["--I", "1", "--O", "3", "--B", "2", "--M", "3", "--C", "8", "--time-limit", "30", "--cost-model", "linear"]
 
 
 def test_cli_optimize_saves_schedule_and_summary(tmp_path):
@@ -153,7 +155,7 @@ def test_cli_optimize_saves_schedule_and_summary(tmp_path):
     summary = json.loads(res.output.strip().splitlines()[-1])
     assert summary["status"] == "optimal" and summary["optimal_over_all_schedules"]
     assert (out / "schedule.json").exists() and (out / "summary.json").exists()
-    check = runner.invoke(app, ["validate", str(out / "schedule.json"), "--json"])
+    check = runner.invoke(app, ["validate", str(out / "schedule.json"), "--json", "--cost-model", "linear"])
     assert check.exit_code == 0
     assert json.loads(check.output)["makespan_s"] == pytest.approx(summary["objective_s"], rel=1e-9)
 

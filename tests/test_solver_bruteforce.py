@@ -116,7 +116,8 @@ def brute_force(requests, limits, cost, objective: Objective, max_batches: int, 
     return best(start, 0.0, max_batches)
 
 
-LINEAR = load_cost_model()
+LINEAR = load_cost_model(kind="linear")
+FITTED_PIECEWISE = load_cost_model(kind="piecewise")  # the default (auto) family, several pieces per term
 OBJECTIVES = [Objective(makespan=1), Objective(latency=1), Objective(ttft=1), Objective(makespan=1, latency=0.5, ttft=2)]
 CASES = {
     # two requests that cannot both hold their peak KV: serialise or evict
@@ -133,7 +134,7 @@ CASES = {
     # online: the second request arrives while the first runs
     "online": ([Request(0, 0.0, 2, 2), Request(1, 0.0035, 1, 2)], Limits(C=8, M=4)),
 }
-COSTS = {"linear": LINEAR, "affine": AffineCost(), "piecewise": ToyPiecewise()}
+COSTS = {"linear": LINEAR, "fitted-piecewise": FITTED_PIECEWISE, "affine": AffineCost(), "piecewise": ToyPiecewise()}
 SLOTS = 5
 
 
