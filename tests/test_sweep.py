@@ -136,6 +136,22 @@ def test_a_changed_spec_reuses_the_points_it_shares(tmp_path):
     assert len(pd.read_parquet(report.table)) == 8
 
 
+def test_resuming_over_a_refitted_cost_model_is_refused(tmp_path):
+    from infermax.costmodel import load_cost_model
+
+    model_file = tmp_path / "model.json"
+    load_cost_model(kind="linear").save(model_file)
+    spec = load_spec(write(tmp_path, SMALL.replace('cost_model = "linear"', f'costmodel_path = "{model_file}"')))
+    run_sweep(spec, tmp_path / "out", jobs=1)
+    assert run_sweep(spec, tmp_path / "out", jobs=1).computed == 0  # same file: resumes
+    doc = json.loads(model_file.read_text())
+    doc["per_layer_ms"]["non_attention"]["per_token"] *= 1.5
+    model_file.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="6 finished point.*other inputs"):
+        run_sweep(spec, tmp_path / "out", jobs=1)
+    assert run_sweep(spec, tmp_path / "fresh", jobs=1).computed == 6
+
+
 def test_a_damaged_point_file_is_recomputed_and_stale_temp_files_removed(tmp_path):
     spec = load_spec(write(tmp_path, SMALL))
     report = run_sweep(spec, tmp_path / "out", jobs=1)

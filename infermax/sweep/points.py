@@ -21,12 +21,16 @@ from ..config import RunConfig
 @dataclass(frozen=True)
 class PointKind:
     """``config_cls``: a dataclass with ``from_dict``; ``check(config)`` raises ValueError on a bad
-    configuration; ``run(config)`` returns the point's result columns (a flat dict of scalars)."""
+    configuration; ``run(config)`` returns the point's result columns (a flat dict of scalars);
+    ``inputs(config)`` fingerprints what the result depends on beyond the configuration (for
+    ``simulate``: the cost model's fitted coefficients), so a resumed sweep never mixes points
+    computed from different inputs."""
 
     name: str
     config_cls: type
     check: Callable[[dict], None]
     run: Callable[[dict], dict]
+    inputs: Callable[[dict], str]
 
     def defaults(self) -> dict:
         return {f.name: f.default for f in fields(self.config_cls) if f.default is not MISSING}
@@ -65,15 +69,16 @@ def point_id(kind: str, config: dict) -> str:
 
 
 def run_point(kind: str, config: dict) -> dict:
-    """Compute one point: ``{"id", "kind", "config", "result", "wall_s"}``.
+    """Compute one point: ``{"id", "kind", "config", "inputs", "result", "wall_s"}``.
 
     ``result`` holds ``status`` ("ok" or "error"), ``error`` (the message of a configuration the
     simulator rejects, e.g. a request that never fits ``M``) and the kind's result columns.
     """
     started = time.perf_counter()
-    result = get_kind(kind).run(config)
-    return {"id": point_id(kind, config), "kind": kind, "config": config, "result": result,
-            "wall_s": time.perf_counter() - started}
+    point_kind = get_kind(kind)
+    result = point_kind.run(config)
+    return {"id": point_id(kind, config), "kind": kind, "config": config, "inputs": point_kind.inputs(config),
+            "result": result, "wall_s": time.perf_counter() - started}
 
 
 def _check_simulate(config: dict) -> None:
@@ -96,4 +101,18 @@ def _run_simulate(config: dict) -> dict:
             "cost_model_name": result.meta.get("cost_model"), **result.summary}
 
 
-register_kind(PointKind("simulate", RunConfig, _check_simulate, _run_simulate))
+def _cost_fingerprint(gpu: str, model: str, tp: int, cost_model: str, costmodel_path: str | None) -> str:
+    config = RunConfig(gpu=gpu, model=model, tp=tp, cost_model=cost_model, costmodel_path=costmodel_path)
+    try:
+        doc = config.cost().to_dict()
+    except (ValueError, FileNotFoundError) as exc:  # the point itself reports the error
+        doc = {"error": str(exc)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _inputs_simulate(config: dict) -> str:
+    c = {**RunConfig().to_dict(), **config}
+    return "cost-model:" + _cost_fingerprint(c["gpu"], c["model"], c["tp"], c["cost_model"], c["costmodel_path"])
+
+
+register_kind(PointKind("simulate", RunConfig, _check_simulate, _run_simulate, _inputs_simulate))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .points import point_id, run_point
+from .points import get_kind, point_id, run_point
 from .spec import SweepSpec
 from .store import ResultStore
 
@@ -50,6 +50,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, backend: str =
     unique = dict(zip(ids, configs))  # the axes' values are distinct, so every point is too
     with ResultStore(out_dir or spec.default_out_dir()) as store:
         done = {pid: rec for pid, c in unique.items() if (rec := store.load(pid, spec.kind, c)) is not None}
+        _check_inputs(spec.kind, done.values(), store.out_dir)
         todo = [(pid, c) for pid, c in unique.items() if pid not in done]
         cached, compute_s = len(done), 0.0
         execute = _run_ray if backend == "ray" else _run_local
@@ -65,6 +66,16 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, backend: str =
         table = store.write_table(records)
     errors = sum(r["result"]["status"] != "ok" for r in records)
     return SweepReport(table, len(unique), cached, len(todo), errors, compute_s, time.perf_counter() - started)
+
+
+def _check_inputs(kind: str, records, out_dir: Path) -> None:
+    """Refuse to resume over points computed from other inputs (e.g. a refitted cost model)."""
+    inputs = get_kind(kind).inputs
+    stale = [r for r in records if r.get("inputs") != inputs(r["config"])]
+    if stale:
+        raise ValueError(f"{len(stale)} finished point(s) in {out_dir} were computed from other inputs than now "
+                         f"(e.g. the cost model was refitted: {stale[0].get('inputs')} != {inputs(stale[0]['config'])}); "
+                         f"use a new --out, or delete the folder to recompute")
 
 
 def _run_local(kind: str, configs: list[dict], jobs: int | None, address: str | None) -> Iterator[dict]:
