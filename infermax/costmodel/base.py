@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
+
+from ..jsonio import read_json
 
 
 @dataclass(slots=True)
@@ -106,3 +110,26 @@ class CostModel(Protocol):
     def predict_s(self, table: pd.DataFrame) -> np.ndarray: ...
 
     def milp_terms(self) -> tuple[CostTerm, ...]: ...
+
+
+class JsonDocumentModel:
+    """Loading and saving for cost models built from a validated JSON document kept in ``self.doc``;
+    subclasses take ``(doc, source)`` and validate in ``__init__``."""
+
+    doc: dict
+
+    @classmethod
+    def from_json(cls, path: str | Path):
+        """Load and validate a model JSON file."""
+        doc = read_json(Path(path))
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: top level must be a JSON object")
+        return cls(doc, source=str(path))
+
+    def to_dict(self) -> dict:
+        """The JSON document (a copy)."""
+        return json.loads(json.dumps(self.doc))
+
+    def save(self, path: str | Path) -> None:
+        """Write the JSON document to ``path``."""
+        Path(path).write_text(json.dumps(self.doc, indent=2) + "\n")

@@ -35,14 +35,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..jsonio import read_json
-from .base import AffinePiece, BatchFeatures, CostTerm
+from .base import AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel
 from .hidden import HIDDEN_FEATURE, HIDDEN_TERM, kv_projection_share, no_share_error
 
 KIND = "infermax-linear"
@@ -71,7 +69,7 @@ def _finite(doc: dict, dotted: str, source: str) -> float:
     return float(value)
 
 
-class LinearCostModel:
+class LinearCostModel(JsonDocumentModel):
     """Linear batch-time model; see the module docstring for the formula and the JSON schema."""
 
     def __init__(self, doc: dict, source: str = "<dict>"):
@@ -106,23 +104,6 @@ class LinearCostModel:
         share = self.kv_share or 0.0
         self._hidden_s = share * layers_s * ms["per_layer_ms.non_attention.intercept"]
         self._per_hidden_token_s = share * layers_s * ms["per_layer_ms.non_attention.per_token"]
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "LinearCostModel":
-        """Load and validate a model JSON file."""
-        path = Path(path)
-        doc = read_json(path)
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path}: top level must be a JSON object")
-        return cls(doc, source=str(path))
-
-    def to_dict(self) -> dict:
-        """The JSON document (a copy)."""
-        return json.loads(json.dumps(self.doc))
-
-    def save(self, path: str | Path) -> None:
-        """Write the JSON document to ``path``."""
-        Path(path).write_text(json.dumps(self.doc, indent=2) + "\n")
 
     def coefficient_ms(self, dotted: str) -> float:
         """One stored coefficient in ms, e.g. ``"per_layer_ms.decode_attention.per_kv_token"``."""

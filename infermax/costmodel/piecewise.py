@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..jsonio import read_json
-from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm
+from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel
 from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
@@ -72,7 +70,7 @@ def terms_document(terms: tuple[CostTerm, ...]) -> list[dict]:
              "pieces": [{"intercept_s": p.intercept_s, "coef_s": dict(p.coef_s)} for p in t.pieces]} for t in terms]
 
 
-class PiecewiseCostModel:
+class PiecewiseCostModel(JsonDocumentModel):
     """Batch time = Σ over terms (when its gate feature is positive) of the max of its affine pieces."""
 
     def __init__(self, doc: dict, source: str = "<dict>"):
@@ -107,20 +105,6 @@ class PiecewiseCostModel:
         doc = {"kind": KIND, "version": VERSION, "family": family, "gpu": gpu, "model": model, "tp": tp,
                "terms": terms_document(terms), "fit": fit or {}}
         return cls(doc, source=f"{family} model")
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "PiecewiseCostModel":
-        """Load and validate a model JSON file."""
-        doc = read_json(Path(path))
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path}: top level must be a JSON object")
-        return cls(doc, source=str(path))
-
-    def to_dict(self) -> dict:
-        return json.loads(json.dumps(self.doc))
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.doc, indent=2) + "\n")
 
     def batch_time_s(self, features: BatchFeatures) -> float:
         """Batch time in seconds (scalar hot path; same arithmetic order as ``terms_time_s``)."""
