@@ -22,8 +22,8 @@ class RunConfig:
     Workload source: ``trace`` if given, else ``mix``, else ``dataset`` (ShareGPT/HumanEval/
     LongBench-like lengths), else ``input_dist``/``output_dist``, else the fixed grid ``I``/``O``/``B``.
     Latency targets (every request): ``slo`` names a dataset whose Table-3 SLOs apply;
-    ``slo_ttft_s``/``slo_tbt_s`` set or override them. No target: no SLO metrics. ``M`` defaults to 100,000 tokens unless ``gpu_mem_util`` derives
-    it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
+    ``slo_ttft_s``/``slo_tbt_s`` set or override them. No target: no SLO metrics. ``M`` defaults to
+    100,000 tokens unless ``gpu_mem_util`` derives it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
     ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file.
     """
 

@@ -125,10 +125,7 @@ class Replayer:
             s = states[rid]
             if s.m >= s.input_tokens:
                 s.input_tokens = s.req.prompt_tokens + s.generated
-            self.kv_tokens -= cache_tokens(lim, s.m, s.hidden)
-            self.holders -= 1
-            s.m = 0
-            s.hidden = False
+            self._release(s)
             s.evictions += 1
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
@@ -216,10 +213,7 @@ class Replayer:
                 s.token_times.append(end)
             if s.generated == s.req.output_tokens:
                 s.finish_s = end
-                self.kv_tokens -= cache_tokens(lim, s.m, s.hidden)
-                self.holders -= 1
-                s.m = 0
-                s.hidden = False
+                self._release(s)
                 finished.append(s)
         self.unfinished -= len(finished)
         self.clock_s = end
@@ -239,10 +233,9 @@ class Replayer:
         """Apply further copies of ``batch`` while that is exactly what ``apply`` would do; return how many.
 
         Precondition: ``batch`` was the last batch applied and ``last_full_decode`` (every item was a
-        decode in KV form, it finished nothing, and it held every KV holder); its evictions are not repeated.
-        Copies stop before one
-        that would start at or after ``stop_at_s`` (an arrival), exceed ``M``, or finish a request, so
-        each copy decodes the same requests one token further. Each copy is recorded like ``apply``
+        decode in KV form, it finished nothing, and it held every KV holder); its evictions are not
+        repeated. Copies stop before one that would start at or after ``stop_at_s`` (an arrival),
+        exceed ``M``, or finish a request, so each copy decodes the same requests one token further. Each copy is recorded like ``apply``
         records it (a Schedule batch and a table row with the same arithmetic), at O(1) cost per copy
         plus O(len(batch.items)) once. The copies share one ``items`` list.
         """
@@ -282,6 +275,13 @@ class Replayer:
                     s.token_times.extend(ends)
             self.kv_tokens, self.clock_s, self.last_generated = kv, clock, n
         return done
+
+    def _release(self, s: RequestState) -> None:
+        """Free a request's cache (eviction or finish)."""
+        self.kv_tokens -= cache_tokens(self.limits, s.m, s.hidden)
+        self.holders -= 1
+        s.m = 0
+        s.hidden = False
 
     def _state(self, j: int, rid: int) -> RequestState:
         s = self.states.get(rid)

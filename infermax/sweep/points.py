@@ -101,18 +101,13 @@ def _run_simulate(config: dict) -> dict:
             "cost_model_name": result.meta.get("cost_model"), **result.summary}
 
 
-def _cost_fingerprint(gpu: str, model: str, tp: int, cost_model: str, costmodel_path: str | None) -> str:
-    config = RunConfig(gpu=gpu, model=model, tp=tp, cost_model=cost_model, costmodel_path=costmodel_path)
-    try:
-        doc = config.cost().to_dict()
-    except (ValueError, FileNotFoundError) as exc:  # the point itself reports the error
-        doc = {"error": str(exc)}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _inputs_simulate(config: dict) -> str:
-    c = {**RunConfig().to_dict(), **config}
-    return "cost-model:" + _cost_fingerprint(c["gpu"], c["model"], c["tp"], c["cost_model"], c["costmodel_path"])
+    """A hash of the cost model's fitted JSON (an unloadable model hashes its error; the point reports it)."""
+    try:
+        doc = RunConfig.from_dict(config).cost().to_dict()
+    except (ValueError, FileNotFoundError) as exc:
+        doc = {"error": str(exc)}
+    return "cost-model:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 register_kind(PointKind("simulate", RunConfig, _check_simulate, _run_simulate, _inputs_simulate))
