@@ -24,7 +24,9 @@ class RunConfig:
     Latency targets (every request): ``slo`` names a dataset whose Table-3 SLOs apply;
     ``slo_ttft_s``/``slo_tbt_s`` set or override them. No target: no SLO metrics. ``M`` defaults to
     100,000 tokens unless ``gpu_mem_util`` derives it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
-    ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file.
+    ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file. KV swaps are
+    timed by ``swap_cost()``: the model's KV bytes over the GPU's host link (``host_link_gbps``
+    overrides the link's GB/s per direction).
     """
 
     scheduler: str = "vllm"
@@ -56,6 +58,7 @@ class RunConfig:
     slo: str | None = None
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
+    host_link_gbps: float | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -92,6 +95,12 @@ class RunConfig:
         if self.costmodel_path is not None:
             return load_cost_model(path=self.costmodel_path, kind=self.cost_model)
         return load_cost_model(get_gpu(self.gpu).name, get_model(self.model).name, self.tp, kind=self.cost_model)
+
+    def swap_cost(self):
+        """The host↔GPU KV copy time model (`SwapCost`)."""
+        from .costmodel.swap import SwapCost
+
+        return SwapCost.for_system(self.gpu, self.model, self.tp, self.host_link_gbps)
 
     def requests(self) -> list[Request]:
         """The workload with its arrival times."""
@@ -144,5 +153,5 @@ class RunConfig:
         from .engine import simulate
 
         return simulate(self.requests(), self.scheduler, self.limits(), self.cost(), progress=progress,
-                        meta={"config": self.to_dict()})
+                        meta={"config": self.to_dict()}, swap_cost=self.swap_cost())
 

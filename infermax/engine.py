@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from typing import Sequence
 
 from .costmodel.base import CostModel
+from .costmodel.swap import SwapCost
 from .limits import Limits
 from .metrics import SimResult
 from .replay import Replayer, ScheduleViolation
@@ -39,12 +40,15 @@ def simulate(
     progress: bool = False,
     meta: dict | None = None,
     fast_forward: bool = True,
+    swap_cost: SwapCost | None = None,
 ) -> SimResult:
     """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer.
 
     With ``fast_forward`` (and a scheduler whose ``repeats_full_decode`` promises it), runs of identical
     decode-only batches are applied without re-planning them (``Replayer.repeat_full_decode``); the
     result is identical to stepping batch by batch (``fast_forward=False``), which the tests check.
+    ``swap_cost`` times KV swaps (needed only by schedulers that swap); it is recorded in the result's
+    ``meta["swap_cost"]`` so that a replay of the schedule times the swaps identically.
     """
     if not requests:
         raise ValueError("the workload has no requests")
@@ -56,7 +60,7 @@ def simulate(
     if isinstance(scheduler, str):
         scheduler, limits = make_scheduler(scheduler, limits, cost_model)
     check_fits(requests, limits)
-    rp = Replayer(requests, limits, cost_model)
+    rp = Replayer(requests, limits, cost_model, swap_cost)
     arrivals = sorted(rp.states.values(), key=lambda s: (s.req.arrival_s, s.id))
     next_arrival = 0
     now = arrivals[0].req.arrival_s
@@ -99,7 +103,7 @@ def simulate(
             if tracker is not None and (generated or not rp.unfinished):
                 tracker.advance(generated)
     run_meta = {"scheduler": scheduler.name, "cost_model": getattr(cost_model, "name", type(cost_model).__name__),
-                **(meta or {})}
+                **({"swap_cost": swap_cost.to_dict()} if swap_cost is not None else {}), **(meta or {})}
     return SimResult.from_replayer(rp, meta=run_meta)
 
 

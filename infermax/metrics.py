@@ -8,11 +8,15 @@ batch (Algorithm 1's ``Rr`` once completed requests left), averaged over batches
 ``kv_tokens_peak``/``running_peak`` are the values *during* the batch that the
 ``M``/``Rmax`` limits bound.
 
-Latency targets (Apt-Serve's evaluation): when requests carry ``ttft_slo_s``/``tbt_slo_s`` the
-request table gains ``p99_tbt_s`` (99th percentile, linear interpolation, of the request's own gaps
-between consecutive tokens; NaN for O = 1), ``ttft_ok``, ``tbt_ok`` and ``slo_met`` (both met; a
-missing target or a request with no gap counts as met; ``≤`` meets), and the summary gains
-``slo_attainment`` (requests meeting both / requests with a target) and the two per-target shares.
+Latency targets: when requests carry ``ttft_slo_s``/``tbt_slo_s``/``tpot_slo_s`` the request table
+gains ``p99_tbt_s`` (99th percentile, linear interpolation, of the request's own gaps between
+consecutive tokens; NaN for O = 1), ``ttft_ok``, ``tbt_ok``, ``tpot_ok`` (mean TPOT within target)
+and ``slo_met`` (all met; a missing target, or a request with no gap, counts as met; ``≤`` meets),
+and the summary gains ``slo_attainment`` (requests meeting all / requests with a target) and the
+per-target shares.
+
+Swapping: the request table always has ``swapped_out_tokens``/``swapped_in_tokens`` (KV tokens
+copied to and from host memory); requests with a ``request_class`` add that column.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from .schedule import Schedule
 REQUEST_COLUMNS = (
     "id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
     "ttft_s", "tpot_s", "latency_s", "generated_tokens", "evictions", "refilled_tokens",
+    "swapped_out_tokens", "swapped_in_tokens",
 )
-SLO_COLUMNS = ("ttft_slo_s", "tbt_slo_s", "p99_tbt_s", "ttft_ok", "tbt_ok", "slo_met")
+SLO_COLUMNS = ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s", "p99_tbt_s", "ttft_ok", "tbt_ok", "tpot_ok", "slo_met")
 
 
 @dataclass
@@ -55,8 +60,11 @@ class SimResult:
             ttft = s.first_token_s - r.arrival_s
             tpot = (s.finish_s - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
             rows.append((r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, s.first_token_s, s.finish_s,
-                         ttft, tpot, s.finish_s - r.arrival_s, s.generated, s.evictions, s.prefill_processed - r.prompt_tokens))
+                         ttft, tpot, s.finish_s - r.arrival_s, s.generated, s.evictions, s.prefill_processed - r.prompt_tokens,
+                         s.swapped_out_tokens, s.swapped_in_tokens))
         requests = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+        if any(s.req.request_class is not None for s in rp.states.values()):
+            requests.insert(1, "request_class", [s.req.request_class for s in rp.states.values()])
         if any(s.req.has_slo for s in rp.states.values()):
             requests = pd.concat([requests, slo_table(rp.states.values())], axis=1)
         batches = pd.DataFrame(rp.batch_rows, columns=list(BATCH_COLUMNS))
@@ -89,9 +97,11 @@ def slo_table(states) -> pd.DataFrame:
         p99 = p99_tbt_s(s.token_times) if s.token_times is not None else math.nan
         ttft_ok = r.ttft_slo_s is None or s.first_token_s - r.arrival_s <= r.ttft_slo_s
         tbt_ok = r.tbt_slo_s is None or math.isnan(p99) or p99 <= r.tbt_slo_s
-        rows.append((r.ttft_slo_s, r.tbt_slo_s, p99, ttft_ok, tbt_ok, ttft_ok and tbt_ok))
+        tpot_ok = (r.tpot_slo_s is None or r.output_tokens == 1
+                   or (s.finish_s - s.first_token_s) / (r.output_tokens - 1) <= r.tpot_slo_s)
+        rows.append((r.ttft_slo_s, r.tbt_slo_s, r.tpot_slo_s, p99, ttft_ok, tbt_ok, tpot_ok, ttft_ok and tbt_ok and tpot_ok))
     table = pd.DataFrame(rows, columns=list(SLO_COLUMNS))
-    return table.astype({"ttft_slo_s": float, "tbt_slo_s": float, "p99_tbt_s": float})
+    return table.astype({"ttft_slo_s": float, "tbt_slo_s": float, "tpot_slo_s": float, "p99_tbt_s": float})
 
 
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens: int) -> dict:
@@ -124,10 +134,14 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens:
         "peak_kv_util": float(batches["kv_tokens_peak"].max() / kv_capacity_tokens) if len(batches) else 0.0,
         "hidden_item_share": (float(batches["hidden_seqs"].sum() / batches["num_requests"].sum())
                               if len(batches) else 0.0),
+        "swapped_out_tokens": int(requests["swapped_out_tokens"].sum()),
+        "swapped_in_tokens": int(requests["swapped_in_tokens"].sum()),
     })
     if "slo_met" in requests:
-        with_slo = requests[requests["ttft_slo_s"].notna() | requests["tbt_slo_s"].notna()]
+        with_slo = requests[requests["ttft_slo_s"].notna() | requests["tbt_slo_s"].notna()
+                            | requests["tpot_slo_s"].notna()]
         out.update({"slo_attainment": float(with_slo["slo_met"].mean()),
                     "ttft_attainment": float(with_slo["ttft_ok"].mean()),
-                    "tbt_attainment": float(with_slo["tbt_ok"].mean())})
+                    "tbt_attainment": float(with_slo["tbt_ok"].mean()),
+                    "tpot_attainment": float(with_slo["tpot_ok"].mean())})
     return out

@@ -118,15 +118,17 @@ DEFAULT_MODEL = "llama-2-7b"
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One GPU: memory capacity, dense FP16/BF16 tensor-core peak and memory bandwidth."""
+    """One GPU: memory capacity, dense FP16/BF16 tensor-core peak, memory bandwidth and the
+    per-direction bandwidth of its host link (PCIe), which bounds KV swapping."""
 
     name: str
     memory_bytes: int
     peak_fp16_tflops: float
     memory_bandwidth_gbps: float  # GB/s (10^9 bytes per second)
+    host_link_gbps: float = 32.0  # GB/s per direction; PCIe 4.0 x16
 
     def __post_init__(self) -> None:
-        for f in ("memory_bytes", "peak_fp16_tflops", "memory_bandwidth_gbps"):
+        for f in ("memory_bytes", "peak_fp16_tflops", "memory_bandwidth_gbps", "host_link_gbps"):
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"gpu {self.name!r}: {f} must be positive, got {value!r}")
@@ -135,14 +137,15 @@ class GPUSpec:
 # Numbers from NVIDIA's datasheets (A100: "NVIDIA A100 Tensor Core GPU" datasheet,
 # SXM variants; H100 and H200: the "NVIDIA H100/H200 Tensor Core GPU" datasheets,
 # SXM variants). TFLOPs are dense FP16/BF16 tensor-core peaks (without sparsity).
-# "80GB" parts expose 80 GiB to CUDA; the H200's 141 GB is taken as 141e9 bytes.
+# "80GB" parts expose 80 GiB to CUDA; the H200's 141 GB is taken as 141e9 bytes. Host link: PCIe 4.0
+# x16 (A100, 32 GB/s per direction) and PCIe 5.0 x16 (H100/H200, 64 GB/s per direction).
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
         GPUSpec("a100", 80 * GiB, 312.0, 2039.0),
         GPUSpec("a100-40gb", 40 * GiB, 312.0, 1555.0),
-        GPUSpec("h100", 80 * GiB, 989.0, 3350.0),
-        GPUSpec("h200", 141 * 10**9, 989.0, 4800.0),
+        GPUSpec("h100", 80 * GiB, 989.0, 3350.0, 64.0),
+        GPUSpec("h200", 141 * 10**9, 989.0, 4800.0, 64.0),
     ]
 }
 DEFAULT_GPU = "a100"

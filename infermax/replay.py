@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from .costmodel.base import BatchFeatures, CostModel
+from .costmodel.swap import SwapCost
 from .limits import Limits
 from .request import Request
 from .schedule import Schedule, ScheduledBatch
@@ -31,6 +32,7 @@ class RequestState:
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
         "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
+        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens",
     )
 
     def __init__(self, req: Request):
@@ -45,6 +47,9 @@ class RequestState:
         self.finish_s: float | None = None
         self.last_token_s: float | None = None
         self.hidden = False  # cache form of the m cached tokens: hidden states (True) or KV
+        self.cpu_tokens = 0  # of the m cached tokens, those whose KV is in host memory (swapped out)
+        self.swapped_out_tokens = 0
+        self.swapped_in_tokens = 0
         # Every token's emission time, kept only for requests with a TBT target (P99 TBT needs them).
         self.token_times: list[float] | None = [] if req.tbt_slo_s is not None else None
 
@@ -59,6 +64,11 @@ class RequestState:
     @property
     def remaining_prefill(self) -> int:
         return self.input_tokens - self.m
+
+    @property
+    def gpu_tokens(self) -> int:
+        """Cached tokens whose KV (or hidden states) is in GPU memory."""
+        return self.m - self.cpu_tokens
 
 
 def cache_tokens(limits: Limits, m: int, hidden: bool) -> int:
@@ -75,6 +85,7 @@ BATCH_COLUMNS = (
     "batch", "start_s", "duration_s", "end_s", "num_requests", "num_prefill_seqs", "num_decode_seqs",
     "prefill_tokens", "decode_tokens", "generated_tokens", "evictions",
     "kv_tokens_peak", "kv_tokens", "running_peak", "running", "hidden_seqs",
+    "compute_s", "swap_out_tokens", "swap_in_tokens",
 )
 
 
@@ -87,19 +98,27 @@ class Replayer:
     ``batch.hidden`` holds its cache in hidden form (``cache_tokens``), chosen when its cache
     starts (``m = 0``) and kept until evicted or finished; each processed hidden-form item adds
     its ``m`` cached tokens to ``hidden_recompute_tokens`` (their K/V are projected again).
+
+    Swaps (after evictions, before the items): ``swap_out`` ``(id, n)`` moves ``n`` of a request's
+    GPU-resident cached tokens to host memory (``cpu_tokens``); ``swap_in`` moves them back. Only
+    GPU-resident tokens count against ``M``, and only requests with some count against ``Rmax``; a
+    processed item must have all its cache on the GPU. A batch that swaps lasts
+    ``max(compute, swap_cost.time_s(in), swap_cost.time_s(out))`` (copies overlap compute).
     """
 
-    def __init__(self, requests: Iterable[Request], limits: Limits, cost_model: CostModel):
+    def __init__(self, requests: Iterable[Request], limits: Limits, cost_model: CostModel,
+                 swap_cost: SwapCost | None = None):
         self.limits = limits
         self.cost_model = cost_model
+        self.swap_cost = swap_cost
         self.states: dict[int, RequestState] = {}
         for r in requests:
             if r.id in self.states:
                 raise ValueError(f"duplicate request id {r.id}")
             self.states[r.id] = RequestState(r)
         self.clock_s = 0.0
-        self.kv_tokens = 0  # block-rounded KV of holders
-        self.holders = 0  # requests with m > 0
+        self.kv_tokens = 0  # block-rounded GPU-resident cache of holders
+        self.holders = 0  # requests with GPU-resident cache
         self.unfinished = len(self.states)
         self.last_generated = 0
         self.last_full_decode = False
@@ -127,6 +146,7 @@ class Replayer:
                 s.input_tokens = s.req.prompt_tokens + s.generated
             self._release(s)
             s.evictions += 1
+        swapped_out, swapped_in = self._swap(j, batch, evicted)
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
@@ -144,6 +164,9 @@ class Replayer:
                 raise ScheduleViolation(j, rid, "duplicate", "appears twice in the batch")
             if rid in evicted:
                 raise ScheduleViolation(j, rid, "evict-and-process", "evicted and processed in the same batch")
+            if s.cpu_tokens:
+                raise ScheduleViolation(j, rid, "swapped-out", (
+                    f"{s.cpu_tokens} of its {s.m} cached tokens are in host memory; swap them in before processing it"))
             seen.add(rid)
             arrival = s.req.arrival_s
             if arrival > start:
@@ -189,7 +212,8 @@ class Replayer:
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
-                              decode_kv_tokens=decode_kv, hidden_recompute_tokens=hidden_rc)
+                              decode_kv_tokens=decode_kv, swap_tokens=swapped_out + swapped_in,
+                              hidden_recompute_tokens=hidden_rc)
 
         if feats.n_tokens > lim.C:
             raise ScheduleViolation(j, None, "C", f"{feats.n_tokens} tokens > C={lim.C}")
@@ -200,7 +224,10 @@ class Replayer:
         if lim.Rmax is not None and self.holders > lim.Rmax:
             raise ScheduleViolation(j, None, "Rmax", f"{self.holders} requests hold KV > Rmax={lim.Rmax}")
 
-        duration = self.cost_model.batch_time_s(feats)
+        compute = self.cost_model.batch_time_s(feats)
+        duration = compute
+        if swapped_out or swapped_in:
+            duration = max(compute, self.swap_cost.time_s(swapped_out), self.swap_cost.time_s(swapped_in))
         end = start + duration
         kv_peak, holders_peak = self.kv_tokens, self.holders
         finished = []
@@ -220,14 +247,50 @@ class Replayer:
         self.last_generated = len(generators)
         # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
         self.last_full_decode = (not feats.n_prefill_seqs and not finished and not hidden_ids
-                                 and len(batch.items) == self.holders)
+                                 and not swapped_out and not swapped_in and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
             j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
             feats.prefill_tokens, feats.n_decode_seqs, len(generators), len(batch.evict),
             kv_peak, self.kv_tokens, holders_peak, self.holders, len(hidden_ids),
+            compute, swapped_out, swapped_in,
         ))
         return finished
+
+    def _swap(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> tuple[int, int]:
+        """Apply the batch's swap-outs then swap-ins; return the tokens moved each way."""
+        if (batch.swap_out or batch.swap_in) and self.swap_cost is None:
+            raise ScheduleViolation(j, None, "swap-cost", "the batch swaps KV but the replay has no swap cost model")
+        both = {rid for rid, _ in batch.swap_out} & {rid for rid, _ in batch.swap_in}
+        if both:
+            raise ScheduleViolation(j, min(both), "swap-both", "swapped out and in in the same batch")
+        moved = []
+        for direction, pairs in (("swap-out", batch.swap_out), ("swap-in", batch.swap_in)):
+            total, seen = 0, set()
+            for rid, n in pairs:
+                s = self._state(j, rid)
+                if rid in seen or rid in evicted:
+                    raise ScheduleViolation(j, rid, direction, "listed twice, or also evicted, in one batch")
+                seen.add(rid)
+                if s.hidden:
+                    raise ScheduleViolation(j, rid, direction, "a hidden-form cache cannot be swapped")
+                room = s.gpu_tokens if direction == "swap-out" else s.cpu_tokens
+                if not 1 <= n <= room:
+                    where = "on the GPU" if direction == "swap-out" else "in host memory"
+                    raise ScheduleViolation(j, rid, direction, f"moves {n} tokens; it has {room} {where}")
+                before = s.gpu_tokens
+                if direction == "swap-out":
+                    s.cpu_tokens += n
+                    s.swapped_out_tokens += n
+                else:
+                    s.cpu_tokens -= n
+                    s.swapped_in_tokens += n
+                blocks = self.limits.blocks
+                self.kv_tokens += blocks(s.gpu_tokens) - blocks(before)
+                self.holders += (s.gpu_tokens > 0) - (before > 0)
+                total += n
+            moved.append(total)
+        return moved[0], moved[1]
 
     def repeat_full_decode(self, batch: ScheduledBatch, stop_at_s: float | None = None) -> int:
         """Apply further copies of ``batch`` while that is exactly what ``apply`` would do; return how many.
@@ -262,7 +325,7 @@ class Replayer:
             kv += grow
             duration = cost(BatchFeatures(n_tokens=n, n_decode_seqs=n, decode_kv_tokens=decode_kv))
             end = clock + duration
-            rows.append((j, clock, duration, end, n, 0, n, 0, n, n, 0, kv, kv, holders, holders, 0))
+            rows.append((j, clock, duration, end, n, 0, n, 0, n, n, 0, kv, kv, holders, holders, 0, duration, 0, 0))
             batches.append(ScheduledBatch(items=items))
             ends.append(end)
             clock, decode_kv, j, done = end, decode_kv + n, j + 1, done + 1
@@ -277,10 +340,11 @@ class Replayer:
         return done
 
     def _release(self, s: RequestState) -> None:
-        """Free a request's cache (eviction or finish)."""
-        self.kv_tokens -= cache_tokens(self.limits, s.m, s.hidden)
-        self.holders -= 1
-        s.m = 0
+        """Free a request's cache, on the GPU and in host memory (eviction or finish)."""
+        gpu = s.gpu_tokens
+        self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
+        self.holders -= gpu > 0
+        s.m = s.cpu_tokens = 0
         s.hidden = False
 
     def _state(self, j: int, rid: int) -> RequestState:
@@ -302,11 +366,17 @@ class Replayer:
                 f"{s.generated}/{s.req.output_tokens} tokens")
 
 
-def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = None):
-    """Validate a Schedule and recompute all metrics; returns a `SimResult`."""
+def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = None,
+           swap_cost: SwapCost | None = None):
+    """Validate a Schedule and recompute all metrics; returns a `SimResult`.
+
+    ``swap_cost`` defaults to the one the schedule's ``meta["swap_cost"]`` records (the engine
+    records the one it simulated with)."""
     from .metrics import SimResult
 
-    rp = Replayer(schedule.requests, limits or schedule.limits, cost_model)
+    if swap_cost is None and "swap_cost" in schedule.meta:
+        swap_cost = SwapCost(**schedule.meta["swap_cost"])
+    rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost)
     for batch in schedule.batches:
         rp.apply(batch)
     rp.check_complete()

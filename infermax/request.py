@@ -13,6 +13,11 @@ class Request:
     generate, the first one produced by the batch that completes the prompt).
     ``ttft_slo_s`` / ``tbt_slo_s``: optional latency targets (time to first token; 99th
     percentile of the request's own times between tokens); ``None`` = no target.
+    ``tpot_slo_s``: optional target on the mean time per output token (BROS's TPOT).
+    ``request_class``: an optional service-class label (e.g. ``"rt"`` real-time, ``"be"``
+    best-effort); schedulers may read it, metrics group by it.
+    ``predicted_output_tokens``: an optional predicted ``O`` (a length predictor's output), the only
+    output length a scheduler that claims not to know ``O`` may read.
     """
 
     id: int
@@ -21,6 +26,9 @@ class Request:
     output_tokens: int
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    request_class: str | None = None
+    predicted_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -29,15 +37,18 @@ class Request:
             raise ValueError(f"request {self.id}: output_tokens must be >= 1, got {self.output_tokens}")
         if not self.arrival_s >= 0:
             raise ValueError(f"request {self.id}: arrival_s must be >= 0, got {self.arrival_s}")
-        for name in ("ttft_slo_s", "tbt_slo_s"):
+        if self.predicted_output_tokens is not None and self.predicted_output_tokens < 1:
+            raise ValueError(
+                f"request {self.id}: predicted_output_tokens must be >= 1, got {self.predicted_output_tokens}")
+        for name in ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"request {self.id}: {name} must be > 0 (or None), got {value}")
 
     @property
     def has_slo(self) -> bool:
-        """True if the request carries a TTFT or TBT target."""
-        return self.ttft_slo_s is not None or self.tbt_slo_s is not None
+        """True if the request carries a TTFT, TBT or TPOT target."""
+        return self.ttft_slo_s is not None or self.tbt_slo_s is not None or self.tpot_slo_s is not None
 
     @property
     def peak_kv_tokens(self) -> int:

@@ -5,20 +5,24 @@ On disk (JSON)::
     {"format": "infermax.schedule/1",
      "limits": {"C": 4096, "P": 512, "M": 100000, "Rmax": null, "block_size": 1},
      "requests": [[id, arrival_s, prompt_tokens, output_tokens], ...],
-     "batches": [{"items": [[id, c], ...], "evict": [id, ...], "hidden": [id, ...], "not_before_s": 1.5}, ...],
+     "batches": [{"items": [[id, c], ...], "evict": [id, ...], "swap_out": [[id, n], ...],
+                  "swap_in": [[id, n], ...], "hidden": [id, ...], "not_before_s": 1.5}, ...],
      "meta": {"scheduler": "vllm", ...}}
 
-``evict`` (recompute evictions applied before the batch), ``hidden`` (the items processed with
-their cache in hidden form, Apt-Serve's hybrid cache) and ``not_before_s`` (the batch waited for an
-arrival while the engine was idle) are omitted when empty. A request with latency targets is written
-``[id, arrival_s, prompt_tokens, output_tokens, ttft_slo_s, tbt_slo_s]`` (either may be null).
+``evict`` (recompute evictions applied before the batch), ``swap_out``/``swap_in`` (``n`` of the
+request's cached tokens copied to / back from host memory before the batch), ``hidden`` (the items
+processed with their cache in hidden form, Apt-Serve's hybrid cache) and ``not_before_s`` (the batch
+waited for an arrival while the engine was idle) are omitted when empty. A request is written
+``[id, arrival_s, prompt_tokens, output_tokens]``, with ``ttft_slo_s, tbt_slo_s`` appended (either
+may be null) when it has only those targets, and as an object keyed by the `Request` field names
+when it has any other optional field (TPOT target, class, predicted output length).
 Files without these optional parts are read as before.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .jsonio import read_json
@@ -30,8 +34,9 @@ FORMAT = "infermax.schedule/1"
 
 @dataclass
 class ScheduledBatch:
-    """One batch: ``(request id, tokens processed)`` pairs plus evictions applied before it.
+    """One batch: ``(request id, tokens processed)`` pairs plus evictions and swaps applied before it.
 
+    ``swap_out`` / ``swap_in``: ``(request id, tokens)`` moved from GPU to host memory / back.
     ``hidden``: ids of the items whose cache is in hidden form (half the memory; K/V recomputed).
     """
 
@@ -39,11 +44,16 @@ class ScheduledBatch:
     evict: list[int] = field(default_factory=list)
     not_before_s: float | None = None
     hidden: frozenset[int] = frozenset()
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         out: dict = {"items": [[rid, c] for rid, c in self.items]}
         if self.evict:
             out["evict"] = list(self.evict)
+        for name in ("swap_out", "swap_in"):
+            if getattr(self, name):
+                out[name] = [[rid, n] for rid, n in getattr(self, name)]
         if self.hidden:
             out["hidden"] = sorted(self.hidden)
         if self.not_before_s is not None:
@@ -87,6 +97,8 @@ class Schedule:
                     evict=[int(rid) for rid in b.get("evict", [])],
                     not_before_s=b.get("not_before_s"),
                     hidden=frozenset(int(rid) for rid in b.get("hidden", [])),
+                    swap_out=[(int(rid), int(n)) for rid, n in b.get("swap_out", [])],
+                    swap_in=[(int(rid), int(n)) for rid, n in b.get("swap_in", [])],
                 )
                 for b in data["batches"]
             ]
@@ -99,12 +111,19 @@ class Schedule:
         return cls.from_json(read_json(path), source=str(path))
 
 
-def _request_json(r: Request) -> list:
+_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens")
+
+
+def _request_json(r: Request) -> list | dict:
+    if any(getattr(r, name) is not None for name in _OBJECT_ONLY):
+        return {f.name: getattr(r, f.name) for f in fields(Request) if getattr(r, f.name) is not None}
     row = [r.id, r.arrival_s, r.prompt_tokens, r.output_tokens]
     return row + [r.ttft_slo_s, r.tbt_slo_s] if r.has_slo else row
 
 
-def _request_from_json(row: list) -> Request:
+def _request_from_json(row: list | dict) -> Request:
+    if isinstance(row, dict):
+        return Request(**row)
     if len(row) not in (4, 6):
         raise ValueError(f"a request is [id, arrival_s, prompt_tokens, output_tokens(, ttft_slo_s, tbt_slo_s)], got {row!r}")
     slo = [None if v is None else float(v) for v in row[4:]]

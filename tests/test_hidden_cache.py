@@ -14,7 +14,7 @@ from infermax.costmodel.hidden import kv_projection_share
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.metrics import p99_tbt_s
-from infermax.replay import Replayer, ScheduleViolation, replay
+from infermax.replay import BATCH_COLUMNS, Replayer, ScheduleViolation, replay
 from infermax.request import Request
 from infermax.schedule import Schedule, ScheduledBatch
 from infermax.workload import fixed, with_arrivals
@@ -32,10 +32,7 @@ def test_hidden_prefill_and_decode_memory_and_time_by_hand():
     rp.apply(ScheduledBatch(items=[(0, 5)], hidden=frozenset({0})))  # prefill: 5 tokens, no recompute
     rp.apply(ScheduledBatch(items=[(0, 1)], hidden=frozenset({0})))  # decode: K/V of 5 past tokens
     rp.apply(ScheduledBatch(items=[(0, 1)], hidden=frozenset({0})))  # decode: 6 past tokens, finishes
-    rows = pd.DataFrame(rp.batch_rows, columns=[
-        "batch", "start_s", "duration_s", "end_s", "num_requests", "num_prefill_seqs", "num_decode_seqs",
-        "prefill_tokens", "decode_tokens", "generated_tokens", "evictions", "kv_tokens_peak", "kv_tokens",
-        "running_peak", "running", "hidden_seqs"])
+    rows = pd.DataFrame(rp.batch_rows, columns=list(BATCH_COLUMNS))
     assert rows.duration_s.tolist() == [6.0, 1 + 1 + 2.5, 1 + 1 + 3.0]
     # Memory: ceil(5/2) = 3, ceil(6/2) = 3, ceil(7/2) = 4 during the last batch, then freed.
     assert rows.kv_tokens_peak.tolist() == [3, 3, 4]
