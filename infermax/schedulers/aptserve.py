@@ -72,7 +72,12 @@ def marginal_items(c: Candidate) -> list[tuple[float, int, str]]:
     kv_density = c.kv_value / c.kv_size
     hv, hs = c.hidden_value, c.hidden_size
     if hv is not None and 0 < hs < c.kv_size and 0 <= hv <= c.kv_value and hv / hs >= kv_density:
-        return [(hv / hs, hs, "hidden"), ((c.kv_value - hv) / (c.kv_size - hs), c.kv_size - hs, "upgrade")]
+        upgrade = (c.kv_value - hv) / (c.kv_size - hs)
+        # θ_upgrade ≤ θ_hidden holds exactly; rounding can break it when the two are equal, and an
+        # upgrade sorted before its hidden step would be taken alone. The single KV step is worth
+        # the same then.
+        if upgrade <= hv / hs:
+            return [(hv / hs, hs, "hidden"), (upgrade, c.kv_size - hs, "upgrade")]
     return [(kv_density, c.kv_size, "kv")]
 
 
