@@ -14,6 +14,7 @@ import json
 import platform
 import re
 import subprocess
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -116,7 +117,11 @@ def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid:
 
 
 class _progress:
-    """A rich progress bar (or nothing) yielding an ``advance()`` callable."""
+    """A rich progress bar (or nothing) yielding an ``advance()`` callable, to be called between timed regions.
+
+    The bar is redrawn only inside ``advance()`` (at most 10 times a second), never from rich's
+    background thread, so no thread competes with the timed work for the GIL.
+    """
 
     def __init__(self, show: bool, total: int, label: str):
         self.show, self.total, self.label = show, total, label
@@ -126,12 +131,22 @@ class _progress:
             return lambda: None
         from rich.progress import Progress
 
-        self.bar = Progress()
+        self.bar = Progress(auto_refresh=False)
         self.bar.start()
         task = self.bar.add_task(self.label, total=self.total)
-        return lambda: self.bar.advance(task)
+        last = [0.0]
+
+        def advance():
+            self.bar.advance(task)
+            now = time.monotonic()
+            if now - last[0] > 0.1:
+                self.bar.refresh()
+                last[0] = now
+
+        return advance
 
     def __exit__(self, *exc):
         if self.show:
+            self.bar.refresh()
             self.bar.stop()
         return False
