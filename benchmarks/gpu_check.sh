@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 4 on a GPU, in one call: profile Llama-2-7B and Llama-3-8B (TP 1) into profiles/<gpu>/<model>/tp1/,
+# fit them, simulate vLLM and Sarathi on B=64 I=512 O=128 and on an Azure-conversation slice, execute every
+# schedule with gpu-replay and print the fit-error and simulated-vs-measured tables.
+#
+#   bash benchmarks/gpu_check.sh            # everything (planned: about 6-7 minutes on one H100)
+#   MODELS=llama-3-8b bash benchmarks/gpu_check.sh
+#   SMOKE=1 bash benchmarks/gpu_check.sh    # the same steps on a CPU, tiny shapes, into a temporary folder
+#
+# Needs PyTorch with CUDA importable by `python` (pip install -e ".[gpu]"). Results: profiles/<gpu>/<model>/tp1/
+# (commit these) and runs/gpu_check/<gpu>/ (batches.csv, requests.csv, summary.json per replay; not committed).
+# Budget (estimated from the grid sizes and the simulator's batch counts, to be confirmed on the GPU): profile
+# with the full grid ~1 min per model; 4 replays per model (135 + 191 batches for B=64, ~680 + ~730 for the
+# Azure slice) ~1.5 min per model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODELS=${MODELS:-"llama-2-7b llama-3-8b"}
+GRID=${GRID:-full}
+# Azure-conversation slice: the first 100 requests, arrivals 10x compressed so that batches overlap;
+# M = 40,000 tokens keeps every request's KV range (its peak I + O - 1) inside the GPU's memory.
+TRACE_ARGS=(--trace azure-conv --trace-limit 100 --time-scale 0.1 --M 40000)
+FIXED_ARGS=(--B 64 --I 512 --O 128)
+DEV_ARGS=(--dtype bf16)
+PROFILES=profiles
+
+if [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small workloads, nothing written to the repository
+  GPU=cpu GRID=tiny
+  DEV_ARGS=(--dtype fp32 --device cpu --tiny)
+  FIXED_ARGS=(--B 8 --I 64 --O 8 --C 256)
+  TRACE_ARGS=(--B 8 --input-dist uniform:16:200 --output-dist uniform:2:16 --arrival poisson --rate 50 --C 256)
+  export INFERMAX_PROFILES=$(mktemp -d)
+  PROFILES=$INFERMAX_PROFILES
+  RUNS=$PROFILES/runs
+else
+  python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU visible to PyTorch')"
+  GPU=$(python -c "import torch; from infermax.profiling.runner import gpu_key; print(gpu_key(torch.cuda.get_device_name(), 'cuda'))")
+  RUNS=runs/gpu_check/$GPU
+fi
+mkdir -p "$RUNS"
+echo "device: $GPU"
+SECONDS=0
+
+for model in $MODELS; do
+  # The bundled profiles/h100/llama-2-7b is Vidur's (imported); never overwrite a profile we did not measure:
+  # ours then goes to profiles/<gpu>-pytorch/<model>/.
+  PGPU=$GPU
+  existing="$PROFILES/$GPU/$model/tp1/measurements.csv"
+  if [ -f "$existing" ] && ! grep -q "infermax profile" "$existing"; then PGPU="$GPU-pytorch"; fi
+  python -m infermax profile --model "$model" --tp 1 "${DEV_ARGS[@]}" --grid "$GRID" --out "$PROFILES/$PGPU/$model" \
+    --gpu "$PGPU" --no-progress
+  python -m infermax fit "$PROFILES/$PGPU/$model"
+  echo "[$SECONDS s] profiled and fitted $model into $PROFILES/$PGPU/$model/tp1"
+  # The fitted family with the lower held-out error (profile.json's auto), by file: RunConfig resolves --gpu only
+  # for registered GPUs, and <gpu>-pytorch is not one.
+  COST="$PROFILES/$PGPU/$model/tp1/infermax_$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['auto'])" \
+    "$PROFILES/$PGPU/$model/tp1/profile.json").json"
+  for sched in vllm sarathi; do
+    for work in fixed azure; do
+      if [ "$work" = fixed ]; then args=("${FIXED_ARGS[@]}"); else args=("${TRACE_ARGS[@]}"); fi
+      out="$RUNS/$model/$sched-$work"
+      python -m infermax simulate -s "$sched" --cost-model-file "$COST" --model "$model" "${args[@]}" --out "$out/sim" --no-progress --json > /dev/null
+      python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$COST" --model "$model" "${DEV_ARGS[@]}" \
+        --out "$out/replay" --no-progress
+      echo "[$SECONDS s] replayed $model $sched $work"
+    done
+  done
+done
+
+python - "$RUNS" <<'EOF'
+import json, sys
+from pathlib import Path
+
+print("\n| model | scheduler | workload | batches | per-batch MAPE | prefill / decode / mixed MAPE | e2e latency error | per-request latency MAPE | makespan error |")
+print("|---|---|---|---|---|---|---|---|---|")
+for path in sorted(Path(sys.argv[1]).glob("*/*/replay/summary.json")):
+    s = json.loads(path.read_text())
+    model, (sched, work) = path.parts[-4], path.parts[-3].split("-", 1)
+    by_kind = s["per_batch_mape_pct_by_kind"]
+    kinds = " / ".join(f"{by_kind[k]:.1f}%" if k in by_kind else "-" for k in ("prefill", "decode", "mixed"))
+    print(f"| {model} | {sched} | {work} | {s['batches']} | {s['per_batch_mape_pct']:.1f}% | {kinds} | "
+          f"{s['e2e_latency_error_pct']:+.1f}% | {s['per_request_latency_mape_pct']:.1f}% | {s['makespan_error_pct']:+.1f}% |")
+EOF
+echo "total: $SECONDS s"

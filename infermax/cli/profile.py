@@ -1,0 +1,88 @@
+"""``infermax profile`` (PyTorch operator microbenchmarks) and ``infermax gpu-replay`` (real execution of a Schedule)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail
+
+DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda when PyTorch sees a GPU).")
+DtypeOpt = typer.Option("bf16", help="bf16, fp16 or fp32.")
+TinyOpt = typer.Option(False, "--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).")
+
+
+@app.command()
+def profile(
+    model: ModelOpt = "llama-2-7b", tp: TpOpt = 1, dtype: str = DtypeOpt,
+    out: Path = typer.Option(..., help="Model folder, e.g. profiles/h100/llama-2-7b; writes OUT/tp<N>/."),
+    grid: str = typer.Option("full", help="Sizes to time: full, small or tiny (for --tiny on a CPU)."),
+    tiny: bool = TinyOpt, device: Optional[str] = DeviceOpt,
+    gpu: Optional[str] = typer.Option(None, help="GPU name recorded in profile.json (default: from the device name)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Time every operator of one TP shard of MODEL at its real shapes; write a profile `infermax fit` reads."""
+    try:
+        from ..profiling.runner import profile as run_profile
+
+        folder = run_profile(model, out, tp=tp, dtype=dtype, grid=grid, tiny=tiny, device=device, gpu=gpu,
+                             progress=progress)
+    except ValueError as exc:
+        fail(str(exc))
+    console.print(f"profile written to {folder}; fit it with: infermax fit {folder}")
+
+
+@app.command("gpu-replay")
+def gpu_replay(
+    schedule: Path = typer.Argument(..., help="Schedule JSON (as written by `simulate --out` or `optimize`)."),
+    model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
+    costmodel: CostModelPathOpt = None, dtype: str = DtypeOpt, tiny: bool = TinyOpt, device: Optional[str] = DeviceOpt,
+    warmup: int = typer.Option(8, help="Batches run once untimed before the timed run."),
+    out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction."""
+    from ..costmodel import load_cost_model
+    from ..replay import ScheduleViolation
+    from ..schedule import Schedule
+
+    if tp != 1:
+        fail("gpu-replay runs one device: --tp 1 only (the cost model's --tp must match the replayed run)")
+    try:
+        from ..profiling.execute import gpu_replay as run_replay
+
+        sched = Schedule.load(schedule)
+        cost = load_cost_model(gpu, model, tp, path=costmodel, kind=cost_model)
+        check = run_replay(sched, model, cost, device=device, dtype=dtype, tiny=tiny, warmup_batches=warmup,
+                           progress=progress)
+    except ScheduleViolation as exc:
+        fail(f"invalid schedule: {exc}", code=1)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+    if out is not None:
+        check.save(out)
+    console.print(summary_table(check.summary, f"{schedule}: measured vs {cost.name}"))
+    if out is not None:
+        console.print(f"results written to {out}")
+
+
+def summary_table(summary: dict, title: str) -> Table:
+    """The replay summary's headline numbers."""
+    s = summary
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("batches", f"{s['batches']}"), ("per-batch MAPE", f"{s['per_batch_mape_pct']:.1f}%")]
+    rows += [(f"  {k} batches", f"{v:.1f}%") for k, v in s["per_batch_mape_pct_by_kind"].items()]
+    rows += [("busy time measured / predicted (s)", f"{s['busy_time_s']['measured']:.4g} / {s['busy_time_s']['predicted']:.4g}"),
+             ("mean latency measured / simulated (s)",
+              f"{s['mean_latency_s']['measured']:.4g} / {s['mean_latency_s']['simulated']:.4g}"),
+             ("end-to-end latency error", f"{s['e2e_latency_error_pct']:+.1f}%"),
+             ("per-request latency MAPE", f"{s['per_request_latency_mape_pct']:.1f}%"),
+             ("makespan error", f"{s['makespan_error_pct']:+.1f}%")]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

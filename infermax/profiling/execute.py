@@ -1,0 +1,306 @@
+"""``infermax gpu-replay``: execute a Schedule batch by batch with a real transformer and time every batch.
+
+The model is built from a registered ModelSpec with random weights (nothing is downloaded) out of the
+operators in ``layers``. Its KV cache is a token pool per layer: a request gets a contiguous range of
+``I + O − 1`` rows (its peak) when its cache starts (``m = 0``), fills it as it is processed, and
+gives the range back when it finishes or is evicted (recompute: the cache is dropped and later
+rebuilt from its tokens). Prompts are random token ids; every generated token is the greedy pick of
+the real logits, so a recomputed request sees the tokens it generated.
+
+The Schedule's semantics are not re-implemented: a ``Replayer`` applies each batch first (validating
+it, and giving each item's ``m`` and ``Icur`` before the batch and the batch's features), then the
+batch runs on the device. The measured timeline is ``replay`` again with each batch's measured time
+in place of the cost model, so arrivals and idle waits are honoured exactly as in the simulation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..costmodel.base import BatchFeatures, CostModel
+from ..replay import Replayer, replay
+from ..schedule import Schedule
+from . import layers as L
+from .timer import Stopwatch
+
+torch = L.torch
+
+
+class TokenPool:
+    """First-fit allocator of contiguous row ranges of a KV pool with ``rows`` rows."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.free: list[tuple[int, int]] = [(0, rows)]  # (start, length), sorted, coalesced
+
+    def alloc(self, n: int) -> int:
+        for i, (start, length) in enumerate(self.free):
+            if length >= n:
+                self.free[i:i + 1] = [(start + n, length - n)] if length > n else []
+                return start
+        largest = max((length for _, length in self.free), default=0)
+        raise ValueError(f"KV pool exhausted: {n} rows needed, largest free range {largest} of {self.rows} rows; "
+                         "replay a schedule with a smaller M or use a device with more memory")
+
+    def release(self, start: int, n: int) -> None:
+        self.free.append((start, n))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, length in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((s, length))
+        self.free = merged
+
+
+@dataclass
+class BatchPlan:
+    """One batch laid out for the model: prefill chunks first, then decodes; rows of ``ids`` are tokens."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    prefills: list[tuple[int, int, int]] = field(default_factory=list)  # (pool start, m, c)
+    decodes: list[tuple[int, int]] = field(default_factory=list)  # (pool start, m)
+    gen_rows: list[int] = field(default_factory=list)  # token rows whose logits pick the next token
+    gen_ids: list[int] = field(default_factory=list)  # request ids of gen_rows
+
+
+class Transformer:
+    """A Llama-style model with random weights and a per-layer KV token pool of ``pool_rows`` rows."""
+
+    def __init__(self, shapes: L.Shapes, device, dtype, pool_rows: int, seed: int = 0):
+        self.s, self.device = shapes, torch.device(device)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.layers = [L.LayerWeights(shapes, self.device, dtype, gen) for _ in range(shapes.num_layers)]
+        self.emb = L.Embeddings(shapes, self.device, dtype, gen)
+        shape = (shapes.num_layers, pool_rows, shapes.num_kv_heads, shapes.head_dim)
+        self.k_pool = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.v_pool = torch.zeros(shape, device=self.device, dtype=dtype)
+
+    def forward(self, plan: BatchPlan):
+        """Run one batch (writing its K/V into the pool); returns the logits of ``plan.gen_rows``."""
+        s, dev = self.s, self.device
+        ids = torch.tensor(plan.ids, device=dev)
+        positions = torch.tensor(plan.positions, device=dev)
+        n_prefill = sum(c for _, _, c in plan.prefills)
+        if plan.decodes:
+            index, valid = L.decode_index([st for st, _ in plan.decodes], [m + 1 for _, m in plan.decodes], dev)
+            write_rows = torch.tensor([st + m for st, m in plan.decodes], device=dev)
+        x = L.embed(ids, self.emb)
+        for layer, w in enumerate(self.layers):
+            k_pool, v_pool = self.k_pool[layer], self.v_pool[layer]
+            q, k, v = L.split_qkv(L.linear(L.rms_norm(x, w.ln1), w.wqkv), s)
+            q, k = L.rope(q, k, positions, self.emb)
+            outs, row = [], 0
+            for start, m, c in plan.prefills:
+                L.kv_write(k_pool, start + m, k[row:row + c])
+                L.kv_write(v_pool, start + m, v[row:row + c])
+                end = start + m + c
+                outs.append(L.prefill_attention(q[row:row + c], k_pool[start:end], v_pool[start:end]))
+                row += c
+            if plan.decodes:
+                k_pool.index_copy_(0, write_rows, k[n_prefill:])
+                v_pool.index_copy_(0, write_rows, v[n_prefill:])
+                outs.append(L.decode_attention(q[n_prefill:], k_pool, v_pool, index, valid))
+            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+            x = L.add(x, L.linear(attn, w.wo))
+            x = L.add(x, L.linear(L.silu_mul(L.linear(L.rms_norm(x, w.ln2), w.w_gate_up)), w.w_down))
+        last = x[torch.tensor(plan.gen_rows, device=dev, dtype=torch.long)]
+        return L.linear(L.rms_norm(last, self.emb.final_norm), self.emb.lm_head)
+
+
+class _Recorder:
+    """A cost model that records each batch's features and the wrapped model's prediction."""
+
+    def __init__(self, inner: CostModel):
+        self.inner, self.name = inner, inner.name
+        self.features: list[BatchFeatures] = []
+        self.predicted_s: list[float] = []
+
+    def batch_time_s(self, features: BatchFeatures) -> float:
+        t = self.inner.batch_time_s(features)
+        self.features.append(features)
+        self.predicted_s.append(t)
+        return t
+
+
+class _Measured:
+    """A cost model that returns the measured batch times in order (to time the measured run's timeline)."""
+
+    name = "measured"
+
+    def __init__(self, times_s: list[float]):
+        self._times = iter(times_s)
+
+    def batch_time_s(self, features: BatchFeatures) -> float:
+        return next(self._times)
+
+
+def prompt_tokens(request_id: int, length: int, vocab: int, seed: int = 0) -> list[int]:
+    """The random prompt of a request (a fixed function of its id and the seed)."""
+    rng = np.random.default_rng([seed, request_id])
+    return rng.integers(0, vocab, length).tolist()
+
+
+class Executor:
+    """Runs a Schedule's batches on a ``Transformer``; ``tokens[id]`` holds prompt + generated tokens."""
+
+    def __init__(self, model: Transformer, schedule: Schedule, seed: int = 0, keep_logits: bool = False):
+        self.model, self.schedule = model, schedule
+        self.pool = TokenPool(model.k_pool.shape[1])
+        self.tokens = {r.id: prompt_tokens(r.id, r.prompt_tokens, model.s.vocab, seed) for r in schedule.requests}
+        self.peak = {r.id: r.peak_kv_tokens for r in schedule.requests}
+        self.slot: dict[int, int] = {}
+        self.logits: dict[int, list] | None = {r.id: [] for r in schedule.requests} if keep_logits else None
+
+    def _drop(self, rid: int) -> None:
+        self.pool.release(self.slot.pop(rid), self.peak[rid])
+
+    def plan(self, items: list[tuple[int, int]], before: dict[int, tuple[int, int]]) -> BatchPlan:
+        """Lay out ``items`` given each one's ``(m, Icur)`` before the batch; allocates starting caches."""
+        plan, decodes = BatchPlan(), []
+        for rid, c in items:
+            m, icur = before[rid]
+            if m == 0:
+                self.slot[rid] = self.pool.alloc(self.peak[rid])
+            if m < icur:
+                plan.prefills.append((self.slot[rid], m, c))
+                plan.ids += self.tokens[rid][m:m + c]
+                plan.positions += range(m, m + c)
+                if m + c == icur:
+                    plan.gen_rows.append(len(plan.ids) - 1)
+                    plan.gen_ids.append(rid)
+            else:
+                if m != len(self.tokens[rid]) - 1:
+                    raise AssertionError(f"request {rid}: decode at m={m} but {len(self.tokens[rid])} tokens known")
+                decodes.append(rid)
+        for rid in decodes:
+            m = before[rid][0]
+            plan.decodes.append((self.slot[rid], m))
+            plan.gen_rows.append(len(plan.ids))
+            plan.gen_ids.append(rid)
+            plan.ids.append(self.tokens[rid][m])
+            plan.positions.append(m)
+        return plan
+
+    def run(self, cost_model: CostModel, batches: int | None = None, progress=None):
+        """Execute the first ``batches`` batches (all by default); returns (measured seconds, recorder)."""
+        rec = _Recorder(cost_model)
+        rp = Replayer(self.schedule.requests, self.schedule.limits, rec)
+        watch = Stopwatch(self.model.device)
+        measured = []
+        with torch.inference_mode():
+            for batch in self.schedule.batches[:batches]:
+                before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}
+                finished = rp.apply(batch)
+                for rid in batch.evict:
+                    self._drop(rid)
+                plan = self.plan(batch.items, before)
+                watch.start()
+                logits = self.model.forward(plan)
+                picks = logits.argmax(-1)
+                watch.stop()
+                measured.append(watch.elapsed_ms() / 1e3)
+                for rid, token in zip(plan.gen_ids, picks.tolist()):
+                    self.tokens[rid].append(token)
+                if self.logits is not None:
+                    for rid, row in zip(plan.gen_ids, logits.float().cpu()):
+                        self.logits[rid].append(row)
+                for s in finished:
+                    self._drop(s.id)
+                if progress is not None:
+                    progress()
+        return measured, rec
+
+
+def pool_rows_for(schedule: Schedule, shapes: L.Shapes, device, dtype, memory_fraction: float = 0.85) -> int:
+    """KV pool rows: every request's peak at once if that fits, else what ``memory_fraction`` of the
+    device's free memory holds (CUDA; a CPU gets the sum of peaks)."""
+    need = sum(r.peak_kv_tokens for r in schedule.requests)
+    if torch.device(device).type != "cuda":
+        return need
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    row_bytes = 2 * shapes.num_layers * shapes.kv_dim * torch.tensor([], dtype=dtype).element_size()
+    return max(1, min(need, int(free * memory_fraction) // row_bytes))
+
+
+@dataclass
+class ReplayCheck:
+    """Measured against predicted: per-batch table, per-request table and summary."""
+
+    batches: pd.DataFrame
+    requests: pd.DataFrame
+    summary: dict
+
+    def save(self, out: str | Path) -> Path:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.batches.to_csv(out / "batches.csv", index=False, float_format="%.6g")
+        self.requests.to_csv(out / "requests.csv", index=False, float_format="%.6g")
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        return out
+
+
+def _pct_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return 100.0 * np.abs(predicted - measured) / measured
+
+
+def compare(schedule: Schedule, cost_model: CostModel, measured_s: list[float], rec: _Recorder, info: dict) -> ReplayCheck:
+    """Tables and summary of a run: per-batch MAPE; simulated vs measured latency per request."""
+    feats = pd.DataFrame([asdict(f) for f in rec.features])
+    pred, meas = np.array(rec.predicted_s), np.array(measured_s)
+    kind = np.where(feats["n_prefill_seqs"] == 0, "decode", np.where(feats["n_decode_seqs"] == 0, "prefill", "mixed"))
+    batches = pd.concat([pd.DataFrame({"batch": np.arange(len(meas)), "kind": kind, "measured_s": meas,
+                                       "predicted_s": pred, "error_pct": 100.0 * (pred - meas) / meas}), feats], axis=1)
+    simulated, real = replay(schedule, cost_model), replay(schedule, _Measured(measured_s))
+    req = simulated.requests[["id", "arrival_s", "prompt_tokens", "output_tokens"]].copy()
+    for name, res in (("simulated", simulated), ("measured", real)):
+        req[f"{name}_latency_s"] = res.requests["latency_s"].to_numpy()
+        req[f"{name}_ttft_s"] = res.requests["ttft_s"].to_numpy()
+    sim_lat, real_lat = req["simulated_latency_s"].to_numpy(), req["measured_latency_s"].to_numpy()
+    errors = _pct_errors(pred, meas)
+    summary = {
+        **info, "batches": int(len(meas)), "cost_model": cost_model.name,
+        "per_batch_mape_pct": float(errors.mean()),
+        "per_batch_mape_pct_by_kind": {k: float(errors[kind == k].mean()) for k in ("prefill", "decode", "mixed")
+                                       if (kind == k).any()},
+        "busy_time_s": {"measured": float(meas.sum()), "predicted": float(pred.sum())},
+        "busy_time_error_pct": float(100.0 * (pred.sum() - meas.sum()) / meas.sum()),
+        "mean_latency_s": {"measured": float(real_lat.mean()), "simulated": float(sim_lat.mean())},
+        "e2e_latency_error_pct": float(100.0 * (sim_lat.mean() - real_lat.mean()) / real_lat.mean()),
+        "per_request_latency_mape_pct": float(_pct_errors(sim_lat, real_lat).mean()),
+        "makespan_s": {"measured": real.summary["makespan_s"], "simulated": simulated.summary["makespan_s"]},
+    }
+    summary["makespan_error_pct"] = float(100.0 * (summary["makespan_s"]["simulated"] - summary["makespan_s"]["measured"])
+                                          / summary["makespan_s"]["measured"]) if summary["makespan_s"]["measured"] else math.nan
+    return ReplayCheck(batches, req, summary)
+
+
+def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",
+               tiny: bool = False, warmup_batches: int = 8, seed: int = 0, progress: bool = True) -> ReplayCheck:
+    """Execute ``schedule`` with ``model`` (random weights) on ``device``; compare with ``cost_model``.
+
+    The first ``warmup_batches`` batches run once untimed (kernel selection, allocator), then the whole
+    schedule runs from a fresh cache and every batch is timed.
+    """
+    from .runner import _progress, device_name, resolve_device
+
+    if dtype not in L.DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
+    device = resolve_device(device)
+    shapes = L.shard_shapes(model, 1, tiny)
+    net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
+    if warmup_batches:
+        Executor(net, schedule, seed).run(cost_model, batches=warmup_batches)
+    with _progress(progress, len(schedule.batches), f"replaying {len(schedule.batches)} batches on {device}") as advance:
+        measured, rec = Executor(net, schedule, seed).run(cost_model, progress=advance)
+    info = {"model": shapes.name, "device": device_name(device), "dtype": dtype, "torch": torch.__version__,
+            "scheduler": schedule.meta.get("scheduler"), "requests": len(schedule.requests)}
+    return compare(schedule, cost_model, measured, rec, info)

@@ -1,0 +1,182 @@
+"""A Llama-style transformer layer as separate PyTorch operators, at a model's real (per-GPU) shapes.
+
+The profiler times these functions one by one; the executor (``execute``) runs a whole model out of
+the same functions, so both measure the same code. Attention is PyTorch's
+``scaled_dot_product_attention`` (SDPA): a prefill chunk of ``c`` tokens after ``m`` cached tokens
+attends causally with the mask aligned to the lower right (query ``i`` sees keys ``0..m+i``);
+decode attention gathers each sequence's KV from the token pool into a padded batch and runs one
+masked SDPA call with the query heads of each KV head as its query rows (grouped-query attention
+without copying KV heads). vLLM's paged FlashAttention/FlashInfer kernels read the pool in place;
+these do not, so absolute times differ from vLLM's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..models import ModelSpec, get_model
+from . import import_torch
+
+torch = import_torch()
+F = torch.nn.functional
+from torch.nn.attention.bias import causal_lower_right  # noqa: E402  (needs torch imported first)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+ROPE_THETA = 10000.0
+NORM_EPS = 1e-5
+TINY = dict(num_layers=2, hidden_size=64, num_heads=4, ffn_size=176, vocab_size=512, max_position=512)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Per-GPU shapes of one tensor-parallel shard of a Llama-style model (heads, FFN, vocab split by ``tp``)."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    max_position: int
+    tp: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def tiny_spec(spec: ModelSpec) -> ModelSpec:
+    """A 2-layer, 64-wide model with ``spec``'s query/KV head ratio, for CPU tests (named ``<name>-tiny``)."""
+    group = spec.num_heads // spec.num_kv_heads
+    heads = TINY["num_heads"]
+    return ModelSpec(f"{spec.name}-tiny", TINY["num_layers"], TINY["hidden_size"], heads, max(1, heads // group),
+                     TINY["ffn_size"], TINY["vocab_size"], max_position=TINY["max_position"])
+
+
+def shard_shapes(model: str | ModelSpec, tp: int = 1, tiny: bool = False) -> Shapes:
+    """Shapes of one of ``tp`` GPUs for a registered Llama-style model (``tiny``: see ``tiny_spec``)."""
+    spec = get_model(model)
+    if not spec.gated_mlp or spec.learned_positions:
+        raise ValueError(f"model {spec.name!r}: only Llama-style models (gated MLP, rotary positions) can be built")
+    if tiny:
+        spec = tiny_spec(spec)
+    for what, n in (("num_heads", spec.num_heads), ("num_kv_heads", spec.num_kv_heads), ("ffn_size", spec.ffn_size)):
+        if n % tp:
+            raise ValueError(f"model {spec.name!r}: tp={tp} does not divide {what}={n}")
+    return Shapes(spec.name, spec.num_layers, spec.hidden_size, spec.num_heads // tp, spec.num_kv_heads // tp,
+                  spec.head_dim, spec.ffn_size // tp, -(-spec.vocab_size // tp), spec.max_position, tp)
+
+
+def _linear_weight(out_dim: int, in_dim: int, device, dtype, gen):
+    return (torch.randn(out_dim, in_dim, device=device, generator=gen) / in_dim ** 0.5).to(dtype)
+
+
+class LayerWeights:
+    """Random weights of one decoder layer (fused QKV and gate/up projections, as vLLM stores them)."""
+
+    def __init__(self, s: Shapes, device, dtype, gen):
+        self.ln1 = torch.ones(s.hidden, device=device, dtype=dtype)
+        self.wqkv = _linear_weight(s.q_dim + 2 * s.kv_dim, s.hidden, device, dtype, gen)
+        self.wo = _linear_weight(s.hidden, s.q_dim, device, dtype, gen)
+        self.ln2 = torch.ones(s.hidden, device=device, dtype=dtype)
+        self.w_gate_up = _linear_weight(2 * s.ffn, s.hidden, device, dtype, gen)
+        self.w_down = _linear_weight(s.hidden, s.ffn, device, dtype, gen)
+
+
+class Embeddings:
+    """Token embedding, final norm, LM head and the rotary tables (``cos``, ``sin``: ``[max_position, head_dim/2]``)."""
+
+    def __init__(self, s: Shapes, device, dtype, gen):
+        self.table = torch.randn(s.vocab, s.hidden, device=device, generator=gen).to(dtype)
+        self.final_norm = torch.ones(s.hidden, device=device, dtype=dtype)
+        self.lm_head = _linear_weight(s.vocab, s.hidden, device, dtype, gen)
+        inv_freq = ROPE_THETA ** (-torch.arange(0, s.head_dim, 2, device=device, dtype=torch.float32) / s.head_dim)
+        angles = torch.outer(torch.arange(s.max_position, device=device, dtype=torch.float32), inv_freq)
+        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+# ---- operators (x: [tokens, hidden]) ----
+
+def embed(ids, e: Embeddings):
+    return F.embedding(ids, e.table)
+
+
+def rms_norm(x, weight):
+    return F.rms_norm(x, (x.shape[-1],), weight, NORM_EPS)
+
+
+def linear(x, weight):
+    return F.linear(x, weight)
+
+
+def split_qkv(qkv, s: Shapes):
+    """Views ``q [n, heads, hd]``, ``k``, ``v [n, kv_heads, hd]`` of the fused projection's output."""
+    n = qkv.shape[0]
+    q, k, v = qkv.split((s.q_dim, s.kv_dim, s.kv_dim), dim=-1)
+    return (q.view(n, s.num_heads, s.head_dim), k.view(n, s.num_kv_heads, s.head_dim),
+            v.view(n, s.num_kv_heads, s.head_dim))
+
+
+def _rotate(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rope(q, k, positions, e: Embeddings):
+    """Rotary embedding (rotate-half form) of ``q`` and ``k`` at token ``positions``."""
+    cos, sin = e.cos[positions].unsqueeze(1), e.sin[positions].unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def silu_mul(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def add(x, y):
+    return x + y
+
+
+def kv_write(pool, start: int, values) -> None:
+    """Store ``values`` (``[c, kv_heads, hd]``) at pool rows ``start .. start + c - 1``."""
+    pool[start:start + values.shape[0]].copy_(values)
+
+
+def prefill_attention(q, k, v):
+    """Causal attention of a chunk ``q [c, heads, hd]`` over ``k, v [m + c, kv_heads, hd]`` (its ``m``
+    cached tokens then itself), the mask aligned to the lower right; returns ``[c, heads * hd]``."""
+    c, total = q.shape[0], k.shape[0]
+    qh, kh, vh = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+    if total == c:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(c, total), enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(c, -1)
+
+
+def decode_attention(q, k_pool, v_pool, index, valid):
+    """One query token per sequence, ``q [b, heads, hd]``, over pool rows ``index [b, L]`` (padding
+    where ``valid`` is False); returns ``[b, heads * hd]``."""
+    b, heads, hd = q.shape
+    kv_heads = k_pool.shape[1]
+    keys, values = k_pool[index].transpose(1, 2), v_pool[index].transpose(1, 2)  # [b, kv_heads, L, hd]
+    out = F.scaled_dot_product_attention(q.view(b, kv_heads, heads // kv_heads, hd), keys, values,
+                                         attn_mask=valid[:, None, None, :])
+    return out.reshape(b, heads * hd)
+
+
+def decode_index(starts: list[int], lengths: list[int], device, align: int = 8):
+    """Pool rows ``index [b, L]`` and mask ``valid [b, L]`` for sequences stored at ``starts`` with
+    ``lengths`` tokens; ``L`` is the longest length rounded up to ``align`` (padding repeats row ``start``)."""
+    width = -(-max(lengths) // align) * align
+    offsets = torch.arange(width)
+    lens = torch.tensor(lengths)
+    valid = offsets[None, :] < lens[:, None]
+    index = torch.tensor(starts)[:, None] + torch.where(valid, offsets[None, :], 0)
+    return index.to(device), valid.to(device)

@@ -1,0 +1,152 @@
+"""``infermax profile``: time every operator case and write a profile folder ``infermax fit`` reads unchanged.
+
+Writes ``<out>/tp<N>/measurements.csv`` (our schema, ``infermax.costmodel.measurements``) and
+``profile.json`` (gpu, model, tp, layers, hidden size, and the environment: device, driver, CUDA,
+PyTorch, dtype, grid, date). Rows the fit does not use yet are still recorded: ``lm_head`` (final
+norm + LM head + greedy pick, ``num_tokens`` = generating sequences) and ``swap_out``/``swap_in``
+(one layer's K and V of ``num_tokens`` tokens, device→host and host→device). On a CPU the swap rows
+are a host memcpy stand-in and say so in ``derivation``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from ..costmodel.measurements import COLUMNS, MEASUREMENTS_CSV, PROFILE_JSON, write_measurements
+from . import layers as L
+from .operators import OperatorBench, get_grid
+from .timer import measure
+
+torch = L.torch
+KNOWN_GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4", "v100")
+NOT_FITTED = ("lm_head", "swap_out", "swap_in")
+CPU_SWAP_NOTE = "host memcpy stand-in (no accelerator): not a host<->device copy"
+
+
+def resolve_device(device: str | None) -> str:
+    """``cuda`` when available unless ``device`` says otherwise; a clear error for an absent GPU."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but PyTorch sees no CUDA GPU (torch {torch.__version__})")
+    if device.split(":")[0] not in ("cuda", "cpu"):
+        raise ValueError(f"device must be cuda, cuda:N or cpu, got {device!r}")
+    return device
+
+
+def device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        match = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M)
+        if match:
+            return match.group(1).strip()
+    return platform.processor() or "CPU"
+
+
+def gpu_key(name: str, device: str) -> str:
+    """Short GPU name for ``profiles/<gpu>/`` (``h100``, ``h200``, ...) from the device name; ``cpu`` on a CPU."""
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    lowered = name.lower()
+    for key in KNOWN_GPUS:
+        if key in lowered:
+            return key
+    return re.sub(r"[^a-z0-9]+", "-", lowered).strip("-")
+
+
+def nvidia_driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.splitlines()[0].strip() or "unknown"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def environment(device: str, dtype: str, grid: str) -> dict:
+    """What the measurements were taken on (stored in ``profile.json`` and the rows' provenance)."""
+    cuda = torch.device(device).type == "cuda"
+    return {"device": device_name(device), "driver": nvidia_driver() if cuda else "n/a (cpu)",
+            "cuda": torch.version.cuda if cuda else "n/a (cpu)", "torch": torch.__version__, "dtype": dtype,
+            "grid": grid, "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid: str = "full", tiny: bool = False,
+            device: str | None = None, gpu: str | None = None, progress: bool = True) -> Path:
+    """Profile ``model`` (one TP shard) on ``device`` into ``out/tp<tp>/``; returns that folder."""
+    if dtype not in L.DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
+    shapes, g = L.shard_shapes(model, tp, tiny), get_grid(grid)
+    device = resolve_device(device)
+    env = environment(device, dtype, grid)
+    gpu = gpu or gpu_key(env["device"], device)
+    bench = OperatorBench(shapes, g, device, L.DTYPES[dtype])
+    software = (f"infermax profile: PyTorch {env['torch']}, CUDA {env['cuda']}, driver {env['driver']}, "
+                f"{dtype}, SDPA attention")
+    source = f"infermax profile --model {model} --tp {tp} --dtype {dtype} --grid {grid}" + (" --tiny" if tiny else "")
+    cpu = torch.device(device).type != "cuda"
+    rows = []
+    with _progress(progress, bench.count(), f"profiling {shapes.name} tp{tp} on {env['device']}") as advance:
+        with torch.inference_mode():
+            for case in bench.cases():
+                t = measure(case.run, device, g.warmup, g.reps)
+                derivation = CPU_SWAP_NOTE if cpu and case.operator.startswith("swap_") else ""
+                rows.append((case.operator, case.num_tokens, case.batch_size, case.prefill_chunk_size, case.kv_cache_size,
+                             tp, t.median_ms, t.mean_ms, t.std_ms, env["device"], software, env["date"], source, derivation))
+                advance()
+    folder = Path(out) / f"tp{tp}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_measurements(pd.DataFrame(rows, columns=list(COLUMNS)), folder / MEASUREMENTS_CSV)
+    doc = {"gpu": gpu, "model": shapes.name, "tp": tp, "num_layers": shapes.num_layers, "hidden_size": shapes.hidden,
+           "attention": "measured: PyTorch scaled_dot_product_attention (not vLLM's paged kernels)",
+           "communication": "not applicable (tp=1)" if tp == 1 else
+           "not measured: one shard profiled on one device, no all-reduce",
+           "profiled": {**env, "command": source}, "recorded_not_fitted": list(NOT_FITTED)}
+    (folder / PROFILE_JSON).write_text(json.dumps(doc, indent=2) + "\n")
+    return folder
+
+
+class _progress:
+    """A rich progress bar (or nothing) yielding an ``advance()`` callable, to be called between timed regions.
+
+    The bar is redrawn only inside ``advance()`` (at most 10 times a second), never from rich's
+    background thread, so no thread competes with the timed work for the GIL.
+    """
+
+    def __init__(self, show: bool, total: int, label: str):
+        self.show, self.total, self.label = show, total, label
+
+    def __enter__(self):
+        if not self.show:
+            return lambda: None
+        from rich.progress import Progress
+
+        self.bar = Progress(auto_refresh=False)
+        self.bar.start()
+        task = self.bar.add_task(self.label, total=self.total)
+        last = [0.0]
+
+        def advance():
+            self.bar.advance(task)
+            now = time.monotonic()
+            if now - last[0] > 0.1:
+                self.bar.refresh()
+                last[0] = now
+
+        return advance
+
+    def __exit__(self, *exc):
+        if self.show:
+            self.bar.refresh()
+            self.bar.stop()
+        return False

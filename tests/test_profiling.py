@@ -1,0 +1,297 @@
+"""PyTorch profiler and real-execution replayer (issue 4), on a CPU with tiny shapes; no timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from infermax.cli import app  # noqa: E402
+from infermax.costmodel import load_cost_model  # noqa: E402
+from infermax.costmodel.fitting import fit_profile  # noqa: E402
+from infermax.costmodel.measurements import COLUMNS, read_measurements  # noqa: E402
+from infermax.limits import Limits  # noqa: E402
+from infermax.request import Request  # noqa: E402
+from infermax.schedule import Schedule, ScheduledBatch  # noqa: E402
+from infermax.profiling import execute as E  # noqa: E402
+from infermax.profiling import layers as L  # noqa: E402
+from infermax.profiling.operators import GRIDS, decode_lengths  # noqa: E402
+from infermax.profiling.runner import profile  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    """A tiny-shape CPU profile of Llama-3-8B's architecture, fitted."""
+    out = tmp_path_factory.mktemp("prof")
+    folder = profile("llama-3-8b", out, dtype="fp32", grid="tiny", tiny=True, device="cpu", progress=False)
+    fit_profile(folder, plots=False)
+    return folder
+
+
+# ---- operators against hand-written attention ----
+
+def _naive_attention(q, keys, values, visible):
+    """Per query row and head: softmax(q·k/√d) over the visible keys; K/V head = head // group."""
+    heads, hd = q.shape[1], q.shape[2]
+    group = heads // keys.shape[1]
+    out = torch.zeros(q.shape[0], heads * hd)
+    for i in range(q.shape[0]):
+        for h in range(heads):
+            k, v = keys[visible(i), h // group], values[visible(i), h // group]
+            out[i, h * hd:(h + 1) * hd] = torch.softmax(k @ q[i, h] / math.sqrt(hd), 0) @ v
+    return out
+
+
+def test_prefill_attention_attends_to_cached_context_and_causally():
+    gen = torch.Generator().manual_seed(1)
+    c, m, heads, kv_heads, hd = 5, 7, 4, 2, 8
+    q = torch.randn(c, heads, hd, generator=gen)
+    k, v = torch.randn(m + c, kv_heads, hd, generator=gen), torch.randn(m + c, kv_heads, hd, generator=gen)
+    expected = _naive_attention(q, k, v, lambda i: slice(0, m + i + 1))
+    assert torch.allclose(L.prefill_attention(q, k, v), expected, atol=1e-5)
+    # no context: plain causal
+    expected0 = _naive_attention(q, k[:c], v[:c], lambda i: slice(0, i + 1))
+    assert torch.allclose(L.prefill_attention(q, k[:c], v[:c]), expected0, atol=1e-5)
+
+
+def test_decode_attention_reads_each_sequence_rows_only():
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, hd = 4, 1, 8
+    k_pool, v_pool = torch.randn(40, kv_heads, hd, generator=gen), torch.randn(40, kv_heads, hd, generator=gen)
+    starts, lengths = [3, 20, 11], [5, 9, 1]
+    q = torch.randn(3, heads, hd, generator=gen)
+    index, valid = L.decode_index(starts, lengths, "cpu")
+    assert index.shape == (3, 16)  # longest 9 rounded up to 8's
+    got = L.decode_attention(q, k_pool, v_pool, index, valid)
+    for b, (s, n) in enumerate(zip(starts, lengths)):
+        expected = _naive_attention(q[b:b + 1], k_pool[s:s + n], v_pool[s:s + n], lambda i: slice(0, n))
+        assert torch.allclose(got[b], expected[0], atol=1e-5)
+
+
+def test_decode_lengths_spread_and_sum():
+    assert decode_lengths(1, 100) == [100]
+    assert decode_lengths(4, 100) == [75, 92, 108, 125]  # 75, 91.7, 108.3, 125
+    lengths = decode_lengths(7, 33)
+    assert sum(lengths) == 7 * 33 and min(lengths) >= 24 and max(lengths) <= 42
+
+
+def test_tiny_shapes_keep_head_ratio_and_shard_by_tp():
+    s = L.shard_shapes("llama-3-8b", tiny=True)
+    assert (s.num_heads, s.num_kv_heads, s.num_layers, s.name) == (4, 1, 2, "llama-3-8b-tiny")
+    full = L.shard_shapes("llama-3-8b", tp=2)
+    assert (full.num_heads, full.num_kv_heads, full.ffn, full.vocab, full.head_dim) == (16, 4, 7168, 64128, 128)
+    with pytest.raises(ValueError, match="Llama-style"):
+        L.shard_shapes("opt-13b")
+
+
+def test_token_pool_first_fit_and_coalescing():
+    pool = E.TokenPool(10)
+    a, b, c = pool.alloc(3), pool.alloc(4), pool.alloc(3)
+    assert (a, b, c) == (0, 3, 7) and pool.free == []
+    pool.release(a, 3)
+    pool.release(c, 3)
+    with pytest.raises(ValueError, match="KV pool exhausted"):
+        pool.alloc(4)
+    pool.release(b, 4)
+    assert pool.free == [(0, 10)]
+
+
+# ---- profile -> fit -> cost model ----
+
+def test_profile_tiny_is_fitted_unchanged(tiny_profile):
+    table = read_measurements(tiny_profile / "measurements.csv")
+    assert list(table.columns) == list(COLUMNS)
+    grid = GRIDS["tiny"]
+    ops = table["operator"].value_counts()
+    assert ops["attn_pre_proj"] == ops["emb"] == ops["lm_head"] == len(grid.tokens)
+    prefill = table[table["operator"] == "attn_prefill"]
+    assert set(zip(prefill["prefill_chunk_size"], prefill["kv_cache_size"])) == {
+        (c, m) for c in grid.prefill_chunks for m in grid.prefill_contexts}
+    decode = table[table["operator"] == "attn_decode"]
+    assert (decode["batch_size"] * decode["kv_cache_size"]).max() <= grid.max_decode_tokens
+    assert (table["median_ms"] > 0).all()
+    swap = table[table["operator"].str.startswith("swap_")]
+    assert len(swap) == 2 * len(grid.swap_tokens) and swap["derivation"].str.contains("stand-in").all()
+    assert (table.loc[~table["operator"].str.startswith("swap_"), "derivation"] == "").all()
+    doc = json.loads((tiny_profile / "profile.json").read_text())
+    assert (doc["gpu"], doc["model"], doc["num_layers"], doc["hidden_size"]) == ("cpu", "llama-3-8b-tiny", 2, 64)
+    assert doc["profiled"]["torch"] == torch.__version__ and doc["groups"] == [
+        "non_attention", "prefill_attention", "decode_attention"]
+    for kind in ("linear", "piecewise"):
+        cost = load_cost_model(path=tiny_profile / f"infermax_{kind}.json")
+        from infermax.costmodel import BatchFeatures
+
+        assert cost.batch_time_s(BatchFeatures(n_tokens=8, n_decode_seqs=8, decode_kv_tokens=256)) > 0
+
+
+def test_profile_cli_and_fit_cli(tmp_path):
+    result = runner.invoke(app, ["profile", "--model", "llama-2-7b", "--tiny", "--grid", "tiny", "--dtype", "fp32",
+                                 "--device", "cpu", "--out", str(tmp_path / "m"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["fit", str(tmp_path / "m"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "m" / "tp1" / "infermax_piecewise.json").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtype", "fp8"], "unknown dtype"), (["--grid", "huge"], "unknown grid"),
+    (["--model", "opt-13b"], "Llama-style"), (["--device", "tpu"], "device must be")])
+def test_profile_cli_rejects_bad_input(tmp_path, args, message):
+    result = runner.invoke(app, ["profile", "--tiny", "--grid", "tiny", "--device", "cpu", "--out", str(tmp_path),
+                                 "--no-progress", *args])
+    assert result.exit_code == 2 and message in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
+def test_cuda_requested_without_gpu_is_an_error(tmp_path):
+    result = runner.invoke(app, ["profile", "--tiny", "--device", "cuda", "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 2 and "no CUDA GPU" in result.output
+
+
+# ---- execution: cached chunked prefill / decode / eviction equals one full causal pass ----
+
+def _reference_logits(net: E.Transformer, tokens: list[int]) -> torch.Tensor:
+    """Logits at every position from one no-cache causal pass, written independently of ``layers``:
+    explicit score matrices, complex-number rotary embedding, hand-written RMSNorm."""
+    s = net.s
+    hd, group, n = s.head_dim, s.num_heads // s.num_kv_heads, len(tokens)
+
+    def norm(x, w):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + L.NORM_EPS) * w
+
+    freq = L.ROPE_THETA ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    turn = torch.polar(torch.ones(n, hd // 2, dtype=torch.float64), torch.arange(n, dtype=torch.float64)[:, None] * freq)
+
+    def rotate(t):  # pairs (i, i + hd/2) as complex numbers, multiplied by e^{i·pos·freq}
+        z = torch.complex(t[..., :hd // 2].double(), t[..., hd // 2:].double()) * turn[:, None, :]
+        return torch.cat([z.real, z.imag], -1).float()
+
+    x = net.emb.table[torch.tensor(tokens)]
+    future = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+    for w in net.layers:
+        qkv = norm(x, w.ln1) @ w.wqkv.T
+        q = rotate(qkv[:, :s.q_dim].reshape(n, s.num_heads, hd))
+        k = rotate(qkv[:, s.q_dim:s.q_dim + s.kv_dim].reshape(n, s.num_kv_heads, hd)).repeat_interleave(group, 1)
+        v = qkv[:, s.q_dim + s.kv_dim:].reshape(n, s.num_kv_heads, hd).repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
+        p = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
+        x = x + torch.einsum("hqk,khd->qhd", p, v).reshape(n, -1) @ w.wo.T
+        gate_up = norm(x, w.ln2) @ w.w_gate_up.T
+        gate, up = gate_up[:, :s.ffn], gate_up[:, s.ffn:]
+        x = x + (gate * torch.sigmoid(gate) * up) @ w.w_down.T
+    return norm(x, net.emb.final_norm) @ net.emb.lm_head.T
+
+
+def _hand_schedule() -> Schedule:
+    """Chunked prefills with prior context, hybrid batches, a decode-phase eviction (request 1 after 2
+    tokens: refill of I + 2 = 7 tokens) and a mid-prefill eviction (request 3 after 3 of 6 tokens)."""
+    reqs = [Request(0, 0.0, 7, 4), Request(1, 0.0, 5, 3), Request(2, 0.0, 3, 5), Request(3, 0.0, 6, 2)]
+    b = ScheduledBatch
+    batches = [b([(0, 4), (1, 5)]), b([(0, 3), (1, 1), (2, 2)]), b([(0, 1), (2, 1)], evict=[1]),
+               b([(1, 7), (0, 1), (2, 1), (3, 3)]), b([(0, 1), (2, 1)], evict=[3]), b([(3, 6), (2, 1)]),
+               b([(3, 1), (2, 1)])]
+    return Schedule(reqs, Limits(C=64, M=64), batches)
+
+
+class _Flat:
+    name = "flat"
+
+    def batch_time_s(self, features):
+        return 0.001 * features.n_tokens
+
+
+def test_cached_execution_equals_full_forward_through_chunks_and_evictions():
+    sched = _hand_schedule()
+    torch.manual_seed(0)
+    net = E.Transformer(L.shard_shapes("llama-3-8b", tiny=True), "cpu", torch.float32,
+                        E.pool_rows_for(sched, L.shard_shapes("llama-3-8b", tiny=True), "cpu", torch.float32), seed=3)
+    ex = E.Executor(net, sched, keep_logits=True)
+    measured, rec = ex.run(_Flat())
+    assert len(measured) == len(sched.batches) and all(t > 0 for t in measured)
+    for r in sched.requests:
+        tokens = ex.tokens[r.id]
+        assert len(tokens) == r.prompt_tokens + r.output_tokens
+        ref = _reference_logits(net, tokens[:-1])
+        got = torch.stack(ex.logits[r.id])
+        # request 1 produced token 2 in its refill, request 3 token 0 after its restart: same logits as no eviction
+        assert got.shape == (r.output_tokens, net.s.vocab)
+        assert torch.allclose(got, ref[r.prompt_tokens - 1:], atol=2e-4, rtol=1e-4), r.id
+        assert tokens[r.prompt_tokens:] == got.argmax(-1).tolist()
+    assert ex.slot == {} and ex.pool.free == [(0, ex.pool.rows)]  # every cache freed at finish
+    # the recorder saw the Replayer's features: batch 3 refills request 1 (7 tokens) and starts request 3
+    f3 = rec.features[3]
+    assert (f3.prefill_tokens, f3.n_prefill_seqs, f3.n_decode_seqs, f3.prefill_ctx_tokens) == (10, 2, 2, 0)
+
+
+def test_eviction_drops_the_cache():
+    sched = _hand_schedule()
+    shapes = L.shard_shapes("llama-2-7b", tiny=True)
+    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32))
+    ex = E.Executor(net, sched)
+    ex.run(_Flat(), batches=2)
+    assert set(ex.slot) == {0, 1, 2}
+    ex2 = E.Executor(net, sched)
+    ex2.run(_Flat(), batches=3)  # batch 2 evicts request 1
+    assert set(ex2.slot) == {0, 2}
+    held = sum(sched.requests[i].peak_kv_tokens for i in (0, 2))
+    assert sum(length for _, length in ex2.pool.free) == ex2.pool.rows - held
+
+
+def test_gpu_replay_cli_compares_with_the_simulation(tiny_profile, tmp_path):
+    cost_file = tiny_profile / "infermax_linear.json"
+    sim = tmp_path / "sim"
+    result = runner.invoke(app, ["simulate", "-s", "sarathi", "--B", "5", "--I", "40", "--O", "4", "--C", "64",
+                                 "--P", "32", "--M", "120", "--cost-model-file", str(cost_file), "--out", str(sim),
+                                 "--no-progress"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "rep"
+    result = runner.invoke(app, ["gpu-replay", str(sim / "schedule.json"), "--model", "llama-3-8b", "--tiny",
+                                 "--device", "cpu", "--dtype", "fp32", "--cost-model-file", str(cost_file),
+                                 "--warmup", "2", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    batches, requests = pd.read_csv(out / "batches.csv"), pd.read_csv(out / "requests.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    sim_batches, sim_requests = pd.read_parquet(sim / "batches.parquet"), pd.read_parquet(sim / "requests.parquet")
+    assert len(batches) == len(sim_batches) == summary["batches"]
+    # predictions are the simulation's batch times; the features are the simulation's batches
+    assert np.allclose(batches["predicted_s"], sim_batches["duration_s"], rtol=1e-5)
+    assert (batches["prefill_tokens"] == sim_batches["prefill_tokens"]).all()
+    # offline arrivals: a request's measured latency is the sum of measured batch times up to the batch it finished in
+    ends = sim_batches["end_s"].to_numpy()
+    cumulative = batches["measured_s"].cumsum().to_numpy()
+    for rid, finish in zip(sim_requests["id"], sim_requests["finish_s"]):
+        j = int(np.argmin(np.abs(ends - finish)))
+        assert requests.set_index("id").loc[rid, "measured_latency_s"] == pytest.approx(cumulative[j], rel=1e-4)
+        assert requests.set_index("id").loc[rid, "simulated_latency_s"] == pytest.approx(finish, rel=1e-5)  # CSV keeps 6 digits
+    errors = 100 * (batches["predicted_s"] - batches["measured_s"]).abs() / batches["measured_s"]
+    assert summary["per_batch_mape_pct"] == pytest.approx(errors.mean(), rel=1e-3)
+    lat = requests["measured_latency_s"].mean()
+    assert summary["e2e_latency_error_pct"] == pytest.approx(100 * (requests["simulated_latency_s"].mean() - lat) / lat, rel=1e-3)
+
+
+def test_gpu_replay_rejects_an_invalid_schedule(tiny_profile, tmp_path):
+    sched = Schedule([Request(0, 0.0, 4, 2)], Limits(C=8, M=16), [ScheduledBatch([(0, 5)])])
+    path = sched.save(tmp_path / "bad.json")
+    result = runner.invoke(app, ["gpu-replay", str(path), "--model", "llama-3-8b", "--tiny", "--device", "cpu",
+                                 "--cost-model-file", str(tiny_profile / "infermax_linear.json"), "--no-progress"])
+    assert result.exit_code == 1 and "chunk" in result.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_profile_and_replay_on_cuda(tmp_path):
+    folder = profile("llama-3-8b", tmp_path, dtype="bf16", grid="tiny", tiny=True, device="cuda", progress=False)
+    table = read_measurements(folder / "measurements.csv")
+    assert (table["derivation"] == "").all() and (table["median_ms"] > 0).all()
+    sched = _hand_schedule()
+    check = E.gpu_replay(sched, "llama-3-8b", _Flat(), device="cuda", dtype="bf16", tiny=True, warmup_batches=2,
+                         progress=False)
+    assert check.summary["batches"] == len(sched.batches)
