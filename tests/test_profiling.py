@@ -286,6 +286,14 @@ def test_gpu_replay_rejects_an_invalid_schedule(tiny_profile, tmp_path):
     assert result.exit_code == 1 and "chunk" in result.output
 
 
+def test_gpu_replay_refuses_swapping_schedules(tiny_profile):
+    sched = Schedule([Request(0, 0.0, 4, 3)], Limits(C=8, M=16), [
+        ScheduledBatch([(0, 4)]), ScheduledBatch([(0, 1)], swap_out=[(0, 2)])])
+    with pytest.raises(ValueError, match="batch 1 swaps"):
+        E.gpu_replay(sched, "llama-3-8b", load_cost_model(path=tiny_profile / "infermax_linear.json"),
+                     device="cpu", tiny=True, progress=False)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_profile_and_replay_on_cuda(tmp_path):
     folder = profile("llama-3-8b", tmp_path, dtype="bf16", grid="tiny", tiny=True, device="cuda", progress=False)

@@ -294,6 +294,10 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
 
     if dtype not in L.DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
+    for j, batch in enumerate(schedule.batches):
+        if batch.swap_out or batch.swap_in or batch.hidden:
+            raise ValueError(f"batch {j} swaps KV or holds a hidden-form cache; gpu-replay executes KV-form caches "
+                             f"without host swapping only")
     device = resolve_device(device)
     shapes = L.shard_shapes(model, 1, tiny)
     net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
