@@ -50,8 +50,9 @@ class RequestState:
         self.cpu_tokens = 0  # of the m cached tokens, those whose KV is in host memory (swapped out)
         self.swapped_out_tokens = 0
         self.swapped_in_tokens = 0
-        # Every token's emission time, kept only for requests with a TBT target (P99 TBT needs them).
-        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None else None
+        # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
+        # share of on-time gaps need them).
+        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
 
     @property
     def in_prefill(self) -> bool:

@@ -124,3 +124,8 @@ for _name, _desc, _opts in (
 ):
     register(SchedulerSpec(name=_name, description=_desc, token_accounting=True,
                            factory=lambda limits, cm, o=_opts, n=_name: BrosScheduler(limits, cm, o, name=n)))
+from .roundrobin import RoundRobinScheduler  # noqa: E402
+
+register(SchedulerSpec(name="roundrobin", description="BROS's RR baseline: RT and BE FCFS queues in alternate "
+                                                      "iterations, mixed prefill/decode, no chunking, recompute",
+                       factory=lambda limits, cm: RoundRobinScheduler(limits, cm)))
