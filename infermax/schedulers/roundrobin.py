@@ -2,10 +2,11 @@
 
 Each iteration serves one class (``request_class == "be"`` or not), alternating; when the class
 whose turn it is has nothing that can run, the other class is served. Within the class the
-iteration is Algorithm 1's single FCFS group over its waiting and running requests by arrival,
-mixing prefill and decode (the BROS engine mixes them), whole prefills (no chunking), stopping at
-the first candidate that does not fit; an ``M`` failure evicts (recompute) the latest-arrived
-running request of either class (no bidirectional KV). Block size and token budget come from the
+iteration is Algorithm 1 with two FCFS groups, the class's running requests then its waiting ones
+(by arrival; vLLM's order), mixing prefill and decode (the BROS engine mixes them), whole prefills
+(no chunking), each group stopping at its first candidate that does not fit; a running request's
+``M`` failure evicts (recompute) the latest-arrived running request of either class, else itself
+(no bidirectional KV). Block size and token budget come from the
 limits (the paper: block 16 for every system).
 """
 
@@ -28,9 +29,10 @@ class RoundRobinScheduler(Algorithm1Scheduler):
 
     def _groups(self):
         be = self.turn_be
-        queue = sorted((s for s in (*self.running, *self.waiting) if (s.req.request_class == "be") == be),
-                       key=lambda s: (s.req.arrival_s, s.id))
-        return [(queue, True)], self.running
+        running = [s for s in self.running if (s.req.request_class == "be") == be]
+        waiting = sorted((s for s in self.waiting if (s.req.request_class == "be") == be),
+                         key=lambda s: (s.req.arrival_s, s.id))
+        return [(running, True), (waiting, True)], self.running
 
     def next_batch(self, now_s: float) -> ScheduledBatch:
         batch = super().next_batch(now_s)
