@@ -27,6 +27,10 @@ class RunConfig:
     ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file. KV swaps are
     timed by ``swap_cost()``: the model's KV bytes over the GPU's host link (``host_link_gbps``
     overrides the link's GB/s per direction).
+    Hybrid RT/BE workload (BROS, `workloads_hybrid.hybrid`): ``rt_dataset`` (sharegpt | lmsys lengths)
+    with Poisson ``rt_rate`` over ``duration_s`` seconds, plus closed-loop BE batches of ``be_batch``
+    requests submitted until ``duration_s``; RT targets are 0.4 s TTFT / 0.2 s TPOT (``slo_ttft_s``
+    overrides the first).
     """
 
     scheduler: str = "vllm"
@@ -59,6 +63,10 @@ class RunConfig:
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
     host_link_gbps: float | None = None
+    rt_dataset: str | None = None
+    rt_rate: float | None = None
+    be_batch: int = 256
+    duration_s: float = 60.0
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -106,6 +114,8 @@ class RunConfig:
         """The workload with its arrival times."""
         from . import workload
 
+        if self.rt_dataset is not None:
+            return self._hybrid_requests()
         sources = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset),
                                             ("input_dist/output_dist", self.input_dist or self.output_dist)) if given]
         if len(sources) > 1:
@@ -132,6 +142,20 @@ class RunConfig:
         ttft, tbt = self.slo_targets()
         return requests if ttft is None and tbt is None else workload.with_slo(requests, ttft, tbt)
 
+    def _hybrid_requests(self) -> list[Request]:
+        from .workloads_hybrid import hybrid
+
+        others = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset),
+                                           ("input_dist", self.input_dist), ("output_dist", self.output_dist),
+                                           ("arrival", self.arrival), ("slo", self.slo), ("slo_tbt_s", self.slo_tbt_s))
+                  if given]
+        if others:
+            raise ValueError(f"rt_dataset (hybrid RT/BE workload) does not combine with {', '.join(others)}")
+        if self.rt_rate is None:
+            raise ValueError("rt_dataset needs rt_rate (RT requests per second)")
+        return hybrid(self.rt_dataset, self.rt_rate, self.duration_s, self.be_batch, seed=self.seed,
+                      ttft_slo_s=0.4 if self.slo_ttft_s is None else self.slo_ttft_s)
+
     def slo_targets(self) -> tuple[float | None, float | None]:
         """(TTFT, P99 TBT) targets: the ``slo`` dataset's, overridden by ``slo_ttft_s``/``slo_tbt_s``."""
         from .workload import DATASETS
@@ -153,5 +177,6 @@ class RunConfig:
         from .engine import simulate
 
         return simulate(self.requests(), self.scheduler, self.limits(), self.cost(), progress=progress,
-                        meta={"config": self.to_dict()}, swap_cost=self.swap_cost())
+                        meta={"config": self.to_dict()}, swap_cost=self.swap_cost(),
+                        closed_loop_until_s=self.duration_s if self.rt_dataset is not None else None)
 

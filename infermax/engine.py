@@ -11,6 +11,7 @@ batches, +2 us/batch on tiny ones), so SimPy buys nothing here but a dependency.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Sequence
 
 from .costmodel.base import CostModel
@@ -41,6 +42,7 @@ def simulate(
     meta: dict | None = None,
     fast_forward: bool = True,
     swap_cost: SwapCost | None = None,
+    closed_loop_until_s: float | None = None,
 ) -> SimResult:
     """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer.
 
@@ -49,6 +51,9 @@ def simulate(
     result is identical to stepping batch by batch (``fast_forward=False``), which the tests check.
     ``swap_cost`` times KV swaps (needed only by schedulers that swap); it is recorded in the result's
     ``meta["swap_cost"]`` so that a replay of the schedule times the swaps identically.
+    Requests with a ``closed_loop_group`` are submitted group by group (`ClosedLoop`); a group whose
+    release time would exceed ``closed_loop_until_s`` is never submitted and is not in the result
+    (``meta["unreleased_requests"]`` counts them).
     """
     if not requests:
         raise ValueError("the workload has no requests")
@@ -60,8 +65,10 @@ def simulate(
     if isinstance(scheduler, str):
         scheduler, limits = make_scheduler(scheduler, limits, cost_model)
     check_fits(requests, limits)
-    rp = Replayer(requests, limits, cost_model, swap_cost)
-    arrivals = sorted(rp.states.values(), key=lambda s: (s.req.arrival_s, s.id))
+    scheduler.swap_cost = swap_cost
+    loop = ClosedLoop(requests, closed_loop_until_s)
+    rp = Replayer(loop.open_requests, limits, cost_model, swap_cost)
+    arrivals = sorted(rp.states.values(), key=_arrival_order)
     next_arrival = 0
     now = arrivals[0].req.arrival_s
     waited_until: float | None = None
@@ -90,6 +97,9 @@ def simulate(
             except ScheduleViolation as exc:
                 raise SchedulerError(f"scheduler '{scheduler.name}' planned an invalid batch: {exc}") from exc
             scheduler.batch_done(batch, finished)
+            released = [rp.add_request(r) for r in loop.finished(finished, rp.clock_s)]
+            if released:
+                arrivals[next_arrival:] = sorted(arrivals[next_arrival:] + released, key=_arrival_order)
             generated = rp.last_generated
             if fast_forward and rp.last_full_decode and scheduler.repeats_full_decode(batch):
                 stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
@@ -104,7 +114,51 @@ def simulate(
                 tracker.advance(generated)
     run_meta = {"scheduler": scheduler.name, "cost_model": getattr(cost_model, "name", type(cost_model).__name__),
                 **({"swap_cost": swap_cost.to_dict()} if swap_cost is not None else {}), **(meta or {})}
+    if loop.groups:
+        run_meta.update(closed_loop_until_s=closed_loop_until_s, unreleased_requests=loop.unreleased)
     return SimResult.from_replayer(rp, meta=run_meta)
+
+
+def _arrival_order(s):
+    return (s.req.arrival_s, s.id)
+
+
+class ClosedLoop:
+    """Closed-loop submission of requests with a ``closed_loop_group``: the lowest group is open; each
+    later group is released when every request of the previous group has finished, arriving at
+    ``max(arrival_s, that time)``, unless that time exceeds ``until_s`` (then no later group is)."""
+
+    def __init__(self, requests: Sequence[Request], until_s: float | None = None):
+        by_group: dict[int, list[Request]] = {}
+        self.open_requests = []
+        for r in requests:
+            if r.closed_loop_group is None:
+                self.open_requests.append(r)
+            else:
+                by_group.setdefault(r.closed_loop_group, []).append(r)
+        self.groups = [by_group[g] for g in sorted(by_group)]
+        self.until_s = until_s
+        self.unreleased = sum(len(g) for g in self.groups[1:])
+        self._next = 1  # index of the next group to release
+        self._left = {r.id for r in self.groups[0]} if self.groups else set()
+        if self.groups:
+            self.open_requests += self.groups[0]
+
+    def finished(self, finished, now_s: float) -> list[Request]:
+        """Requests released because ``finished`` (states) completed the current group at ``now_s``."""
+        if not self._left:
+            return []
+        self._left.difference_update(s.id for s in finished)
+        if self._left or self._next >= len(self.groups):
+            return []
+        if self.until_s is not None and now_s > self.until_s:
+            self._next = len(self.groups)
+            return []
+        group = [replace(r, arrival_s=max(r.arrival_s, now_s)) for r in self.groups[self._next]]
+        self._next += 1
+        self.unreleased -= len(group)
+        self._left = {r.id for r in group}
+        return group
 
 
 class _Tracker:

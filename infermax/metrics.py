@@ -12,6 +12,8 @@ Latency targets: when requests carry ``ttft_slo_s``/``tbt_slo_s``/``tpot_slo_s``
 gains ``p99_tbt_s`` (99th percentile, linear interpolation, of the request's own gaps between
 consecutive tokens; NaN for O = 1), ``ttft_ok``, ``tbt_ok``, ``tpot_ok`` (mean TPOT within target)
 and ``slo_met`` (all met; a missing target, or a request with no gap, counts as met; ``≤`` meets),
+``tpot_gap_ok_share`` (share of the request's gaps between tokens within its TPOT target; NaN without
+a target or a gap),
 and the summary gains ``slo_attainment`` (requests meeting all / requests with a target) and the
 per-target shares.
 
@@ -37,7 +39,8 @@ REQUEST_COLUMNS = (
     "ttft_s", "tpot_s", "latency_s", "generated_tokens", "evictions", "refilled_tokens",
     "swapped_out_tokens", "swapped_in_tokens",
 )
-SLO_COLUMNS = ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s", "p99_tbt_s", "ttft_ok", "tbt_ok", "tpot_ok", "slo_met")
+SLO_COLUMNS = ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s", "p99_tbt_s", "ttft_ok", "tbt_ok", "tpot_ok", "slo_met",
+               "tpot_gap_ok_share")
 
 
 @dataclass
@@ -99,9 +102,14 @@ def slo_table(states) -> pd.DataFrame:
         tbt_ok = r.tbt_slo_s is None or math.isnan(p99) or p99 <= r.tbt_slo_s
         tpot_ok = (r.tpot_slo_s is None or r.output_tokens == 1
                    or (s.finish_s - s.first_token_s) / (r.output_tokens - 1) <= r.tpot_slo_s)
-        rows.append((r.ttft_slo_s, r.tbt_slo_s, r.tpot_slo_s, p99, ttft_ok, tbt_ok, tpot_ok, ttft_ok and tbt_ok and tpot_ok))
+        gap_share = math.nan
+        if r.tpot_slo_s is not None and len(s.token_times) > 1:
+            gap_share = float(np.mean(np.diff(np.asarray(s.token_times, dtype=float)) <= r.tpot_slo_s))
+        rows.append((r.ttft_slo_s, r.tbt_slo_s, r.tpot_slo_s, p99, ttft_ok, tbt_ok, tpot_ok, ttft_ok and tbt_ok and tpot_ok,
+                     gap_share))
     table = pd.DataFrame(rows, columns=list(SLO_COLUMNS))
-    return table.astype({"ttft_slo_s": float, "tbt_slo_s": float, "tpot_slo_s": float, "p99_tbt_s": float})
+    return table.astype({"ttft_slo_s": float, "tbt_slo_s": float, "tpot_slo_s": float, "p99_tbt_s": float,
+                         "tpot_gap_ok_share": float})
 
 
 def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens: int) -> dict:
@@ -144,4 +152,36 @@ def summarize(requests: pd.DataFrame, batches: pd.DataFrame, kv_capacity_tokens:
                     "ttft_attainment": float(with_slo["ttft_ok"].mean()),
                     "tbt_attainment": float(with_slo["tbt_ok"].mean()),
                     "tpot_attainment": float(with_slo["tpot_ok"].mean())})
+    return out
+
+
+def class_summary(result: SimResult) -> dict[str, dict]:
+    """Per request class (``request_class``), BROS's metrics; empty when no request has a class.
+
+    Every class: ``num_requests``, ``mean_latency_s``, ``mean_normalized_latency_s`` (mean over requests
+    of latency / output tokens), ``throughput_rps`` and ``throughput_tps`` (the class's requests and
+    output tokens / the span from its first arrival to its last finish). With targets:
+    ``ttft_attainment``, ``tpot_attainment`` (share of requests meeting the target) and
+    ``tpot_gap_attainment`` (mean over requests of the share of on-time gaps between tokens).
+    """
+    q = result.requests
+    if "request_class" not in q:
+        return {}
+    out = {}
+    for cls, g in q.groupby(q["request_class"].fillna("none"), sort=True):
+        span = float(g["finish_s"].max() - g["arrival_s"].min())
+        row = {
+            "num_requests": len(g),
+            "mean_latency_s": float(g["latency_s"].mean()),
+            "mean_normalized_latency_s": float((g["latency_s"] / g["output_tokens"]).mean()),
+            "mean_ttft_s": float(g["ttft_s"].mean()),
+            "throughput_rps": len(g) / span if span > 0 else math.nan,
+            "throughput_tps": float(g["output_tokens"].sum()) / span if span > 0 else math.nan,
+        }
+        if "ttft_slo_s" in g and g["ttft_slo_s"].notna().any():
+            row["ttft_attainment"] = float(g.loc[g["ttft_slo_s"].notna(), "ttft_ok"].mean())
+        if "tpot_slo_s" in g and g["tpot_slo_s"].notna().any():
+            row["tpot_attainment"] = float(g.loc[g["tpot_slo_s"].notna(), "tpot_ok"].mean())
+            row["tpot_gap_attainment"] = float(g["tpot_gap_ok_share"].mean())
+        out[str(cls)] = row
     return out

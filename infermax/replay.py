@@ -50,8 +50,9 @@ class RequestState:
         self.cpu_tokens = 0  # of the m cached tokens, those whose KV is in host memory (swapped out)
         self.swapped_out_tokens = 0
         self.swapped_in_tokens = 0
-        # Every token's emission time, kept only for requests with a TBT target (P99 TBT needs them).
-        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None else None
+        # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
+        # share of on-time gaps need them).
+        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
 
     @property
     def in_prefill(self) -> bool:
@@ -112,18 +113,24 @@ class Replayer:
         self.cost_model = cost_model
         self.swap_cost = swap_cost
         self.states: dict[int, RequestState] = {}
+        self.unfinished = 0
         for r in requests:
-            if r.id in self.states:
-                raise ValueError(f"duplicate request id {r.id}")
-            self.states[r.id] = RequestState(r)
+            self.add_request(r)
         self.clock_s = 0.0
         self.kv_tokens = 0  # block-rounded GPU-resident cache of holders
         self.holders = 0  # requests with GPU-resident cache
-        self.unfinished = len(self.states)
         self.last_generated = 0
         self.last_full_decode = False
         self.batch_rows: list[tuple] = []
         self.batches: list[ScheduledBatch] = []
+
+    def add_request(self, r: Request) -> RequestState:
+        """Add a request (the engine submits closed-loop requests when they are released)."""
+        if r.id in self.states:
+            raise ValueError(f"duplicate request id {r.id}")
+        s = self.states[r.id] = RequestState(r)
+        self.unfinished += 1
+        return s
 
     def apply(self, batch: ScheduledBatch) -> list[RequestState]:
         """Apply one batch; return the requests it finished. Raises ScheduleViolation."""

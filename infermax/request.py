@@ -18,6 +18,10 @@ class Request:
     best-effort); schedulers may read it, metrics group by it.
     ``predicted_output_tokens``: an optional predicted ``O`` (a length predictor's output), the only
     output length a scheduler that claims not to know ``O`` may read.
+    ``closed_loop_group``: closed-loop submission (e.g. BROS's best-effort batches). The requests of
+    the lowest group arrive at their ``arrival_s``; each later group is submitted when every request
+    of the group before it has finished, at ``max(arrival_s, that finish time)`` (the engine records
+    the realised time as the request's ``arrival_s`` in its result). None: an ordinary request.
     """
 
     id: int
@@ -29,6 +33,7 @@ class Request:
     tpot_slo_s: float | None = None
     request_class: str | None = None
     predicted_output_tokens: int | None = None
+    closed_loop_group: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -40,6 +45,10 @@ class Request:
         if self.predicted_output_tokens is not None and self.predicted_output_tokens < 1:
             raise ValueError(
                 f"request {self.id}: predicted_output_tokens must be >= 1, got {self.predicted_output_tokens}")
+        if self.closed_loop_group is not None and (isinstance(self.closed_loop_group, bool)
+                                                   or not isinstance(self.closed_loop_group, int)
+                                                   or self.closed_loop_group < 0):
+            raise ValueError(f"request {self.id}: closed_loop_group must be an integer >= 0, got {self.closed_loop_group!r}")
         for name in ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -15,7 +15,8 @@ processed with their cache in hidden form, Apt-Serve's hybrid cache) and ``not_b
 waited for an arrival while the engine was idle) are omitted when empty. A request is written
 ``[id, arrival_s, prompt_tokens, output_tokens]``, with ``ttft_slo_s, tbt_slo_s`` appended (either
 may be null) when it has only those targets, and as an object keyed by the `Request` field names
-when it has any other optional field (TPOT target, class, predicted output length).
+when it has any other optional field (TPOT target, class, predicted output length, closed-loop
+group).
 Files without these optional parts are read as before.
 """
 
@@ -111,7 +112,7 @@ class Schedule:
         return cls.from_json(read_json(path), source=str(path))
 
 
-_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens")
+_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens", "closed_loop_group")
 
 
 def _request_json(r: Request) -> list | dict:

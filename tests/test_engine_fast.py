@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from infermax.costmodel import load_cost_model
+from infermax.costmodel.swap import SwapCost
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.replay import Replayer
@@ -18,6 +19,9 @@ from infermax.schedulers import available
 from infermax.workload import fixed
 
 LINEAR = load_cost_model(kind="linear")
+SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)  # BROS swaps KV
+# Schedulers that never promise a repeat (their plan changes every iteration): nothing to fast-forward.
+NEVER_REPEATS = ("bros", "bros-strict", "roundrobin")
 
 
 @pytest.fixture
@@ -60,7 +64,8 @@ def cases(draw):
     M = draw(st.integers(peak, peak * 3))
     Rmax = draw(st.one_of(st.none(), st.none(), st.integers(1, 6)))
     cost = draw(st.sampled_from(["linear", "affine"]))
-    return reqs, Limits(C=C, P=P, M=M, Rmax=Rmax, block_size=block), draw(st.sampled_from(available())), cost
+    name = draw(st.sampled_from([n for n in available() if n != "bros-strict"]))  # strict BROS may stop by design
+    return reqs, Limits(C=C, P=P, M=M, Rmax=Rmax, block_size=block), name, cost
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -69,14 +74,14 @@ def test_fast_forward_equals_step_by_step(count_copies, case):
     reqs, limits, name, cost_name = case
     cost = LINEAR if cost_name == "linear" else AffineCost(0.01, 0.001)
     before = count_copies["copies"]
-    step = simulate(reqs, name, limits, cost, fast_forward=False)
+    step = simulate(reqs, name, limits, cost, fast_forward=False, swap_cost=SWAP)
     assert count_copies["copies"] == before  # the reference really stepped every batch
-    fast = simulate(reqs, name, limits, cost)
+    fast = simulate(reqs, name, limits, cost, swap_cost=SWAP)
     event("fast-forwarded" if count_copies["copies"] > before else "nothing to fast-forward")
     assert_identical(step, fast)
 
 
-@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("name", [n for n in available() if n not in NEVER_REPEATS])
 @pytest.mark.parametrize("I, O, B, M, block", [(8, 64, 6, 100_000, 1), (64, 200, 40, 4000, 1), (30, 90, 20, 1500, 16)])
 def test_fast_forward_skips_planning_and_matches(count_copies, name, I, O, B, M, block):
     # Large enough that long decode-only runs exist (and, with small M, evictions between them).

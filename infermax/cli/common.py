@@ -54,6 +54,10 @@ def report(result, out: Path | None, as_json: bool, header: str) -> None:
         return
     console.print(header, highlight=False, soft_wrap=True)
     console.print(summary_table(result.summary, "summary"))
+    from ..metrics import class_summary
+
+    for cls, row in class_summary(result).items():
+        console.print(summary_table(row, f"class {cls}"))
     if out is not None:
         console.print(f"results written to {out}")
 
@@ -87,6 +91,10 @@ GpuMemUtilOpt = Annotated[Optional[float], typer.Option(help="Derive M from GPU 
 RmaxOpt = Annotated[Optional[int], typer.Option("--Rmax", help="Max requests holding KV (default unlimited).")]
 BlockSizeOpt = Annotated[int, typer.Option(help="KV block size in tokens (1 = the paper's accounting, 16 = vLLM paging).")]
 SeedOpt = Annotated[int, typer.Option(help="Seed for generated workloads and arrivals.")]
+RtDatasetOpt = Annotated[Optional[str], typer.Option(help="Hybrid RT/BE workload (BROS): RT lengths like sharegpt | lmsys (BROS Table 2), with closed-loop BE batches.")]
+RtRateOpt = Annotated[Optional[float], typer.Option(help="Hybrid workload: RT Poisson arrival rate (requests/s).")]
+BeBatchOpt = Annotated[int, typer.Option(help="Hybrid workload: BE requests per closed-loop batch.")]
+DurationOpt = Annotated[float, typer.Option("--duration", help="Hybrid workload: seconds of RT arrivals and BE submission.")]
 OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")]
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
+from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
                      RateOpt, RmaxOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config)
@@ -22,17 +22,18 @@ def simulate(
     trace_limit: TraceLimitOpt = None, arrival: ArrivalOpt = None, rate: RateOpt = None, cv: CvOpt = None,
     time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
     gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
-    slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None, out: OutOpt = None,
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
+    rt_dataset: RtDatasetOpt = None, rt_rate: RtRateOpt = None, be_batch: BeBatchOpt = 256, duration: DurationOpt = 60.0,
+    out: OutOpt = None, progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate a workload through a scheduler and print the summary."""
     from ..schedulers import InfeasibleRequestError, SchedulerError
 
     options = {k: v for k, v in locals().items() if k not in ("scheduler", "out", "progress", "as_json", "slo_ttft",
-                                                               "slo_tbt", "InfeasibleRequestError", "SchedulerError")}
+                                                               "slo_tbt", "duration", "InfeasibleRequestError", "SchedulerError")}
     try:
-        config = run_config(scheduler, slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, **options)
+        config = run_config(scheduler, slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, duration_s=duration, **options)
         result = config.simulate(progress=progress and not as_json)
     except (ValueError, FileNotFoundError, InfeasibleRequestError, SchedulerError) as exc:
         fail(str(exc))

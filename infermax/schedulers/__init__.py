@@ -28,6 +28,9 @@ class SchedulerSpec:
     factory: Callable[[Limits, CostModel | None], Scheduler]
     default_P: int | None = None
     eviction_free: bool = False
+    # True: the scheduler manages its own KV blocks from ``limits.block_size`` and the replayer counts
+    # tokens (block size 1), so Σ GPU tokens <= M is checked and the block rule is the scheduler's.
+    token_accounting: bool = False
 
 
 _REGISTRY: dict[str, SchedulerSpec] = {}
@@ -55,7 +58,8 @@ def make_scheduler(name: str, limits: Limits, cost_model: CostModel | None = Non
     spec = get_spec(name)
     if limits.P is None and spec.default_P is not None:
         limits = replace(limits, P=min(spec.default_P, limits.C))
-    return spec.factory(limits, cost_model), limits
+    scheduler = spec.factory(limits, cost_model)
+    return scheduler, (replace(limits, block_size=1) if spec.token_accounting else limits)
 
 
 def _register_algorithm1(name: str, description: str, policy: Algorithm1Policy) -> None:
@@ -107,3 +111,21 @@ for _name, _desc, _opts in (
 ):
     register(SchedulerSpec(name=_name, description=_desc,
                            factory=lambda limits, cm, o=_opts, n=_name: AptServeScheduler(limits, cm, o, name=n)))
+
+# BROS (arXiv 2504.09590) and its baselines (infermax/schedulers/bros.py, roundrobin.py).
+from .bros import BrosOptions, BrosScheduler  # noqa: E402
+
+for _name, _desc, _opts in (
+    ("bros", "BROS: RT slack-ordered packing under the most urgent RT's time budget, BE packing/replacement, "
+             "bidirectional KV blocks (one RT + one BE per block of --block-size slots; use 16) with lazy "
+             "checkpointing; deadlock guards on", BrosOptions()),
+    ("bros-strict", "BROS with Algorithm 1 as printed (no guards): raises NoProgressError when it returns an "
+                    "empty batch", BrosOptions(strict=True)),
+):
+    register(SchedulerSpec(name=_name, description=_desc, token_accounting=True,
+                           factory=lambda limits, cm, o=_opts, n=_name: BrosScheduler(limits, cm, o, name=n)))
+from .roundrobin import RoundRobinScheduler  # noqa: E402
+
+register(SchedulerSpec(name="roundrobin", description="BROS's RR baseline: RT and BE FCFS queues in alternate "
+                                                      "iterations, mixed prefill/decode, no chunking, recompute",
+                       factory=lambda limits, cm: RoundRobinScheduler(limits, cm)))

@@ -31,6 +31,9 @@ class Scheduler(ABC):
     """
 
     name = "scheduler"
+    # The simulation's KV swap time model (`SwapCost`), set by the engine before the first batch;
+    # schedulers that swap KV read it to estimate batch times (None: the run cannot swap).
+    swap_cost = None
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
         """Called after ``batch_done`` of a batch that decoded every KV holder with no prefill and no
