@@ -26,7 +26,8 @@ class RunConfig:
     100,000 tokens unless ``gpu_mem_util`` derives it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
     ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file. KV swaps are
     timed by ``swap_cost()``: the model's KV bytes over the GPU's host link (``host_link_gbps``
-    overrides the link's GB/s per direction).
+    overrides the link's GB/s per direction). ``predictor`` (``noisy``, ``noisy:MU:SIGMA``, ``oracle``;
+    seeded by ``seed``) fills every request's ``predicted_output_tokens`` (``infermax.predictor``).
     """
 
     scheduler: str = "vllm"
@@ -59,6 +60,7 @@ class RunConfig:
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
     host_link_gbps: float | None = None
+    predictor: str | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -129,6 +131,10 @@ class RunConfig:
             raise ValueError("arrival 'trace' needs a trace")
         requests = workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
                                           time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+        if self.predictor is not None:
+            from .predictor import make_predictor, with_predictions
+
+            requests = with_predictions(requests, make_predictor(self.predictor, self.seed, self.dataset))
         ttft, tbt = self.slo_targets()
         return requests if ttft is None and tbt is None else workload.with_slo(requests, ttft, tbt)
 

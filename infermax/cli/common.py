@@ -88,6 +88,7 @@ RmaxOpt = Annotated[Optional[int], typer.Option("--Rmax", help="Max requests hol
 BlockSizeOpt = Annotated[int, typer.Option(help="KV block size in tokens (1 = the paper's accounting, 16 = vLLM paging).")]
 SeedOpt = Annotated[int, typer.Option(help="Seed for generated workloads and arrivals.")]
 OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.")]
+PredictorOpt = Annotated[Optional[str], typer.Option(help="Predicted output lengths for every request: noisy (calibrated log-normal error), noisy:MU:SIGMA or oracle. EcoServe predicts unpredicted requests itself (noisy).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")]
 
 

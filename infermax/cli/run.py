@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
-                     GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
+                     GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
                      RateOpt, RmaxOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config)
 
@@ -23,6 +23,7 @@ def simulate(
     time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
     gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
     slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None, out: OutOpt = None,
+    predictor: PredictorOpt = None,
     progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: JsonOpt = False,
 ) -> None:

@@ -60,7 +60,9 @@ class EcoServeOptions:
     ``pad`` (remaining = ⌈padding·original prediction⌉); ``release`` = ``eos`` (free at finish) or
     ``group`` (hold a finished GT's allocation until its group completes); ``admit_on`` = ``group``
     or ``free``; ``group_by`` = ``blocks`` (allocation blocks) or ``tokens``; ``overrun`` = ``swap``
-    or ``recompute`` (a hosted GT caught by its lender).
+    or ``recompute`` (a hosted GT caught by its lender); ``pt_kv`` = ``free`` (a PT chunk may use
+    any free KV, reserve included) or ``queue`` (not ours: it must also leave room for the allocations
+    of the GTs already queued, a back-pressure the paper does not describe).
     """
 
     sync: bool = True
@@ -79,11 +81,12 @@ class EcoServeOptions:
     admit_on: str = "group"
     group_by: str = "blocks"
     overrun: str = "swap"
+    pt_kv: str = "free"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("regroup", self.regroup, ("repredict", "pad")), ("release", self.release, ("eos", "group")),
                                      ("admit_on", self.admit_on, ("group", "free")), ("group_by", self.group_by, ("blocks", "tokens")),
-                                     ("overrun", self.overrun, ("swap", "recompute"))):
+                                     ("overrun", self.overrun, ("swap", "recompute")), ("pt_kv", self.pt_kv, ("free", "queue"))):
             if value not in allowed:
                 raise ValueError(f"EcoServe option {name} must be one of {allowed}, got {value!r}")
         for name in ("padding", "reserve", "buffer"):
@@ -472,6 +475,8 @@ class EcoServeScheduler(Scheduler):
     def _pick_prompts(self, cands: list[_Task], budget: int, holders: int) -> list[tuple[_Task, int]]:
         lim, blocks = self.limits, self.limits.blocks
         free = lim.M - self.ledger.used
+        if self.opt.pt_kv == "queue":
+            free -= sum(max(0, self._admission_cost(t)) for t in self.q_g)
         picked = []
         order = list(cands)
         while order and budget > 0:

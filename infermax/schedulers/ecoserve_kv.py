@@ -21,8 +21,8 @@ slot's own part joins the writer's region and the guest's own guests become the 
 guest left, the writer grows into free KV (the reserve) by ``grow_step`` tokens, or by one token
 when that is all that fits, or fails (the scheduler then preempts it).
 
-A guest that leaves while its lender still runs returns its own part to the lender's charge (the
-lender will reach it); otherwise the space is freed.
+A guest that finishes while its slot's writer chain still runs becomes a *zombie* charging its own
+part until the writer reaches it; otherwise the space is freed.
 """
 
 from __future__ import annotations
@@ -112,6 +112,8 @@ class KVLedger:
             g = a.guests.pop()
             a.limit += g.own
             a.charge += g.own  # ledger-neutral: taken off the guest (here if finished, else by vacate)
+            if a.holds_slot:
+                a.own += g.own  # the guest's part is now part of a's own region (returned with it)
             if g.holds_slot:
                 leaving.append(g)
             else:  # a finished guest's remaining charge was exactly its own part
