@@ -34,7 +34,8 @@ from time import perf_counter
 
 import pandas as pd
 
-from ..costmodel.base import BatchFeatures, CostModel
+from ..costmodel.base import CostModel
+from ..ecoserve_eval import solo_decode_s, solo_prefill_s
 from ..limits import Limits
 from ..predictor import make_predictor
 from ..replay import RequestState
@@ -180,10 +181,7 @@ class EcoServeScheduler(Scheduler):
         cm = self.cost_model
         if cm is None:
             return float(pred)
-        t_p = cm.batch_time_s(BatchFeatures(n_tokens=prompt, prefill_tokens=prompt, prefill_sq_tokens=prompt * prompt,
-                                            n_prefill_seqs=1))
-        t_g = cm.batch_time_s(BatchFeatures(n_tokens=1, n_decode_seqs=1, decode_kv_tokens=prompt + 1))
-        return t_p + t_g * pred
+        return solo_prefill_s(cm, prompt) + solo_decode_s(cm, prompt) * pred
 
     def _set_gen_alloc(self, t: _Task, remaining_pred: int) -> None:
         need = math.ceil(max(remaining_pred, 1) * (1 + self.opt.padding) - 1e-9)
