@@ -26,7 +26,8 @@ class RunConfig:
     100,000 tokens unless ``gpu_mem_util`` derives it from the GPU's memory. ``cost_model`` picks the fitted family (see ``load_cost_model``);
     ``costmodel_path`` overrides ``gpu``/``model``/``tp`` with an explicit JSON file. KV swaps are
     timed by ``swap_cost()``: the model's KV bytes over the GPU's host link (``host_link_gbps``
-    overrides the link's GB/s per direction).
+    overrides the link's GB/s per direction). ``predictor`` (``noisy``, ``noisy:MU:SIGMA``, ``oracle``;
+    seeded by ``seed``) fills every request's ``predicted_output_tokens`` (``infermax.predictor``).
     Hybrid RT/BE workload (BROS, `workloads_hybrid.hybrid`): ``rt_dataset`` (sharegpt | lmsys lengths)
     with Poisson ``rt_rate`` over ``duration_s`` seconds, plus closed-loop BE batches of ``be_batch``
     requests submitted until ``duration_s``; RT targets are 0.4 s TTFT / 0.2 s TPOT (``slo_ttft_s``
@@ -67,6 +68,7 @@ class RunConfig:
     rt_rate: float | None = None
     be_batch: int = 256
     duration_s: float = 60.0
+    predictor: str | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -139,6 +141,10 @@ class RunConfig:
             raise ValueError("arrival 'trace' needs a trace")
         requests = workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
                                           time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+        if self.predictor is not None:
+            from .predictor import make_predictor, with_predictions
+
+            requests = with_predictions(requests, make_predictor(self.predictor, self.seed, self.dataset))
         ttft, tbt = self.slo_targets()
         return requests if ttft is None and tbt is None else workload.with_slo(requests, ttft, tbt)
 
@@ -147,7 +153,8 @@ class RunConfig:
 
         others = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset),
                                            ("input_dist", self.input_dist), ("output_dist", self.output_dist),
-                                           ("arrival", self.arrival), ("slo", self.slo), ("slo_tbt_s", self.slo_tbt_s))
+                                           ("arrival", self.arrival), ("slo", self.slo), ("slo_tbt_s", self.slo_tbt_s),
+                                           ("predictor", self.predictor))
                   if given]
         if others:
             raise ValueError(f"rt_dataset (hybrid RT/BE workload) does not combine with {', '.join(others)}")

@@ -89,7 +89,9 @@ def test_fast_forward_skips_planning_and_matches(count_copies, name, I, O, B, M,
     limits = Limits(M=M, block_size=block)
     step = simulate(reqs, name, limits, LINEAR, fast_forward=False)
     fast = simulate(reqs, name, limits, LINEAR)
-    assert count_copies["copies"] > 0
+    # EcoServe never promises repetition (a GT outgrowing its allocation changes the plan without an
+    # arrival, a finish or M being reached), so the engine steps it: the results must still match.
+    assert count_copies["copies"] > 0 or name.startswith("ecoserve")
     assert_identical(step, fast)
 
 

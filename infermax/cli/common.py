@@ -96,6 +96,7 @@ RtRateOpt = Annotated[Optional[float], typer.Option(help="Hybrid workload: RT Po
 BeBatchOpt = Annotated[int, typer.Option(help="Hybrid workload: BE requests per closed-loop batch.")]
 DurationOpt = Annotated[float, typer.Option("--duration", help="Hybrid workload: seconds of RT arrivals and BE submission.")]
 OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.")]
+PredictorOpt = Annotated[Optional[str], typer.Option(help="Predicted output lengths for every request: noisy (calibrated log-normal error), noisy:MU:SIGMA or oracle. EcoServe predicts unpredicted requests itself (noisy).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")]
 
 

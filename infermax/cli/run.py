@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
-                     GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
+                     GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
                      RateOpt, RmaxOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config)
 
@@ -24,6 +24,7 @@ def simulate(
     gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
     slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
     rt_dataset: RtDatasetOpt = None, rt_rate: RtRateOpt = None, be_batch: BeBatchOpt = 256, duration: DurationOpt = 60.0,
+    predictor: PredictorOpt = None,
     out: OutOpt = None, progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: JsonOpt = False,
 ) -> None:

@@ -129,3 +129,18 @@ from .roundrobin import RoundRobinScheduler  # noqa: E402
 register(SchedulerSpec(name="roundrobin", description="BROS's RR baseline: RT and BE FCFS queues in alternate "
                                                       "iterations, mixed prefill/decode, no chunking, recompute",
                        factory=lambda limits, cm: RoundRobinScheduler(limits, cm)))
+
+# EcoServe (arXiv 2411.06364) and the paper's ablation ladder (infermax/schedulers/ecoserve.py).
+from .ecoserve import EcoServeOptions, EcoServeScheduler  # noqa: E402
+
+for _name, _desc, _opts in (
+    ("ecoserve-d", "EcoServe-D: separate PT/GT queues, GTs admitted one by one every iteration (exact allocation)",
+     EcoServeOptions(sync=False, ordering=False, pipelining=False)),
+    ("ecoserve-sd", "EcoServe-SD: + same-length GT groups admitted when a group completes",
+     EcoServeOptions(ordering=False, pipelining=False)),
+    ("ecoserve-sdo", "EcoServe-SDO: + ordering (deadline, occupied KV, length buckets)", EcoServeOptions(pipelining=False)),
+    ("ecoserve", "EcoServe: decoupled PT/GT, synced groups, ordering, KV pipelining; predicted lengths", EcoServeOptions()),
+    ("ecoserve-oracle", "EcoServe with the true output lengths (no padding)", EcoServeOptions(oracle=True, padding=0.0)),
+):
+    register(SchedulerSpec(name=_name, description=_desc,
+                           factory=lambda limits, cm, o=_opts, n=_name: EcoServeScheduler(limits, cm, o, name=n)))
