@@ -116,7 +116,11 @@ def simulate(
                 **({"swap_cost": swap_cost.to_dict()} if swap_cost is not None else {}), **(meta or {})}
     if loop.groups:
         run_meta.update(closed_loop_until_s=closed_loop_until_s, unreleased_requests=loop.unreleased)
-    return SimResult.from_replayer(rp, meta=run_meta)
+    result = SimResult.from_replayer(rp, meta=run_meta)
+    extra = scheduler.run_summary(result)
+    if extra:
+        result.meta["scheduler_summary"] = extra
+    return result
 
 
 def _arrival_order(s):

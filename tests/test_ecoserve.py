@@ -327,3 +327,21 @@ def test_metrics_on_a_run():
     assert m["ssr"] == pytest.approx((res.requests.latency_s <= slo).mean())
     assert sum(m[f"jct_{k}_s"] for k in ("waiting", "execution", "gt_queue", "preemption")) == pytest.approx(
         res.requests.latency_s.mean())
+
+
+def test_simulate_cli_reports_ecoserve_metrics_whose_jct_parts_add_up():
+    import json
+
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    out = CliRunner().invoke(app, ["simulate", "-s", "ecoserve", "--dataset", "sharegpt", "--B", "40", "--arrival",
+                                   "poisson", "--rate", "5", "--predictor", "noisy", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    extra = data["scheduler_summary"]
+    parts = sum(extra[f"jct_{k}_s"] for k in ("waiting", "execution", "gt_queue", "preemption"))
+    assert parts == pytest.approx(data["mean_latency_s"], rel=1e-9)
+    assert extra["mean_jct_s"] == pytest.approx(data["mean_latency_s"])
+    assert 0 <= extra["ssr"] <= 1

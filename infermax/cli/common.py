@@ -49,11 +49,14 @@ def report(result, out: Path | None, as_json: bool, header: str) -> None:
     """Save the result if asked, then print its summary as JSON or as a table under ``header``."""
     if out is not None:
         result.save(out)
+    extra = result.meta.get("scheduler_summary")
     if as_json:
-        print(json.dumps(nan_to_null(result.summary)))
+        print(json.dumps(nan_to_null({**result.summary, **({"scheduler_summary": extra} if extra else {})})))
         return
     console.print(header, highlight=False, soft_wrap=True)
     console.print(summary_table(result.summary, "summary"))
+    if extra:
+        console.print(summary_table(extra, f"{result.meta.get('scheduler', 'scheduler')} (its own bookkeeping)"))
     from ..metrics import class_summary
 
     for cls, row in class_summary(result).items():

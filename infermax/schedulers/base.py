@@ -60,6 +60,13 @@ class Scheduler(ABC):
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
         """Update queues after ``batch`` ran; ``finished`` completed in it."""
 
+    def run_summary(self, result) -> dict:
+        """Scheduler-specific metrics of a finished run (a `SimResult`), for ``meta["scheduler_summary"]``.
+
+        They may depend on the scheduler's own bookkeeping (so a replay of the Schedule does not
+        reproduce them) or on wall-clock time. The default has none."""
+        return {}
+
     def describe_state(self) -> str:
         """A one-line description of the queues, for error messages."""
         return ""

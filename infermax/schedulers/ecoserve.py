@@ -526,6 +526,16 @@ class EcoServeScheduler(Scheduler):
                 self._to_gt_queue(t)
                 self.stats.state[rid] = "preemption" if t.preempted else "gt_queue"
 
+    def run_summary(self, result) -> dict:
+        """EcoServe's metrics (`ecoserve_eval.ecoserve_metrics`): SSR at scale 2 with t_p, t_g from the
+        cost model, JCT decomposition, allocation failures, allocated KV and decision time."""
+        from ..ecoserve_eval import ecoserve_metrics, slo_params
+
+        if self.cost_model is None:
+            return {}
+        t_p, t_g = slo_params(result.schedule.requests, self.cost_model)
+        return ecoserve_metrics(result, t_p, t_g, scheduler=self)
+
     def describe_state(self) -> str:
         return (f"PT queue={len(self.q_p)}, GT queue={len(self.q_g)}, running GTs={len(self.running)}, "
                 f"KV allocated={self.ledger.used}/{self.limits.M}")
