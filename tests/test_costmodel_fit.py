@@ -10,8 +10,8 @@ import pytest
 from solvers.formulation import add_padding_constraints
 from infermax.costmodel import (AffinePiece, BatchFeatures, CostTerm, PiecewiseCostModel, load_cost_model, profile_folder, roofline_model,
                                 terms_time_s)
-from infermax.costmodel.base import padding_quantum
-from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_pieces
+from infermax.costmodel.base import padded, padding_quantum
+from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_model, select_pieces
 from infermax.costmodel.measurements import NON_ATTENTION_OPS, read_measurements
 
 PROFILE = profile_folder("a100", "llama-2-7b", 1)
@@ -37,6 +37,22 @@ def test_recovers_known_two_feature_pieces():
     order = np.argsort(fitted.slopes[:, 0])
     assert fitted.slopes[order] == pytest.approx(np.array([[0.0, 0.001], [2e-5, 0.0004]]), abs=1e-9)
     assert fitted.intercepts[order] == pytest.approx([0.2, 0.05], abs=1e-7)
+
+
+def test_recovers_known_padded_pieces_and_cv_picks_padding_only_when_it_helps():
+    # f(n) = max(6 + 0.001 n + 0.004 ⌈n/64⌉·64, 1 + 0.008 ⌈n/128⌉·128): 64-token steps, then a
+    # steeper 128-token staircase (the pieces cross near n = 1650)
+    n = np.arange(1, 4097, 3)
+    x = np.column_stack([n, padded(n, 64), padded(n, 128)]).astype(float)
+    y = np.maximum(6 + 0.001 * x[:, 0] + 0.004 * x[:, 1], 1 + 0.008 * x[:, 2])
+    fitted = fit_max_affine(x, y, 2)
+    order = np.argsort(fitted.intercepts)
+    assert fitted.slopes[order] == pytest.approx(np.array([[0.0, 0.0, 0.008], [0.001, 0.004, 0.0]]), abs=1e-9)
+    assert fitted.intercepts[order] == pytest.approx([1.0, 6.0], abs=1e-7)
+    candidates = ((0,), (0, 1, 2))
+    assert select_model(x, y, np.ones(len(n)), candidates).columns == (0, 1, 2)
+    smooth = np.maximum(6 + 0.005 * x[:, 0], 1 + 0.008 * x[:, 0])  # no steps: the simpler subset wins
+    assert select_model(x, smooth, np.ones(len(n)), candidates).columns == (0,)
 
 
 def test_range_weights_balance_ranges():
