@@ -257,5 +257,6 @@ def test_costmodel_show_prints_terms_and_errors():
     result = CliRunner().invoke(app, ["costmodel", "show", "--cost-model", "piecewise"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "non_attention" in result.output and "decode_attention" in result.output and "1025-4096" in result.output
+    assert "n_tokens_pad64=" in result.output  # the default A100 Llama-2-7B fit uses padded token counts
     missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200"], env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "--cost-model roofline" in missing.output
