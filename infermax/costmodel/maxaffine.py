@@ -33,7 +33,7 @@ CV_FOLDS, CV_SEED = 5, 0
 MAX_PIECES = 4
 PIECE_SLACK = 1.05  # choose the fewest pieces whose CV MAPE is within 5% of the best
 MAX_ITERATIONS = 50
-RANDOM_STARTS = 16
+RANDOM_STARTS = 1
 
 
 @dataclass(frozen=True)
