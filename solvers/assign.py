@@ -93,6 +93,8 @@ def complete(form: Formulation) -> None:
     prev_end = 0.0
     for j in range(form.slots):
         feats = form.features(j)
+        for k, q in form.pads[j].values():
+            _set(k, math.ceil(round(_val(feats["n_tokens"])) / q))
         for kind, a in form.gates[j].items():
             f = "n_prefill_seqs" if kind == "prefill" else "n_decode_seqs" if kind == "decode" else kind
             _set(a, int(round(_val(feats[f])) > 0))

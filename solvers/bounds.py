@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infermax.costmodel.base import CostTerm
+from infermax.costmodel.base import CostTerm, padded, padding_quantum
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -62,20 +62,34 @@ def feature_bounds(rb: list[RequestBounds], limits: Limits) -> dict[str, int]:
     }
 
 
+def feature_bound(fb: dict[str, int], name: str) -> int:
+    """Upper bound of feature ``name``: from ``fb``, or the padded ``n_tokens`` bound for ``n_tokens_pad<q>``."""
+    if name in fb:
+        return fb[name]
+    q = padding_quantum(name)
+    if q is None:
+        raise ValueError(f"cost term uses unknown feature {name!r}")
+    return padded(fb["n_tokens"], q)
+
+
 def piece_range(piece, fb: dict[str, int]) -> tuple[float, float]:
-    """(lower, upper) of an affine piece over the feature box ``0 <= f <= fb[f]``."""
+    """(lower, upper) of an affine piece over the feature box ``0 <= f <= bound(f)``."""
     lo = hi = piece.intercept_s
     for f, c in piece.coef_s.items():
-        if f not in fb:
-            raise ValueError(f"cost term uses unknown feature {f!r}")
-        lo += min(0.0, c * fb[f])
-        hi += max(0.0, c * fb[f])
+        bound = feature_bound(fb, f)
+        lo += min(0.0, c * bound)
+        hi += max(0.0, c * bound)
     return lo, hi
 
 
 def max_batch_time_s(terms: tuple[CostTerm, ...], fb: dict[str, int]) -> float:
     """Upper bound on any batch's time: Σ over terms of max(0, largest piece upper bound)."""
     return sum(max(0.0, max(piece_range(p, fb)[1] for p in t.pieces)) for t in terms)
+
+
+def _per_token(piece) -> float:
+    """A piece's slope in ``n_tokens`` with every padded token count ``⌈n/q⌉·q >= n`` counted as ``n``."""
+    return sum(c for f, c in piece.coef_s.items() if f == "n_tokens" or padding_quantum(f) is not None)
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,8 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
     """How many non-empty batches a schedule with objective at most ``objective_s`` can have.
 
     Every non-empty batch takes at least ``tau0 + alpha · n_tokens`` (derived from the cost terms when
-    every coefficient is >= 0: the ``n_tokens``-gated terms' pieces with the largest intercept, plus
+    every coefficient is >= 0: the ``n_tokens``-gated terms' pieces with the largest intercept, their
+    per-token slope counting padded token counts ``⌈n/q⌉·q ≥ n`` as ``n``, plus
     the cheaper of the prefill-gated and decode-gated intercepts, since a non-empty batch has a prefill
     or a decode item). A complete schedule processes at least ``N = Σ (I + O − 1)`` tokens, so its
     busy time is at least ``K·tau0 + alpha·N``. Busy time <= makespan <= objective / w_makespan, and
@@ -115,9 +130,9 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
     tau0 = alpha = prefill0 = decode0 = 0.0
     for t in terms:
         if t.active_if == "n_tokens":
-            best = max(t.pieces, key=lambda p: (p.intercept_s, p.coef_s.get("n_tokens", 0.0)))
+            best = max(t.pieces, key=lambda p: (p.intercept_s, _per_token(p)))
             tau0 += best.intercept_s
-            alpha += best.coef_s.get("n_tokens", 0.0)
+            alpha += _per_token(best)
         elif t.active_if in PREFILL_FEATURES:
             prefill0 += max(p.intercept_s for p in t.pieces)
         elif t.active_if in DECODE_FEATURES:

@@ -13,6 +13,10 @@ Times are in milliseconds inside the model (``TIME_UNIT``); batch times come fro
 ``milp_terms()`` in epigraph form. Every objective is non-decreasing in every batch time, so batch
 times, finish times and first-token times are bounded from below only and minimisation makes them
 exact (``polish`` re-solves the LP with the integers fixed to make that hold for any incumbent).
+A padded token count ``n_tokens_pad<q>`` (``⌈n/q⌉·q``) is ``q·k`` with an integer ``k`` held to
+``n <= q·k <= n + q − 1``, so ``k = ⌈n/q⌉`` exactly for the integral ``n``: not left to minimisation,
+which would not fix ``k`` in a batch the objective does not see (TTFT) nor in an incumbent that
+``polish`` freezes (time limits, the ``better`` early stop).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import math
 
 import pulp
 
-from infermax.costmodel.base import CostTerm
+from infermax.costmodel.base import CostTerm, padding_quantum
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -33,6 +37,12 @@ from .policy import Policies
 TIME_UNIT = 1000.0  # model seconds -> milliseconds: keeps cost coefficients well above solver zero tolerances
 
 BIN, INT, CONT = pulp.LpBinary, pulp.LpInteger, pulp.LpContinuous
+
+
+def add_padding_constraints(prob: pulp.LpProblem, k, n, q: int, name: str) -> None:
+    """Hold the integer ``k`` to ``⌈n/q⌉`` for an integral expression ``n``: ``n <= q·k <= n + q − 1``."""
+    prob += q * k >= n, f"{name}_ge"
+    prob += q * k <= n + q - 1, f"{name}_le"
 
 
 class Cell:
@@ -99,6 +109,7 @@ class Formulation:
         self._symmetry()
         self.z = [self._var(f"z_{j}", cat=BIN) for j in range(K)]
         self.hy: list = [None] * K
+        self.pads: list[dict] = [{} for _ in range(K)]  # per slot: feature -> (integer k, quantum q)
         for j in range(K):
             col = [row[j] for row in self.cells]
             self._batch_constraints(j, col)
@@ -240,6 +251,15 @@ class Formulation:
             f["prefill_ctx_tokens"] = pulp.lpSum(x.ctx for x in col)
         if "decode_kv_tokens" in self.used_features:
             f["decode_kv_tokens"] = pulp.lpSum(x.dkv for x in col)
+        for name in sorted(self.used_features):
+            q = padding_quantum(name)
+            if q is None:
+                continue
+            if name not in self.pads[j]:
+                k = self._var(f"pad{q}_{j}", 0, -(-self.fb["n_tokens"] // q), cat=INT)
+                add_padding_constraints(self.prob, k, f["n_tokens"], q, f"pad{q}_{j}")
+                self.pads[j][name] = (k, q)
+            f[name] = q * self.pads[j][name][0]
         return f
 
     def _gate(self, j: int, feature: str, feats: dict, cache: dict):

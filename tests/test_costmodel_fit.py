@@ -7,9 +7,11 @@ import pandas as pd
 import pulp
 import pytest
 
-from infermax.costmodel import (BatchFeatures, PiecewiseCostModel, load_cost_model, profile_folder, roofline_model,
+from solvers.formulation import add_padding_constraints
+from infermax.costmodel import (AffinePiece, BatchFeatures, CostTerm, PiecewiseCostModel, load_cost_model, profile_folder, roofline_model,
                                 terms_time_s)
-from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_pieces
+from infermax.costmodel.base import padded, padding_quantum
+from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_model, select_pieces
 from infermax.costmodel.measurements import NON_ATTENTION_OPS, read_measurements
 
 PROFILE = profile_folder("a100", "llama-2-7b", 1)
@@ -37,6 +39,22 @@ def test_recovers_known_two_feature_pieces():
     assert fitted.intercepts[order] == pytest.approx([0.2, 0.05], abs=1e-7)
 
 
+def test_recovers_known_padded_pieces_and_cv_picks_padding_only_when_it_helps():
+    # f(n) = max(6 + 0.001 n + 0.004 ⌈n/64⌉·64, 1 + 0.008 ⌈n/128⌉·128): 64-token steps, then a
+    # steeper 128-token staircase (the pieces cross near n = 1650)
+    n = np.arange(1, 4097, 3)
+    x = np.column_stack([n, padded(n, 64), padded(n, 128)]).astype(float)
+    y = np.maximum(6 + 0.001 * x[:, 0] + 0.004 * x[:, 1], 1 + 0.008 * x[:, 2])
+    fitted = fit_max_affine(x, y, 2)
+    order = np.argsort(fitted.intercepts)
+    assert fitted.slopes[order] == pytest.approx(np.array([[0.0, 0.0, 0.008], [0.001, 0.004, 0.0]]), abs=1e-9)
+    assert fitted.intercepts[order] == pytest.approx([1.0, 6.0], abs=1e-7)
+    candidates = ((0,), (0, 1, 2))
+    assert select_model(x, y, np.ones(len(n)), candidates).columns == (0, 1, 2)
+    smooth = np.maximum(6 + 0.005 * x[:, 0], 1 + 0.008 * x[:, 0])  # no steps: the simpler subset wins
+    assert select_model(x, smooth, np.ones(len(n)), candidates).columns == (0,)
+
+
 def test_range_weights_balance_ranges():
     w = range_weights(np.array([1, 2, 100, 2000, 3000, 4000]), ((1, 16), (17, 128), (129, 1024), (1025, 4096)))
     # three non-empty ranges share 6 rows: each range's weights sum to 2
@@ -59,8 +77,18 @@ def random_batches(seed: int, count: int = 40) -> list[BatchFeatures]:
 
 
 def epigraph_time_s(terms, f: BatchFeatures) -> float:
-    """Minimise Σ t_term subject to t_term ≥ piece(f) for each piece of each active term (HiGHS LP)."""
+    """Minimise Σ t_term subject to t_term ≥ piece(f) for each piece of each active term (HiGHS); a
+    padded token count is ``q·k`` with the solver's integer ``k`` and constraints, not ``⌈n/q⌉·q`` itself."""
     problem = pulp.LpProblem("epigraph", pulp.LpMinimize)
+    value = {}
+    for name in {name for term in terms for piece in term.pieces for name in piece.coef_s}:
+        q = padding_quantum(name)
+        if q is None:
+            value[name] = getattr(f, name)
+        else:
+            k = problem.add_variable(f"k{q}", 0, cat=pulp.LpInteger)
+            add_padding_constraints(problem, k, f.n_tokens, q, f"pad{q}")
+            value[name] = q * k
     variables = []
     for i, term in enumerate(terms):
         if getattr(f, term.active_if) <= 0:
@@ -68,7 +96,7 @@ def epigraph_time_s(terms, f: BatchFeatures) -> float:
         t = problem.add_variable(f"t{i}")
         variables.append(t)
         for piece in term.pieces:
-            problem += t >= piece.intercept_s + sum(c * getattr(f, name) for name, c in piece.coef_s.items())
+            problem += t >= piece.intercept_s + pulp.lpSum(c * value[name] for name, c in piece.coef_s.items())
     if not variables:
         return 0.0
     problem += pulp.lpSum(variables)
@@ -77,9 +105,20 @@ def epigraph_time_s(terms, f: BatchFeatures) -> float:
     return pulp.value(problem.objective)
 
 
-@pytest.mark.parametrize("name", ["piecewise", "roofline"])
+PADDED_TERMS = (  # hand-made: a step every 64 and 128 tokens under a floor, and a padded-only piece
+    CostTerm("non_attention", "n_tokens", (AffinePiece(4e-3, {"n_tokens": 1e-6, "n_tokens_pad64": 2e-6}),
+                                           AffinePiece(1e-3, {"n_tokens_pad128": 9e-6}),
+                                           AffinePiece(6e-3, {}))),
+    CostTerm("decode_attention", "n_decode_seqs", (AffinePiece(1e-5, {"decode_kv_tokens": 3e-8}),)),
+)
+
+
+@pytest.mark.parametrize("name", ["piecewise", "roofline", "padded"])
 def test_epigraph_lp_equals_direct_evaluation(name):
-    model = load_cost_model(kind=name) if name == "piecewise" else roofline_model("a100", "llama-2-70b", 8)
+    if name == "padded":
+        model = PiecewiseCostModel.from_terms(PADDED_TERMS, family="piecewise", gpu="a100", model="llama-2-7b", tp=1)
+    else:
+        model = load_cost_model(kind=name) if name == "piecewise" else roofline_model("a100", "llama-2-70b", 8)
     terms = model.milp_terms()
     for f in random_batches(7, 25):
         direct = model.batch_time_s(f)
@@ -87,10 +126,31 @@ def test_epigraph_lp_equals_direct_evaluation(name):
         assert epigraph_time_s(terms, f) == pytest.approx(direct, rel=1e-7, abs=1e-9)
 
 
+def test_padded_features_by_hand_and_exact_in_milp():
+    f = BatchFeatures(n_tokens=129)
+    assert (f.n_tokens_pad64, f.n_tokens_pad128, f.n_tokens_pad7) == (192, 256, 133)
+    assert BatchFeatures().n_tokens_pad64 == 0
+    model = PiecewiseCostModel.from_terms(PADDED_TERMS, family="piecewise", gpu="a100", model="llama-2-7b", tp=1)
+    # 129 tokens: max(4e-3 + 129e-6 + 2e-6 * 192, 1e-3 + 9e-6 * 256, 6e-3) = max(4.513e-3, 3.304e-3, 6e-3)
+    assert model.batch_time_s(f) == pytest.approx(6e-3)
+    # 1000 tokens: max(4e-3 + 1e-3 + 2e-6 * 1024, 1e-3 + 9e-6 * 1024) = max(7.048e-3, 10.216e-3)
+    assert model.batch_time_s(BatchFeatures(n_tokens=1000)) == pytest.approx(10.216e-3)
+    # the integer k is pinned to ceil(n/q) whichever way an objective pushes it
+    for n, q in [(0, 64), (1, 64), (64, 64), (65, 64), (4095, 128), (7, 3)]:
+        for sense in (pulp.LpMinimize, pulp.LpMaximize):
+            problem = pulp.LpProblem("pad", sense)
+            k = problem.add_variable("k", 0, 10_000, cat=pulp.LpInteger)
+            add_padding_constraints(problem, k, n, q, "pad")
+            problem += k
+            problem.solve(pulp.HiGHS(msg=False))
+            assert k.value() == -(-n // q)
+
+
 def test_piecewise_predict_and_terms_match_scalar():
     from infermax.costmodel import features_frame
 
     model = PiecewiseCostModel.from_json(PROFILE / "infermax_piecewise.json")
+    assert any(padding_quantum(f) for p in model.milp_terms()[0].pieces for f in p.coef_s)  # padded features fitted
     batches = random_batches(11) + [BatchFeatures()]
     scalar = [model.batch_time_s(f) for f in batches]
     assert model.predict_s(features_frame(batches)) == pytest.approx(scalar, rel=1e-12)
@@ -197,5 +257,6 @@ def test_costmodel_show_prints_terms_and_errors():
     result = CliRunner().invoke(app, ["costmodel", "show", "--cost-model", "piecewise"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "non_attention" in result.output and "decode_attention" in result.output and "1025-4096" in result.output
+    assert "n_tokens_pad64=" in result.output  # the default A100 Llama-2-7B fit uses padded token counts
     missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200"], env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "--cost-model roofline" in missing.output

@@ -42,6 +42,24 @@ class ToyPiecewise:
         return terms_time_s(self.milp_terms(), f)
 
 
+class ToyPadded:
+    """Hand-made terms on padded token counts (``⌈n/q⌉·q``, quanta small enough to matter in tiny
+    instances): a step-shaped non-attention term and a decode term, priced by the replayer through
+    ``BatchFeatures``' derived features."""
+
+    name = "toy-padded"
+
+    def milp_terms(self):
+        return (
+            CostTerm("steps", "n_tokens", (AffinePiece(1.0, {"n_tokens": 0.1, "n_tokens_pad2": 0.4}),
+                                           AffinePiece(0.2, {"n_tokens_pad4": 0.6}))),
+            CostTerm("decode", "n_decode_seqs", (AffinePiece(0.2, {"decode_kv_tokens": 0.1}),)),
+        )
+
+    def batch_time_s(self, f: BatchFeatures) -> float:
+        return terms_time_s(self.milp_terms(), f)
+
+
 def brute_force(requests, limits, cost, objective: Objective, max_batches: int, policies=Policies()) -> float:
     """Minimum objective over all valid schedules of at most ``max_batches`` batches (inf if none)."""
     ids = [r.id for r in requests]
@@ -134,7 +152,8 @@ CASES = {
     # online: the second request arrives while the first runs
     "online": ([Request(0, 0.0, 2, 2), Request(1, 0.0035, 1, 2)], Limits(C=8, M=4)),
 }
-COSTS = {"linear": LINEAR, "fitted-piecewise": FITTED_PIECEWISE, "affine": AffineCost(), "piecewise": ToyPiecewise()}
+COSTS = {"linear": LINEAR, "fitted-piecewise": FITTED_PIECEWISE, "affine": AffineCost(), "piecewise": ToyPiecewise(),
+         "padded": ToyPadded()}
 SLOTS = 5
 
 
@@ -161,6 +180,22 @@ def test_milp_optimum_equals_brute_force_makespan(case, cost):
 def test_milp_optimum_equals_brute_force_other_objectives(case, objective):
     requests, limits = CASES[case]
     _check(requests, limits, LINEAR, objective)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES[1:], ids=str)
+@pytest.mark.parametrize("case", ["tight-M", "online", "chunk"])
+def test_milp_optimum_equals_brute_force_padded_other_objectives(case, objective):
+    """Padded token counts stay exact where the objective does not push every batch time down (TTFT)."""
+    requests, limits = CASES[case]
+    _check(requests, limits, ToyPadded(), objective)
+
+
+def test_padded_toy_has_steps():
+    """The toy's padded features matter on these instances. By hand, max(1 + 0.1n + 0.4·⌈n/2⌉·2,
+    0.2 + 0.6·⌈n/4⌉·4) for n = 1..8: (1.9, 2.6), (2.0, 2.6), (2.9, 2.6), (3.0, 2.6), (3.9, 5.0), (4.0, 5.0),
+    (4.9, 5.0), (5.0, 5.0)."""
+    times = [ToyPadded().batch_time_s(BatchFeatures(n_tokens=n)) for n in range(1, 9)]
+    assert times == pytest.approx([2.6, 2.6, 2.9, 3.0, 5.0, 5.0, 5.0, 5.0])
 
 
 @pytest.mark.parametrize("policies", [Policies(eviction_free=True), Policies(no_hybrid=True),

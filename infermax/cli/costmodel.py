@@ -64,12 +64,14 @@ def show(model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, co
         cost = load_cost_model(gpu, model, tp, path=costmodel, kind=cost_model)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
-    terms = Table(title=f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)")
-    for col in ("term", "active if > 0", "piece", "intercept_s", "coefficients (s per unit)"):
-        terms.add_column(col)
+    terms = Table(title=f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)",
+                  caption="n_tokens_pad<q> = n_tokens rounded up to a multiple of q")
+    for col in ("term", "active if > 0", "piece", "intercept_s"):
+        terms.add_column(col, overflow="fold")
+    terms.add_column("coefficients (s per unit)", overflow="fold", min_width=30)
     for term in cost.milp_terms():
         for i, piece in enumerate(term.pieces):
-            coefs = ", ".join(f"{f}={c:.4g}" for f, c in piece.coef_s.items()) or "-"
+            coefs = "\n".join(f"{f}={c:.4g}" for f, c in piece.coef_s.items()) or "-"
             terms.add_row(term.name if i == 0 else "", term.active_if if i == 0 else "", str(i + 1),
                           f"{piece.intercept_s:.4g}", coefs)
     console.print(terms)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping, Protocol, runtime_checkable
@@ -50,18 +51,55 @@ class BatchFeatures:
     def empty(self) -> bool:
         return self.n_tokens == 0 and self.swap_tokens == 0
 
+    def __getattr__(self, name: str) -> int:
+        """Derived features: ``n_tokens_pad<q>`` is ``n_tokens`` rounded up to a multiple of ``q``."""
+        q = padding_quantum(name)
+        if q is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return padded(self.n_tokens, q)
+
 
 FEATURE_COLUMNS = tuple(f.name for f in fields(BatchFeatures))
+_PADDED = re.compile(r"n_tokens_pad([1-9][0-9]*)")
+# Derived features a fitted model may use (GEMM tile sizes; see docs/design.md, "Cost models from profiles").
+PADDED_FEATURES = ("n_tokens_pad64", "n_tokens_pad128")
+
+
+def padding_quantum(name: str) -> int | None:
+    """``q`` for a derived feature name ``n_tokens_pad<q>`` (the token count padded to a multiple of ``q``), else None."""
+    match = _PADDED.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def padded(n, q: int):
+    """``⌈n/q⌉·q`` for an integer or an integer array ``n``."""
+    return -(-n // q) * q
+
+
+def is_feature(name: str) -> bool:
+    """Whether a cost term may use ``name``: a ``BatchFeatures`` field or a padded token count."""
+    return name in FEATURE_COLUMNS or padding_quantum(name) is not None
 
 
 def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
-    """A DataFrame with one row per batch and one column per feature."""
-    return pd.DataFrame([[getattr(f, c) for c in FEATURE_COLUMNS] for f in features], columns=list(FEATURE_COLUMNS))
+    """A DataFrame with one row per batch and one column per feature (fields, then ``PADDED_FEATURES``)."""
+    columns = FEATURE_COLUMNS + PADDED_FEATURES
+    return pd.DataFrame([[getattr(f, c) for c in columns] for f in features], columns=list(columns))
+
+
+def feature_column(table: pd.DataFrame, name: str) -> np.ndarray:
+    """Column ``name`` of a ``features_frame`` table as floats, deriving a padded token count if absent."""
+    if name in table:
+        return table[name].to_numpy(dtype=float)
+    q = padding_quantum(name)
+    if q is None:
+        raise KeyError(f"feature table has no column {name!r}")
+    return padded(table["n_tokens"].to_numpy(dtype=np.int64), q).astype(float)
 
 
 @dataclass(frozen=True)
 class AffinePiece:
-    """``intercept_s + Σ coef_s[f] · feature f`` over ``FEATURE_COLUMNS`` names, in seconds."""
+    """``intercept_s + Σ coef_s[f] · feature f`` over feature names (``is_feature``), in seconds."""
 
     intercept_s: float
     coef_s: Mapping[str, float]

@@ -7,7 +7,8 @@ folder (``mlp.csv``, optionally ``attention.csv`` and ``all_reduce.csv``), impor
 
 Operator groups (whole-model times per batch, ms; ``L`` layers, Vidur's per-layer medians):
 
-* ``non_attention`` vs ``n_tokens``: ``L ×`` (input_layernorm + attn_pre_proj + attn_rope +
+* ``non_attention`` vs ``n_tokens`` (piecewise: and the padded counts ``⌈n/64⌉·64``, ``⌈n/128⌉·128``,
+  GEMM tile sizes, used where cross-validation prefers them): ``L ×`` (input_layernorm + attn_pre_proj + attn_rope +
   attn_post_proj + post_attention_layernorm + mlp_up_proj + mlp_act + mlp_down_proj + 2 × add; a
   Llama layer has two residual adds, Vidur profiles one) + ``emb`` once per batch.
 * ``communication`` (TP > 1) vs ``n_tokens``: ``L × 2`` all-reduces (after the attention output
@@ -19,9 +20,10 @@ Operator groups (whole-model times per batch, ms; ``L`` layers, Vidur's per-laye
 Families: **linear** is the paper's model, an ordinary least-squares line/plane per group
 (scikit-learn ``LinearRegression``; decode on KV read only), stored as ``infermax_linear.json``;
 **piecewise** is the maximum of ``k`` affine pieces per group (``maxaffine``: relative-error loss,
-each token range weighted equally, non-negative slopes, ``k ≤ 4`` chosen by 5-fold CV), stored as
+each token range weighted equally, non-negative slopes, feature subset and ``k ≤ 4`` chosen by 5-fold
+CV), stored as
 ``infermax_piecewise.json``. Held-out error: 5-fold cross-validation (shuffled, seed 0; for piecewise
-``k`` is re-chosen inside every training fold), MAPE per token range (``n_tokens``; chunk size for
+the features and ``k`` are re-chosen inside every training fold), MAPE per token range (``n_tokens``; chunk size for
 prefill, batch size for decode) and overall. The roofline model (``roofline.py``) is scored on the
 same rows where they are measurements (not derived). ``auto`` is the family with the lower mean
 over groups of overall held-out MAPE; the choice is stored in ``profile.json``.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +43,7 @@ from sklearn.linear_model import LinearRegression
 
 from ..jsonio import read_json
 from . import maxaffine
-from .base import AffinePiece, CostTerm
+from .base import PADDED_FEATURES, AffinePiece, CostTerm, padded, padding_quantum
 from .linear import KIND as LINEAR_KIND, VERSION as LINEAR_VERSION, LinearCostModel
 from .measurements import LINEAR_JSON, MEASUREMENTS_CSV, NON_ATTENTION_OPS, PIECEWISE_JSON, PROFILE_JSON, read_measurements
 from .piecewise import PiecewiseCostModel
@@ -81,9 +84,13 @@ class Group:
     y_ms: np.ndarray
     tokens: np.ndarray
     measured: np.ndarray
+    candidates: tuple[tuple[str, ...], ...] = ()  # feature subsets the piecewise fit chooses from (default: all)
 
     def columns(self, names: tuple[str, ...]) -> np.ndarray:
         return self.x[:, [self.features.index(n) for n in names]]
+
+    def candidate_columns(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(self.features.index(n) for n in c) for c in self.candidates or (self.features,))
 
 
 def _is_measured(frame: pd.DataFrame) -> np.ndarray:
@@ -103,8 +110,10 @@ def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
         y = layers * (wide[list(NON_ATTENTION_OPS)].sum(axis=1) + (ADDS_PER_LAYER - 1) * wide["add"]) + wide["emb"]
         n = wide.index.to_numpy(dtype=float)
         derived = ops.groupby("num_tokens")["derivation"].apply(lambda d: d.fillna("").astype(str).ne("").any())
-        groups.append(Group("non_attention", "n_tokens", ("n_tokens",), ("n_tokens",), n[:, None], y.to_numpy(), n,
-                            ~derived.reindex(wide.index).to_numpy()))
+        x = np.column_stack([n] + [padded(wide.index.to_numpy(dtype=np.int64), padding_quantum(f)) for f in PADDED_FEATURES])
+        groups.append(Group("non_attention", "n_tokens", ("n_tokens",) + PADDED_FEATURES, ("n_tokens",), x.astype(float),
+                            y.to_numpy(), n, ~derived.reindex(wide.index).to_numpy(),
+                            candidates=(("n_tokens",), ("n_tokens",) + PADDED_FEATURES)))
     comm = table[(table["operator"] == "all_reduce") & (table["num_tokens"] >= 1) & (table["num_tokens"] <= 16384)]
     if not comm.empty and spec.tp > 1:
         n = comm["num_tokens"].to_numpy(dtype=float)
@@ -129,7 +138,7 @@ def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
 def _positive(group: Group) -> Group:
     keep = group.y_ms > 0
     return Group(group.name, group.gate, group.features, group.linear_features, group.x[keep], group.y_ms[keep],
-                 group.tokens[keep], group.measured[keep])
+                 group.tokens[keep], group.measured[keep], group.candidates)
 
 
 def mape_table(y: np.ndarray, pred: np.ndarray, tokens: np.ndarray) -> dict:
@@ -154,6 +163,7 @@ class GroupFit:
     group: Group
     linear: LinearRegression
     piecewise: maxaffine.MaxAffine
+    features: tuple[str, ...]
     cv_mape_by_pieces: dict
     errors: dict
 
@@ -162,17 +172,24 @@ def fit_group(group: Group, roofline: PiecewiseCostModel | None = None) -> Group
     """Fit and score one group (see the module docstring)."""
     x_lin, y = group.columns(group.linear_features), group.y_ms
     weights = maxaffine.range_weights(group.tokens, TOKEN_RANGES)
+    candidates = group.candidate_columns()
+    piecewise = partial(maxaffine.fit_selected, candidates=candidates)
     errors = {"linear": mape_table(y, maxaffine.heldout_predictions(x_lin, y, weights, _ols), group.tokens),
-              "piecewise": mape_table(y, maxaffine.heldout_predictions(group.x, y, weights, maxaffine.fit_selected),
-                                      group.tokens)}
+              "piecewise": mape_table(y, maxaffine.heldout_predictions(group.x, y, weights, piecewise), group.tokens)}
     if group.name == "decode_attention":  # the single plane over (KV read, sequences), for reference
         errors["linear_plane"] = mape_table(y, maxaffine.heldout_predictions(group.x, y, weights, _ols), group.tokens)
     if roofline is not None and group.measured.any():
         m = group.measured
         errors["roofline"] = mape_table(y[m], roofline_group_ms(roofline, group)[m], group.tokens[m])
-    k, by_k = maxaffine.select_pieces(group.x, y, weights)
-    return GroupFit(group, _ols(x_lin, y), maxaffine.fit_max_affine(group.x, y, k, weights),
-                    {str(j): round(e, 3) for j, e in by_k.items()}, errors)
+    selection = maxaffine.select_model(group.x, y, weights, candidates)
+    return GroupFit(group, _ols(x_lin, y), maxaffine.fit_model(group.x, y, weights, selection),
+                    tuple(group.features[i] for i in selection.columns),
+                    {_subset_name(group, cols): {str(j): round(e, 3) for j, e in by_k.items()}
+                     for cols, by_k in selection.cv_mape.items()}, errors)
+
+
+def _subset_name(group: Group, columns: tuple[int, ...]) -> str:
+    return "+".join(group.features[i] for i in columns)
 
 
 def roofline_group_ms(model: PiecewiseCostModel, group: Group) -> np.ndarray:
@@ -249,7 +266,8 @@ def fit_profile(folder: str | Path, plots: bool = True) -> dict:
         _piecewise_terms(fits), family="piecewise", gpu=spec.gpu, model=spec.model, tp=spec.tp,
         fit={**fit_info, "method": maxaffine.__doc__.split("\n\n")[0].replace("\n", " "),
              "pieces": {n: f.piecewise.pieces for n, f in fits.items()},
-             "cv_mape_by_pieces": {n: f.cv_mape_by_pieces for n, f in fits.items()}})
+             "features": {n: list(f.features) for n, f in fits.items()},
+             "cv_mape_by_features_and_pieces": {n: f.cv_mape_by_pieces for n, f in fits.items()}})
     linear.save(out / LINEAR_JSON)
     piecewise.save(out / PIECEWISE_JSON)
     means = {fam: _mean_overall(errors, fam) for fam in ("linear", "piecewise")}

@@ -13,12 +13,15 @@ a layer's matmul weights (and so of its FLOPs and weight bytes) that ``W_k, W_v`
 (0.1658 for Llama-2-7B; tensor parallelism splits every matrix alike, so ``share`` is TP-invariant).
 The term is gated on ``hidden_recompute_tokens`` and is each non-attention piece scaled by
 ``share`` with ``n_tokens`` replaced by ``hidden_recompute_tokens``: still a max of affine pieces,
-so a MILP represents it exactly. Batch-level (embedding) parts of the linear model are excluded.
+so a MILP represents it exactly. Batch-level (embedding) parts of the linear model are excluded. A
+piece's padded-token coefficients (``n_tokens_pad<q>``) are added to its per-token one: the recompute
+GEMM is priced without tile padding (an underestimate of at most ``q − 1`` rows' cost), since the
+batch features do not carry the padded recompute row count.
 """
 
 from __future__ import annotations
 
-from .base import AffinePiece, CostTerm
+from .base import AffinePiece, CostTerm, padding_quantum
 
 HIDDEN_TERM = "hidden_recompute"
 HIDDEN_FEATURE = "hidden_recompute_tokens"
@@ -39,7 +42,8 @@ def kv_projection_share(model: str) -> float | None:
 def hidden_recompute_term(non_attention: CostTerm, share: float) -> CostTerm:
     """The hidden-recompute term: ``share`` × the non-attention term evaluated at ``hidden_recompute_tokens``."""
     return CostTerm(HIDDEN_TERM, HIDDEN_FEATURE, tuple(
-        AffinePiece(share * p.intercept_s, {HIDDEN_FEATURE: share * p.coef_s.get("n_tokens", 0.0)})
+        AffinePiece(share * p.intercept_s, {HIDDEN_FEATURE: share * sum(
+            c for f, c in p.coef_s.items() if f == "n_tokens" or padding_quantum(f) is not None)})
         for p in non_attention.pieces))
 
 

@@ -13,8 +13,11 @@ changing; several deterministic starts, the best (lowest loss) kept. Two choices
   work (tokens, KV read, sequences), so the fitted time never decreases when a batch grows.
 
 ``select_pieces`` picks ``k`` by K-fold cross-validated (weighted) MAPE: the smallest ``k`` within
-5% (relative) of the best ``k``'s, preferring fewer pieces when more do not clearly help. ``heldout_predictions``
-scores a fitting procedure on rows it never saw (nested: ``k`` is chosen inside each training fold).
+5% (relative) of the best ``k``'s, preferring fewer pieces when more do not clearly help. ``select_model``
+does the same over candidate feature subsets (e.g. with and without padded token counts): the first
+(simplest) candidate whose best CV MAPE is within 5% of the best candidate's, then its ``k``.
+``heldout_predictions`` scores a fitting procedure on rows it never saw (nested: the features and ``k``
+are chosen inside each training fold).
 """
 
 from __future__ import annotations
@@ -171,14 +174,47 @@ def select_pieces(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
                   max_pieces: int = MAX_PIECES) -> tuple[int, dict[int, float]]:
     """The number of pieces to use (fewest within ``PIECE_SLACK`` of the best CV MAPE) and every ``k``'s CV MAPE."""
     errors = cv_mape_by_pieces(x, y, weights, max_pieces)
-    best = min(errors.values())
-    return min(k for k, e in errors.items() if e <= PIECE_SLACK * best), errors
+    return _fewest_pieces(errors), errors
 
 
-def fit_selected(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> MaxAffine:
-    """Choose ``k`` by cross-validation on ``(x, y)``, then fit on all of it."""
-    k, _ = select_pieces(x, y, weights)
-    return fit_max_affine(x, y, k, weights)
+def _fewest_pieces(errors: dict[int, float]) -> int:
+    return min(k for k, e in errors.items() if e <= PIECE_SLACK * min(errors.values()))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen feature subset (column indices) and piece count, with every candidate's CV MAPE by ``k``."""
+
+    columns: tuple[int, ...]
+    pieces: int
+    cv_mape: dict[tuple[int, ...], dict[int, float]]
+
+
+def select_model(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
+                 candidates: tuple[tuple[int, ...], ...] | None = None) -> Selection:
+    """Choose a feature subset among ``candidates`` (column-index tuples, simplest first; default: all
+    columns) and then ``k``, each the simplest choice within ``PIECE_SLACK`` of the best CV MAPE."""
+    x = np.asarray(x, dtype=float).reshape(len(y), -1)
+    candidates = candidates or (tuple(range(x.shape[1])),)
+    errors = {cols: cv_mape_by_pieces(x[:, list(cols)], y, weights) for cols in candidates}
+    best = min(min(e.values()) for e in errors.values())
+    cols = next(c for c in candidates if min(errors[c].values()) <= PIECE_SLACK * best)
+    return Selection(cols, _fewest_pieces(errors[cols]), errors)
+
+
+def fit_model(x: np.ndarray, y: np.ndarray, weights: np.ndarray, selection: Selection) -> MaxAffine:
+    """Fit the selected subset and piece count on all rows; unused columns get zero slopes."""
+    x = np.asarray(x, dtype=float).reshape(len(y), -1)
+    fitted = fit_max_affine(x[:, list(selection.columns)], y, selection.pieces, weights)
+    slopes = np.zeros((fitted.pieces, x.shape[1]))
+    slopes[:, list(selection.columns)] = fitted.slopes
+    return MaxAffine(fitted.intercepts, slopes)
+
+
+def fit_selected(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
+                 candidates: tuple[tuple[int, ...], ...] | None = None) -> MaxAffine:
+    """Choose the features and ``k`` by cross-validation on ``(x, y)`` (``select_model``), then fit on all of it."""
+    return fit_model(x, y, weights, select_model(x, y, weights, candidates))
 
 
 def heldout_predictions(x: np.ndarray, y: np.ndarray, weights: np.ndarray,

@@ -9,7 +9,9 @@ contract (``CostTerm``) states them, in seconds per batch::
                 "pieces": [{"intercept_s": ..., "coef_s": {"n_tokens": ...}}, ...]}, ...],
      "fit": {...}}
 
-so ``milp_terms()`` is the document itself and ``batch_time_s`` evaluates the same sum of maxima. The
+so ``milp_terms()`` is the document itself and ``batch_time_s`` evaluates the same sum of maxima. A
+coefficient may also name a padded token count ``n_tokens_pad<q>`` (``⌈n_tokens/q⌉·q``, see
+``base.padding_quantum``); the solver represents it with one integer variable per batch. The
 roofline fallback (``roofline.py``) is a document of the same kind with ``family: roofline``. A document
 without a ``hidden_recompute`` term gets one derived from its ``non_attention`` term and the model's
 K/V-projection share (``hidden.py``), appended to ``milp_terms()`` (not written to the document).
@@ -23,7 +25,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel
+from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, feature_column, is_feature,
+                   padded, padding_quantum)
 from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
@@ -55,7 +58,7 @@ def _parse_terms(doc: dict, source: str) -> tuple[CostTerm, ...]:
             coef = piece.get("coef_s") if isinstance(piece, dict) else None
             if not isinstance(coef, dict):
                 raise ValueError(f"{where}.pieces[{j}]: needs 'intercept_s' and a 'coef_s' object")
-            unknown = sorted(set(coef) - set(FEATURE_COLUMNS))
+            unknown = sorted(f for f in coef if not is_feature(f))
             if unknown:
                 raise ValueError(f"{where}.pieces[{j}]: unknown feature(s) {', '.join(unknown)}")
             affine.append(AffinePiece(_check_number(piece.get("intercept_s"), f"{where}.pieces[{j}].intercept_s"),
@@ -94,8 +97,10 @@ class PiecewiseCostModel(JsonDocumentModel):
             self._terms += (hidden_recompute_term(names["non_attention"], self.kv_share),)
         self._hidden_missing = all(t.name != HIDDEN_TERM for t in self._terms)
         self.name = f"{self.family}:{self.gpu}/{self.model}/tp{self.tp}"
-        # Plain tuples for the scalar hot path.
-        self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple(p.coef_s.items())) for p in t.pieces))
+        # Plain tuples for the scalar hot path: (feature, coefficient, padding quantum or 0).
+        self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple((f, c, padding_quantum(f) or 0)
+                                                                         for f, c in p.coef_s.items()))
+                                                   for p in t.pieces))
                                for t in self._terms)
 
     @classmethod
@@ -117,8 +122,8 @@ class PiecewiseCostModel(JsonDocumentModel):
             best = -math.inf
             for intercept, coefs in pieces:
                 s = 0.0
-                for name, c in coefs:
-                    s += c * getattr(features, name)
+                for name, c, q in coefs:
+                    s += c * (padded(features.n_tokens, q) if q else getattr(features, name))
                 value = intercept + s
                 if value > best:
                     best = value
@@ -135,7 +140,7 @@ class PiecewiseCostModel(JsonDocumentModel):
             for p in term.pieces:
                 piece = np.full(len(table), p.intercept_s)
                 for name, c in p.coef_s.items():
-                    piece = piece + c * table[name].to_numpy(dtype=float)
+                    piece = piece + c * feature_column(table, name)
                 values = np.maximum(values, piece)
             total += np.where(table[term.active_if].to_numpy() > 0, values, 0.0)
         return total

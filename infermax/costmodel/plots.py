@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .base import padding_quantum
+
 
 def plot_group(fit, path: Path, title: str) -> None:
     """Top: measured whole-model ms and both fits against the group's token count (log-log); bottom:
@@ -23,7 +25,7 @@ def plot_group(fit, path: Path, title: str) -> None:
     key = {"prefill_attention": "prefill chunk size", "decode_attention": "batch size"}.get(group.name, "tokens")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     top.scatter(tokens, y, s=8, color="black", label="measured" if group.measured.all() else "measured / derived")
-    single = group.x.shape[1] == 1
+    single = all(f == "n_tokens" or padding_quantum(f) for f in group.features)  # a function of tokens alone
     style = {"lw": 1.2} if single else {"ls": "none", "marker": "."}
     top.plot(tokens, linear, color="tab:blue", label="linear (paper)", **style)
     top.plot(tokens, piecewise, color="tab:red", label=f"piecewise ({fit.piecewise.pieces} pieces)", **style)
