@@ -63,6 +63,7 @@ def test_greedy_is_feasible_and_within_2x_of_the_optimum(case):
 
 @settings(max_examples=200, deadline=None)
 @given(instances())
+@example(([Candidate(0, 0.45, 3, 0.3, 2)], 3))  # equal hidden/upgrade densities, rounded apart
 def test_greedy_is_optimal_when_everything_fits(case):
     # Theorem 1's LP bound is tight when no item is cut: all requests fit in KV form.
     cands, _ = case
