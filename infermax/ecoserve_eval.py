@@ -53,7 +53,8 @@ def solo_prefill_s(cost_model: CostModel, prompt: int) -> float:
 
 def solo_decode_s(cost_model: CostModel, context: int) -> float:
     """Time of a batch holding one decode at ``context`` cached tokens."""
-    return cost_model.batch_time_s(BatchFeatures(n_tokens=1, n_decode_seqs=1, decode_kv_tokens=context + 1))
+    return cost_model.batch_time_s(BatchFeatures(n_tokens=1, n_decode_seqs=1, decode_kv_tokens=context + 1,
+                                                 decode_kv_max=context + 1))
 
 
 def slo_params(requests: Sequence[Request], cost_model: CostModel) -> tuple[float, float]:

@@ -157,7 +157,7 @@ class Replayer:
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
-        n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = hidden_rc = 0
+        n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = decode_max = hidden_rc = 0
         unit_blocks = lim.block_size == 1
         hidden_ids = batch.hidden
         kv, holders = self.kv_tokens, self.holders
@@ -197,6 +197,8 @@ class Replayer:
                     raise ScheduleViolation(j, rid, "decode", f"decode phase processes exactly 1 token, got c={c}")
                 n_tokens += 1
                 decode_kv += m0 + 1
+                if m0 >= decode_max:
+                    decode_max = m0 + 1
                 n_decode += 1
                 generators.append(s)
             if m0 == 0:
@@ -219,7 +221,7 @@ class Replayer:
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
-                              decode_kv_tokens=decode_kv, swap_tokens=swapped_out + swapped_in,
+                              decode_kv_tokens=decode_kv, decode_kv_max=decode_max, swap_tokens=swapped_out + swapped_in,
                               hidden_recompute_tokens=hidden_rc)
 
         if feats.n_tokens > lim.C:
@@ -320,6 +322,7 @@ class Replayer:
             for s in sts:
                 new_block_at[s.m % b] += 1
         decode_kv = sum(s.m for s in sts) + n
+        decode_max = max(s.m for s in sts) + 1
         kv, clock, holders, j = self.kv_tokens, self.clock_s, self.holders, len(self.batch_rows)
         rows, batches, cost = self.batch_rows, self.batches, self.cost_model.batch_time_s
         items = list(batch.items)
@@ -330,12 +333,12 @@ class Replayer:
             if kv + grow > M:
                 break
             kv += grow
-            duration = cost(BatchFeatures(n_tokens=n, n_decode_seqs=n, decode_kv_tokens=decode_kv))
+            duration = cost(BatchFeatures(n_tokens=n, n_decode_seqs=n, decode_kv_tokens=decode_kv, decode_kv_max=decode_max))
             end = clock + duration
             rows.append((j, clock, duration, end, n, 0, n, 0, n, n, 0, kv, kv, holders, holders, 0, duration, 0, 0))
             batches.append(ScheduledBatch(items=items))
             ends.append(end)
-            clock, decode_kv, j, done = end, decode_kv + n, j + 1, done + 1
+            clock, decode_kv, decode_max, j, done = end, decode_kv + n, decode_max + 1, j + 1, done + 1
         if done:
             for s in sts:
                 s.m += done

@@ -95,6 +95,14 @@ def complete(form: Formulation) -> None:
         feats = form.features(j)
         for k, q in form.pads[j].values():
             _set(k, math.ceil(round(_val(feats["n_tokens"])) / q))
+        dkv = [round(_val(row[j].dkv)) if row[j].dkv is not None else 0 for row in form.cells]
+        for kv in form.kvmax[j].values():
+            longest = max(dkv)
+            _set(kv.y, longest if kv.cap is None else min(longest, kv.cap))
+            for i, b in kv.items:
+                _set(b, int(dkv[i] >= kv.cap))
+            if kv.beta is not None:
+                _set(kv.beta, int(longest >= kv.cap))
         for kind, a in form.gates[j].items():
             f = "n_prefill_seqs" if kind == "prefill" else "n_decode_seqs" if kind == "decode" else kind
             _set(a, int(round(_val(feats[f])) > 0))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infermax.costmodel.base import CostTerm, padded, padding_quantum
+from infermax.costmodel.base import CostTerm, kv_cap, padded, padding_quantum
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -15,7 +15,7 @@ from .objective import Objective
 from .policy import Policies
 
 PREFILL_FEATURES = ("n_prefill_seqs", "prefill_tokens", "prefill_sq_tokens")
-DECODE_FEATURES = ("n_decode_seqs", "decode_kv_tokens")
+DECODE_FEATURES = ("n_decode_seqs", "decode_kv_tokens", "decode_kv_max")
 ALWAYS_ZERO = ("swap_tokens", "hidden_recompute_tokens")
 
 
@@ -57,19 +57,23 @@ def feature_bounds(rb: list[RequestBounds], limits: Limits) -> dict[str, int]:
         "n_prefill_seqs": min(n, prefill),
         "n_decode_seqs": min(n, tokens),
         "decode_kv_tokens": min(limits.M, sum(sorted((b.peak for b in rb), reverse=True)[:n])),
+        "decode_kv_max": min(limits.M, max(b.peak for b in rb)),
         "swap_tokens": 0,
         "hidden_recompute_tokens": 0,
     }
 
 
 def feature_bound(fb: dict[str, int], name: str) -> int:
-    """Upper bound of feature ``name``: from ``fb``, or the padded ``n_tokens`` bound for ``n_tokens_pad<q>``."""
+    """Upper bound of feature ``name``: from ``fb``, the padded ``n_tokens`` bound for ``n_tokens_pad<q>``, or
+    the capped ``decode_kv_max`` bound for ``decode_kv_max_cap<K>``."""
     if name in fb:
         return fb[name]
-    q = padding_quantum(name)
-    if q is None:
-        raise ValueError(f"cost term uses unknown feature {name!r}")
-    return padded(fb["n_tokens"], q)
+    q, cap = padding_quantum(name), kv_cap(name)
+    if q is not None:
+        return padded(fb["n_tokens"], q)
+    if cap is not None:
+        return min(fb["decode_kv_max"], cap)
+    raise ValueError(f"cost term uses unknown feature {name!r}")
 
 
 def piece_range(piece, fb: dict[str, int]) -> tuple[float, float]:

@@ -17,15 +17,21 @@ A padded token count ``n_tokens_pad<q>`` (``⌈n/q⌉·q``) is ``q·k`` with an 
 ``n <= q·k <= n + q − 1``, so ``k = ⌈n/q⌉`` exactly for the integral ``n``: not left to minimisation,
 which would not fix ``k`` in a batch the objective does not see (TTFT) nor in an incumbent that
 ``polish`` freezes (time limits, the ``better`` early stop).
+The longest decode KV read capped at ``K``, ``decode_kv_max_cap<K>`` = ``min(max_i dkv_i, K)``, is concave
+in the KV lengths; with a non-negative coefficient it is a continuous ``y ≥ K·β``, ``y ≥ dkv_i − (peak_i − K)·β``
+per decode item, where ``β = max_i β_i`` and one binary per item and slot is pinned to ``β_i = [dkv_i ≥ K]``
+by ``K·β_i ≤ dkv_i ≤ K − 1 + (peak_i − K + 1)·β_i`` (so a frozen incumbent never overstates it either).
+A negative coefficient on it (or on ``decode_kv_max``) is rejected: the epigraph would not be exact.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pulp
 
-from infermax.costmodel.base import CostTerm, padding_quantum
+from infermax.costmodel.base import CostTerm, kv_cap, padding_quantum
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -43,6 +49,17 @@ def add_padding_constraints(prob: pulp.LpProblem, k, n, q: int, name: str) -> No
     """Hold the integer ``k`` to ``⌈n/q⌉`` for an integral expression ``n``: ``n <= q·k <= n + q − 1``."""
     prob += q * k >= n, f"{name}_ge"
     prob += q * k <= n + q - 1, f"{name}_le"
+
+
+@dataclass(frozen=True)
+class KvMax:
+    """Variables of a longest-decode-KV-read feature in one slot: ``y`` (the feature), ``cap`` (None:
+    uncapped), ``beta`` = [some item reads ≥ cap] and ``items``: (request index, β_i = [dkv_i ≥ cap])."""
+
+    y: pulp.LpVariable
+    cap: int | None
+    beta: pulp.LpVariable | None = None
+    items: tuple = ()
 
 
 class Cell:
@@ -66,6 +83,12 @@ class Formulation:
         self.fb = feature_bounds(self.rb, limits)
         used = {f for t in self.terms for p in t.pieces for f, c in p.coef_s.items() if c} | {t.active_if for t in self.terms}
         self.used_features = used
+        for t in self.terms:
+            for p in t.pieces:
+                bad = [f for f, c in p.coef_s.items() if c < 0 and (f == "decode_kv_max" or kv_cap(f) is not None)]
+                if bad:
+                    raise ValueError(f"cost term {t.name!r}: negative coefficient on {', '.join(bad)}; the MILP represents "
+                                     "the longest decode KV read only with non-negative coefficients (epigraph from below)")
         self.tmax = max_batch_time_s(self.terms, self.fb) * TIME_UNIT
         self.t_first = min(r.arrival_s for r in self.requests) * TIME_UNIT
         self.t_last = max(r.arrival_s for r in self.requests) * TIME_UNIT
@@ -110,6 +133,7 @@ class Formulation:
         self.z = [self._var(f"z_{j}", cat=BIN) for j in range(K)]
         self.hy: list = [None] * K
         self.pads: list[dict] = [{} for _ in range(K)]  # per slot: feature -> (integer k, quantum q)
+        self.kvmax: list[dict] = [{} for _ in range(K)]  # per slot: feature -> KvMax
         for j in range(K):
             col = [row[j] for row in self.cells]
             self._batch_constraints(j, col)
@@ -196,7 +220,7 @@ class Formulation:
         if "prefill_ctx_tokens" in used:
             x.w = [self._product(f"w_{n}_{k}", b, x.mbar, rb.peak) for k, b in enumerate(x.bits)]
             x.ctx = pulp.lpSum((1 << k) * w for k, w in enumerate(x.w))
-        if "decode_kv_tokens" in used:
+        if "decode_kv_tokens" in used or any(f == "decode_kv_max" or kv_cap(f) is not None for f in used):
             x.dkv = self._product(f"v_{n}", x.dg, x.m, rb.peak)
 
     # ----------------------------------------------------------------- batch constraints (5)
@@ -252,6 +276,10 @@ class Formulation:
         if "decode_kv_tokens" in self.used_features:
             f["decode_kv_tokens"] = pulp.lpSum(x.dkv for x in col)
         for name in sorted(self.used_features):
+            if name == "decode_kv_max" or kv_cap(name) is not None:
+                if name not in self.kvmax[j]:
+                    self.kvmax[j][name] = self._kv_max(j, col, kv_cap(name))
+                f[name] = self.kvmax[j][name].y
             q = padding_quantum(name)
             if q is None:
                 continue
@@ -261,6 +289,32 @@ class Formulation:
                 self.pads[j][name] = (k, q)
             f[name] = q * self.pads[j][name][0]
         return f
+
+    def _kv_max(self, j: int, col: list[Cell], cap: int | None) -> "KvMax":
+        """A continuous ``y`` with ``y ≥ min(max_i dkv_i, cap)`` exactly at its minimum (module docstring);
+        ``cap`` None: ``y ≥ dkv_i`` for every item."""
+        name = f"kvmax{cap or ''}_{j}"
+        y = self._var(name, 0, cap)
+        peaks = [self.rb[i].peak for i in range(len(col))]
+        if cap is None or max(peaks) < cap:  # no item can reach the cap
+            for i, x in enumerate(col):
+                self.prob += y >= x.dkv, f"{name}_ge_{i}"
+            return KvMax(y, cap)
+        beta = self._var(f"{name}_b", cat=BIN)
+        self.prob += y >= cap * beta, f"{name}_cap"
+        items = []
+        for i, (x, peak) in enumerate(zip(col, peaks)):
+            if peak < cap:
+                self.prob += y >= x.dkv, f"{name}_ge_{i}"
+                continue
+            b = self._var(f"{name}_b_{i}", cat=BIN)
+            self.prob += cap * b <= x.dkv, f"{name}_b_le_{i}"
+            self.prob += x.dkv <= cap - 1 + (peak - cap + 1) * b, f"{name}_b_ge_{i}"
+            self.prob += beta >= b, f"{name}_beta_ge_{i}"
+            self.prob += y >= x.dkv - (peak - cap) * beta, f"{name}_ge_{i}"
+            items.append((i, b))
+        self.prob += beta <= pulp.lpSum(b for _, b in items), f"{name}_beta_le"
+        return KvMax(y, cap, beta, tuple(items))
 
     def _gate(self, j: int, feature: str, feats: dict, cache: dict):
         """Binary equal to [feature > 0] in slot j (features are integral)."""

@@ -55,6 +55,41 @@ def test_recovers_known_padded_pieces_and_cv_picks_padding_only_when_it_helps():
     assert select_model(x, smooth, np.ones(len(n)), candidates).columns == (0,)
 
 
+def test_recovers_known_capped_decode_pieces_and_cv_picks_the_cap():
+    # decode batches of b sequences with m KV each: f = max(0.3 + 0.002 b + 0.0005 min(m, 512), 0.1 + 2e-5 b·m):
+    # a floor that rises to a knee at 512 KV (split-KV), then bandwidth-bound in the total KV read
+    b, m = (a.ravel().astype(float) for a in np.meshgrid([1, 2, 4, 8, 16, 32, 64, 128], np.arange(32, 5121, 160)))
+    caps = (256, 512, 1024)
+    x = np.column_stack([b * m, b] + [np.minimum(m, k) for k in caps])
+    y = np.maximum(0.3 + 0.002 * b + 0.0005 * np.minimum(m, 512), 0.1 + 2e-5 * b * m)
+    fitted = fit_max_affine(x[:, [0, 1, 3]], y, 2, nonneg_intercept=True)
+    order = np.argsort(fitted.intercepts)
+    assert fitted.slopes[order] == pytest.approx(np.array([[2e-5, 0.0, 0.0], [0.0, 0.002, 0.0005]]), abs=1e-9)
+    assert fitted.intercepts[order] == pytest.approx([0.1, 0.3], abs=1e-7)
+    candidates = ((0, 1), (0, 1, 2), (0, 1, 3), (0, 1, 4))
+    assert select_model(x, y, np.ones(len(y)), candidates, nonneg_intercept=True).columns == (0, 1, 3)
+
+
+def test_nonneg_intercepts_keep_batch_sums_subadditive():
+    # f(x) = max(1 + 0.01 x, -5 + 0.02 x): the free fit recovers the negative intercept, the constrained one
+    # keeps every intercept >= 0, so a piece on a sum never exceeds the sum of the pieces on its parts
+    x = np.arange(1, 2001, 5, dtype=float)
+    y = np.maximum(1 + 0.01 * x, -5 + 0.02 * x)
+    assert fit_max_affine(x, y, 2).intercepts.min() == pytest.approx(-5.0, abs=1e-6)
+    constrained = fit_max_affine(x, y, 2, nonneg_intercept=True)
+    assert constrained.intercepts.min() >= 0.0
+    parts = np.array([[512.0]] * 8)
+    assert constrained.predict(parts.sum(axis=0)).item() <= constrained.predict(parts).sum()
+    # the bundled prefill term too: eight 512-token chunks in one batch cost no more than one by one
+    prefill = next(t for t in load_cost_model(kind="piecewise").milp_terms() if t.name == "prefill_attention")
+    assert all(p.intercept_s >= 0 for p in prefill.pieces)
+    one, eight = BatchFeatures(), BatchFeatures()
+    one.add_prefill(512, 0)
+    for _ in range(8):
+        eight.add_prefill(512, 0)
+    assert prefill.value_s(eight) <= 8 * prefill.value_s(one)
+
+
 def test_range_weights_balance_ranges():
     w = range_weights(np.array([1, 2, 100, 2000, 3000, 4000]), ((1, 16), (17, 128), (129, 1024), (1025, 4096)))
     # three non-empty ranges share 6 rows: each range's weights sum to 2

@@ -8,7 +8,7 @@ from conftest import AffineCost
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from infermax.costmodel import load_cost_model
+from infermax.costmodel import AffinePiece, CostTerm, PiecewiseCostModel, load_cost_model
 from infermax.costmodel.swap import SwapCost
 from infermax.engine import simulate
 from infermax.limits import Limits
@@ -19,6 +19,13 @@ from infermax.schedulers import available
 from infermax.workload import fixed
 
 LINEAR = load_cost_model(kind="linear")
+# hand-made terms on the longest decode KV read capped at 24 tokens (binds at these sizes): fast-forward
+# copies must carry decode_kv_max forward exactly
+CAPPED = PiecewiseCostModel.from_terms(
+    (CostTerm("non_attention", "n_tokens", (AffinePiece(0.01, {"n_tokens": 0.001}),)),
+     CostTerm("decode", "n_decode_seqs", (AffinePiece(0.002, {"decode_kv_tokens": 1e-5, "decode_kv_max_cap24": 5e-4}),))),
+    family="piecewise", gpu="a100", model="llama-2-7b", tp=1)
+COSTS = {"linear": LINEAR, "affine": AffineCost(0.01, 0.001), "capped": CAPPED}
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)  # BROS swaps KV
 # Schedulers that never promise a repeat (their plan changes every iteration): nothing to fast-forward.
 NEVER_REPEATS = ("bros", "bros-strict", "roundrobin")
@@ -63,7 +70,7 @@ def cases(draw):
     P = draw(st.one_of(st.none(), st.integers(need, C)))
     M = draw(st.integers(peak, peak * 3))
     Rmax = draw(st.one_of(st.none(), st.none(), st.integers(1, 6)))
-    cost = draw(st.sampled_from(["linear", "affine"]))
+    cost = draw(st.sampled_from(list(COSTS)))
     name = draw(st.sampled_from([n for n in available() if n != "bros-strict"]))  # strict BROS may stop by design
     return reqs, Limits(C=C, P=P, M=M, Rmax=Rmax, block_size=block), name, cost
 
@@ -72,7 +79,7 @@ def cases(draw):
 @given(cases())
 def test_fast_forward_equals_step_by_step(count_copies, case):
     reqs, limits, name, cost_name = case
-    cost = LINEAR if cost_name == "linear" else AffineCost(0.01, 0.001)
+    cost = COSTS[cost_name]
     before = count_copies["copies"]
     step = simulate(reqs, name, limits, cost, fast_forward=False, swap_cost=SWAP)
     assert count_copies["copies"] == before  # the reference really stepped every batch

@@ -96,7 +96,8 @@ def test_cost_models_charge_hidden_recompute_by_hand():
     piecewise = load_cost_model(kind="piecewise")
     pieces = next(t for t in piecewise.doc["terms"] if t["name"] == "non_attention")["pieces"]
     # the recompute GEMM is priced unpadded: a piece's padded-count slopes count as per-token slopes
-    per_token = [sum(p["coef_s"].get(f, 0.0) for f in ("n_tokens", "n_tokens_pad64", "n_tokens_pad128")) for p in pieces]
+    per_token = [sum(p["coef_s"].get(f, 0.0) for f in ("n_tokens", "n_tokens_pad32", "n_tokens_pad64", "n_tokens_pad128",
+                                                               "n_tokens_pad256")) for p in pieces]
     assert piecewise.batch_time_s(hidden) - piecewise.batch_time_s(base) == pytest.approx(
         share * max(p["intercept_s"] + c * 500 for p, c in zip(pieces, per_token)))
 

@@ -60,6 +60,23 @@ class ToyPadded:
         return terms_time_s(self.milp_terms(), f)
 
 
+class ToyCapped:
+    """Hand-made decode term on the longest decode KV read capped at 2 (``decode_kv_max_cap2``, concave in
+    the KV lengths: the MILP needs a binary per decode item), small enough to bind in tiny instances."""
+
+    name = "toy-capped"
+
+    def milp_terms(self):
+        return (
+            CostTerm("linear", "n_tokens", (AffinePiece(1.0, {"n_tokens": 0.5}),)),
+            CostTerm("decode", "n_decode_seqs", (AffinePiece(0.2, {"decode_kv_tokens": 0.1, "decode_kv_max_cap2": 0.7}),
+                                                  AffinePiece(0.1, {"decode_kv_tokens": 0.3}))),
+        )
+
+    def batch_time_s(self, f: BatchFeatures) -> float:
+        return terms_time_s(self.milp_terms(), f)
+
+
 def brute_force(requests, limits, cost, objective: Objective, max_batches: int, policies=Policies()) -> float:
     """Minimum objective over all valid schedules of at most ``max_batches`` batches (inf if none)."""
     ids = [r.id for r in requests]
@@ -153,7 +170,7 @@ CASES = {
     "online": ([Request(0, 0.0, 2, 2), Request(1, 0.0035, 1, 2)], Limits(C=8, M=4)),
 }
 COSTS = {"linear": LINEAR, "fitted-piecewise": FITTED_PIECEWISE, "affine": AffineCost(), "piecewise": ToyPiecewise(),
-         "padded": ToyPadded()}
+         "padded": ToyPadded(), "capped": ToyCapped()}
 SLOTS = 5
 
 
@@ -188,6 +205,33 @@ def test_milp_optimum_equals_brute_force_padded_other_objectives(case, objective
     """Padded token counts stay exact where the objective does not push every batch time down (TTFT)."""
     requests, limits = CASES[case]
     _check(requests, limits, ToyPadded(), objective)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES[1:], ids=str)
+@pytest.mark.parametrize("case", ["tight-M", "three", "online"])
+def test_milp_optimum_equals_brute_force_capped_other_objectives(case, objective):
+    """The capped longest KV read stays exact where the objective does not push every batch time down (TTFT)."""
+    requests, limits = CASES[case]
+    _check(requests, limits, ToyCapped(), objective)
+
+
+def test_capped_toy_caps():
+    """By hand: one decode at m = 2 cached tokens reads 3 (capped to 2): 1 + 0.5 + max(0.2 + 0.3 + 1.4, 0.1 + 0.9) = 3.4;
+    decodes at m = 0 and 2 read 1 + 3 = 4, longest 3 -> 2: 1 + 1 + max(0.2 + 0.4 + 1.4, 0.1 + 1.2) = 4.0."""
+    one, two = BatchFeatures(), BatchFeatures()
+    one.add_decode(2)
+    two.add_decode(0), two.add_decode(2)
+    assert (one.decode_kv_max_cap2, two.decode_kv_max, two.decode_kv_max_cap2) == (2, 3, 2)
+    assert [ToyCapped().batch_time_s(f) for f in (one, two)] == pytest.approx([3.4, 4.0])
+
+
+def test_negative_coefficient_on_capped_read_is_rejected():
+    class Concave(ToyCapped):
+        def milp_terms(self):
+            return (CostTerm("decode", "n_decode_seqs", (AffinePiece(1.0, {"decode_kv_max_cap2": -0.1}),)),)
+
+    with pytest.raises(ValueError, match="negative coefficient on decode_kv_max_cap2"):
+        optimize(*CASES["tight-M"], Concave(), Objective(makespan=1), slots=SLOTS)
 
 
 def test_padded_toy_has_steps():

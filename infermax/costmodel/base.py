@@ -22,7 +22,10 @@ class BatchFeatures:
     a *prefill* chunk adds ``c`` to ``n_tokens`` and ``prefill_tokens``, ``c*c`` to
     ``prefill_sq_tokens`` and ``c*m`` to ``prefill_ctx_tokens``; a *decode* item adds
     1 to ``n_tokens`` and ``m + 1`` to ``decode_kv_tokens`` (the KV it reads,
-    including its own new token).
+    including its own new token); ``decode_kv_max`` is the largest ``m + 1`` over the decode items.
+
+    Derived features (``__getattr__``): ``n_tokens_pad<q>`` = ``⌈n_tokens/q⌉·q`` and
+    ``decode_kv_max_cap<K>`` = ``min(decode_kv_max, K)`` = max over decode items of ``min(m + 1, K)``.
     """
 
     n_tokens: int = 0
@@ -32,6 +35,7 @@ class BatchFeatures:
     n_prefill_seqs: int = 0
     n_decode_seqs: int = 0
     decode_kv_tokens: int = 0
+    decode_kv_max: int = 0
     swap_tokens: int = 0
     hidden_recompute_tokens: int = 0
 
@@ -45,6 +49,7 @@ class BatchFeatures:
     def add_decode(self, m_before: int) -> None:
         self.n_tokens += 1
         self.decode_kv_tokens += m_before + 1
+        self.decode_kv_max = max(self.decode_kv_max, m_before + 1)
         self.n_decode_seqs += 1
 
     @property
@@ -52,22 +57,35 @@ class BatchFeatures:
         return self.n_tokens == 0 and self.swap_tokens == 0
 
     def __getattr__(self, name: str) -> int:
-        """Derived features: ``n_tokens_pad<q>`` is ``n_tokens`` rounded up to a multiple of ``q``."""
+        """Derived features: ``n_tokens_pad<q>`` (``n_tokens`` rounded up to a multiple of ``q``) and
+        ``decode_kv_max_cap<K>`` (``decode_kv_max`` capped at ``K``)."""
         q = padding_quantum(name)
-        if q is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return padded(self.n_tokens, q)
+        if q is not None:
+            return padded(self.n_tokens, q)
+        cap = kv_cap(name)
+        if cap is not None:
+            return min(self.decode_kv_max, cap)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 FEATURE_COLUMNS = tuple(f.name for f in fields(BatchFeatures))
 _PADDED = re.compile(r"n_tokens_pad([1-9][0-9]*)")
-# Derived features a fitted model may use (GEMM tile sizes; see docs/design.md, "Cost models from profiles").
-PADDED_FEATURES = ("n_tokens_pad64", "n_tokens_pad128")
+_CAPPED = re.compile(r"decode_kv_max_cap([1-9][0-9]*)")
+# Derived features a fitted model may use (see docs/design.md, "Cost models from profiles"): GEMM tile
+# sizes, and caps on the longest decode KV read (split-KV decode attention is flat beyond a knee).
+PADDED_FEATURES = ("n_tokens_pad32", "n_tokens_pad64", "n_tokens_pad128", "n_tokens_pad256")
+CAPPED_FEATURES = ("decode_kv_max_cap256", "decode_kv_max_cap512", "decode_kv_max_cap1024", "decode_kv_max_cap2048")
 
 
 def padding_quantum(name: str) -> int | None:
     """``q`` for a derived feature name ``n_tokens_pad<q>`` (the token count padded to a multiple of ``q``), else None."""
     match = _PADDED.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def kv_cap(name: str) -> int | None:
+    """``K`` for a derived feature name ``decode_kv_max_cap<K>`` (``min(decode_kv_max, K)``), else None."""
+    match = _CAPPED.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -77,24 +95,26 @@ def padded(n, q: int):
 
 
 def is_feature(name: str) -> bool:
-    """Whether a cost term may use ``name``: a ``BatchFeatures`` field or a padded token count."""
-    return name in FEATURE_COLUMNS or padding_quantum(name) is not None
+    """Whether a cost term may use ``name``: a ``BatchFeatures`` field, a padded token count or a capped KV read."""
+    return name in FEATURE_COLUMNS or padding_quantum(name) is not None or kv_cap(name) is not None
 
 
 def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
-    """A DataFrame with one row per batch and one column per feature (fields, then ``PADDED_FEATURES``)."""
-    columns = FEATURE_COLUMNS + PADDED_FEATURES
+    """A DataFrame with one row per batch and one column per feature (fields, ``PADDED_FEATURES``, ``CAPPED_FEATURES``)."""
+    columns = FEATURE_COLUMNS + PADDED_FEATURES + CAPPED_FEATURES
     return pd.DataFrame([[getattr(f, c) for c in columns] for f in features], columns=list(columns))
 
 
 def feature_column(table: pd.DataFrame, name: str) -> np.ndarray:
-    """Column ``name`` of a ``features_frame`` table as floats, deriving a padded token count if absent."""
+    """Column ``name`` of a ``features_frame`` table as floats, deriving a padded or capped feature if absent."""
     if name in table:
         return table[name].to_numpy(dtype=float)
-    q = padding_quantum(name)
-    if q is None:
-        raise KeyError(f"feature table has no column {name!r}")
-    return padded(table["n_tokens"].to_numpy(dtype=np.int64), q).astype(float)
+    q, cap = padding_quantum(name), kv_cap(name)
+    if q is not None:
+        return padded(table["n_tokens"].to_numpy(dtype=np.int64), q).astype(float)
+    if cap is not None:
+        return np.minimum(table["decode_kv_max"].to_numpy(dtype=float), cap)
+    raise KeyError(f"feature table has no column {name!r}")
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,17 @@ folder (``mlp.csv``, optionally ``attention.csv`` and ``all_reduce.csv``), impor
 
 Operator groups (whole-model times per batch, ms; ``L`` layers, Vidur's per-layer medians):
 
-* ``non_attention`` vs ``n_tokens`` (piecewise: and the padded counts ``⌈n/64⌉·64``, ``⌈n/128⌉·128``,
-  GEMM tile sizes, used where cross-validation prefers them): ``L ×`` (input_layernorm + attn_pre_proj + attn_rope +
+* ``non_attention`` vs ``n_tokens`` (piecewise: and the padded counts ``⌈n/q⌉·q``, GEMM tile sizes,
+  q in {64, 128} or {32, 64, 128, 256}, used where cross-validation prefers them): ``L ×`` (input_layernorm + attn_pre_proj + attn_rope +
   attn_post_proj + post_attention_layernorm + mlp_up_proj + mlp_act + mlp_down_proj + 2 × add; a
   Llama layer has two residual adds, Vidur profiles one) + ``emb`` once per batch.
 * ``communication`` (TP > 1) vs ``n_tokens``: ``L × 2`` all-reduces (after the attention output
   projection and after the MLP) of ``n_tokens × hidden`` fp16 values.
 * ``prefill_attention`` vs ``Σc², Σc·m, Σc`` (prefill rows, batch 1): ``L ×`` (attention kernel +
   KV-cache save). Decode rows' KV save (a few µs per whole batch) is not modelled.
-* ``decode_attention`` vs KV read ``batch × kv_cache_size`` (and, piecewise, sequences ``batch``).
+* ``decode_attention`` vs KV read ``batch × kv_cache_size`` (and, piecewise, sequences ``batch`` and,
+  where CV prefers it, the longest KV read capped at K ``min(kv_cache_size, K)``, K in 256..2048).
+  Piecewise prefill and decode intercepts are held >= 0 (batches are priced on sums over items).
 
 Families: **linear** is the paper's model, an ordinary least-squares line/plane per group
 (scikit-learn ``LinearRegression``; decode on KV read only), stored as ``infermax_linear.json``;
@@ -43,7 +45,7 @@ from sklearn.linear_model import LinearRegression
 
 from ..jsonio import read_json
 from . import maxaffine
-from .base import PADDED_FEATURES, AffinePiece, CostTerm, padded, padding_quantum
+from .base import CAPPED_FEATURES, PADDED_FEATURES, AffinePiece, CostTerm, kv_cap, padded, padding_quantum
 from .linear import KIND as LINEAR_KIND, VERSION as LINEAR_VERSION, LinearCostModel
 from .measurements import LINEAR_JSON, MEASUREMENTS_CSV, NON_ATTENTION_OPS, PIECEWISE_JSON, PROFILE_JSON, read_measurements
 from .piecewise import PiecewiseCostModel
@@ -85,6 +87,7 @@ class Group:
     tokens: np.ndarray
     measured: np.ndarray
     candidates: tuple[tuple[str, ...], ...] = ()  # feature subsets the piecewise fit chooses from (default: all)
+    nonneg_intercept: bool = False  # piecewise intercepts >= 0 (rows measure single items, batches are priced on sums)
 
     def columns(self, names: tuple[str, ...]) -> np.ndarray:
         return self.x[:, [self.features.index(n) for n in names]]
@@ -113,7 +116,8 @@ def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
         x = np.column_stack([n] + [padded(wide.index.to_numpy(dtype=np.int64), padding_quantum(f)) for f in PADDED_FEATURES])
         groups.append(Group("non_attention", "n_tokens", ("n_tokens",) + PADDED_FEATURES, ("n_tokens",), x.astype(float),
                             y.to_numpy(), n, ~derived.reindex(wide.index).to_numpy(),
-                            candidates=(("n_tokens",), ("n_tokens",) + PADDED_FEATURES)))
+                            candidates=(("n_tokens",), ("n_tokens", "n_tokens_pad64", "n_tokens_pad128"),
+                                        ("n_tokens",) + PADDED_FEATURES)))
     comm = table[(table["operator"] == "all_reduce") & (table["num_tokens"] >= 1) & (table["num_tokens"] <= 16384)]
     if not comm.empty and spec.tp > 1:
         n = comm["num_tokens"].to_numpy(dtype=float)
@@ -126,19 +130,23 @@ def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
         c, m = both["prefill_chunk_size"].to_numpy(float), both["kv_cache_size"].to_numpy(float)
         groups.append(Group("prefill_attention", "n_prefill_seqs", ("prefill_sq_tokens", "prefill_ctx_tokens", "prefill_tokens"),
                             ("prefill_sq_tokens", "prefill_ctx_tokens", "prefill_tokens"), np.column_stack([c * c, c * m, c]),
-                            layers * (both["median_ms"] + both["median_ms_save"]).to_numpy(), c, _is_measured(both)))
+                            layers * (both["median_ms"] + both["median_ms_save"]).to_numpy(), c, _is_measured(both),
+                            nonneg_intercept=True))
     decode = table[table["operator"] == "attn_decode"]
     if not decode.empty:
         b, m = decode["batch_size"].to_numpy(float), decode["kv_cache_size"].to_numpy(float)
-        groups.append(Group("decode_attention", "n_decode_seqs", ("decode_kv_tokens", "n_decode_seqs"), ("decode_kv_tokens",),
-                            np.column_stack([b * m, b]), layers * decode["median_ms"].to_numpy(), b, _is_measured(decode)))
+        base = ("decode_kv_tokens", "n_decode_seqs")
+        x = np.column_stack([b * m, b] + [np.minimum(m, kv_cap(f)) for f in CAPPED_FEATURES])  # rows: b sequences of m KV
+        groups.append(Group("decode_attention", "n_decode_seqs", base + CAPPED_FEATURES, ("decode_kv_tokens",), x,
+                            layers * decode["median_ms"].to_numpy(), b, _is_measured(decode),
+                            candidates=(base,) + tuple(base + (f,) for f in CAPPED_FEATURES), nonneg_intercept=True))
     return [_positive(g) for g in groups]
 
 
 def _positive(group: Group) -> Group:
     keep = group.y_ms > 0
     return Group(group.name, group.gate, group.features, group.linear_features, group.x[keep], group.y_ms[keep],
-                 group.tokens[keep], group.measured[keep], group.candidates)
+                 group.tokens[keep], group.measured[keep], group.candidates, group.nonneg_intercept)
 
 
 def mape_table(y: np.ndarray, pred: np.ndarray, tokens: np.ndarray) -> dict:
@@ -173,15 +181,15 @@ def fit_group(group: Group, roofline: PiecewiseCostModel | None = None) -> Group
     x_lin, y = group.columns(group.linear_features), group.y_ms
     weights = maxaffine.range_weights(group.tokens, TOKEN_RANGES)
     candidates = group.candidate_columns()
-    piecewise = partial(maxaffine.fit_selected, candidates=candidates)
+    piecewise = partial(maxaffine.fit_selected, candidates=candidates, nonneg_intercept=group.nonneg_intercept)
     errors = {"linear": mape_table(y, maxaffine.heldout_predictions(x_lin, y, weights, _ols), group.tokens),
               "piecewise": mape_table(y, maxaffine.heldout_predictions(group.x, y, weights, piecewise), group.tokens)}
     if group.name == "decode_attention":  # the single plane over (KV read, sequences), for reference
-        errors["linear_plane"] = mape_table(y, maxaffine.heldout_predictions(group.x, y, weights, _ols), group.tokens)
+        errors["linear_plane"] = mape_table(y, maxaffine.heldout_predictions(group.columns(("decode_kv_tokens", "n_decode_seqs")), y, weights, _ols), group.tokens)
     if roofline is not None and group.measured.any():
         m = group.measured
         errors["roofline"] = mape_table(y[m], roofline_group_ms(roofline, group)[m], group.tokens[m])
-    selection = maxaffine.select_model(group.x, y, weights, candidates)
+    selection = maxaffine.select_model(group.x, y, weights, candidates, group.nonneg_intercept)
     return GroupFit(group, _ols(x_lin, y), maxaffine.fit_model(group.x, y, weights, selection),
                     tuple(group.features[i] for i in selection.columns),
                     {_subset_name(group, cols): {str(j): round(e, 3) for j, e in by_k.items()}

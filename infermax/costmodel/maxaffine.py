@@ -75,19 +75,24 @@ def range_weights(tokens: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np
     return weights
 
 
-def _fit_piece(x1: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted relative-error least squares, free intercept, non-negative slopes; ``x1`` = [1, x]."""
+def _fit_piece(x1: np.ndarray, y: np.ndarray, w: np.ndarray, nonneg_intercept: bool) -> np.ndarray:
+    """Weighted relative-error least squares, non-negative slopes, the intercept free or (``nonneg_intercept``)
+    non-negative; ``x1`` = [1, x]."""
     root = np.sqrt(w)
+    if nonneg_intercept:
+        coef, _ = nnls(x1 * (root / y)[:, None], root, maxiter=50 * x1.shape[1])
+        return coef
     a = np.column_stack([x1[:, :1], -x1[:, :1], x1[:, 1:]]) * (root / y)[:, None]
     coef, _ = nnls(a, root, maxiter=50 * a.shape[1])
     return np.concatenate([[coef[0] - coef[1]], coef[2:]])
 
 
-def _refine(x1: np.ndarray, y: np.ndarray, w: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, float]:
+def _refine(x1: np.ndarray, y: np.ndarray, w: np.ndarray, labels: np.ndarray,
+            nonneg_intercept: bool) -> tuple[np.ndarray, float]:
     """Alternate piece fits and argmax reassignment from ``labels``; returns (coef rows, loss)."""
     coef = None
     for _ in range(MAX_ITERATIONS):
-        coef = np.array([_fit_piece(x1[labels == g], y[labels == g], w[labels == g]) for g in np.unique(labels)])
+        coef = np.array([_fit_piece(x1[labels == g], y[labels == g], w[labels == g], nonneg_intercept) for g in np.unique(labels)])
         new = np.argmax(x1 @ coef.T, axis=1)
         if np.array_equal(new, labels):
             break
@@ -121,13 +126,14 @@ def _split_start(x1: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray)
     return labels
 
 
-def _fit_scaled(x1: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, float]]:
+def _fit_scaled(x1: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, seed: int,
+                nonneg_intercept: bool) -> list[tuple[np.ndarray, float]]:
     """Best (coef, loss) for 1 .. ``k`` pieces; a ``j − 1``-piece model is also a ``j``-piece candidate."""
-    fits = [_refine(x1, y, w, np.zeros(len(y), dtype=int))]
+    fits = [_refine(x1, y, w, np.zeros(len(y), dtype=int), nonneg_intercept)]
     for j in range(2, k + 1):
         best = fits[-1]
         for labels in _starts(x1[:, 1:], j, np.random.default_rng(seed)) + [_split_start(x1, y, w, best[0])]:
-            coef, loss = _refine(x1, y, w, labels)
+            coef, loss = _refine(x1, y, w, labels, nonneg_intercept)
             if loss < best[1] - 1e-12:
                 best = (coef, loss)
         fits.append(best)
@@ -135,45 +141,48 @@ def _fit_scaled(x1: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, seed: int)
 
 
 def fit_max_affine_all(x: np.ndarray, y: np.ndarray, k: int, weights: np.ndarray | None = None,
-                       seed: int = CV_SEED) -> list[MaxAffine]:
+                       seed: int = CV_SEED, nonneg_intercept: bool = False) -> list[MaxAffine]:
     """The fits with at most 1, 2, .., ``k`` affine pieces of ``y`` (positive) over the columns of ``x``.
 
     Starts: quantile bands, random partitions, and the best ``j − 1``-piece fit with its worst piece
-    split; the lowest loss wins, including the ``j − 1``-piece fit itself (so the loss never grows)."""
+    split; the lowest loss wins, including the ``j − 1``-piece fit itself (so the loss never grows).
+    ``nonneg_intercept`` constrains every piece's intercept to be >= 0 (slopes always are)."""
     y = np.asarray(y, dtype=float)
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
     x = np.asarray(x, dtype=float).reshape(len(y), -1)
     if np.any(y <= 0):
         raise ValueError("max-affine fitting needs positive targets (relative-error loss)")
     scale = np.where(np.abs(x).max(axis=0) > 0, np.abs(x).max(axis=0), 1.0)
-    fits = _fit_scaled(np.column_stack([np.ones(len(y)), x / scale]), y, w, k, seed)
+    fits = _fit_scaled(np.column_stack([np.ones(len(y)), x / scale]), y, w, k, seed, nonneg_intercept)
     return [MaxAffine(intercepts=coef[:, 0].copy(), slopes=coef[:, 1:] / scale) for coef, _ in fits]
 
 
 def fit_max_affine(x: np.ndarray, y: np.ndarray, k: int, weights: np.ndarray | None = None,
-                   seed: int = CV_SEED) -> MaxAffine:
+                   seed: int = CV_SEED, nonneg_intercept: bool = False) -> MaxAffine:
     """Fit ``max`` of at most ``k`` affine pieces (see ``fit_max_affine_all``)."""
-    return fit_max_affine_all(x, y, k, weights, seed)[-1]
+    return fit_max_affine_all(x, y, k, weights, seed, nonneg_intercept)[-1]
 
 
 def _folds(n: int):
     return KFold(min(CV_FOLDS, n), shuffle=True, random_state=CV_SEED).split(np.arange(n))
 
 
-def cv_mape_by_pieces(x: np.ndarray, y: np.ndarray, weights: np.ndarray, max_pieces: int = MAX_PIECES) -> dict[int, float]:
+def cv_mape_by_pieces(x: np.ndarray, y: np.ndarray, weights: np.ndarray, max_pieces: int = MAX_PIECES,
+                      nonneg_intercept: bool = False) -> dict[int, float]:
     """Cross-validated weighted MAPE (%) of ``fit_max_affine`` for ``k = 1 .. max_pieces``."""
     x = np.asarray(x, dtype=float).reshape(len(y), -1)
     pred = np.empty((max_pieces, len(y)))
     for train, test in _folds(len(y)):
-        for j, fitted in enumerate(fit_max_affine_all(x[train], y[train], max_pieces, weights[train])):
+        for j, fitted in enumerate(fit_max_affine_all(x[train], y[train], max_pieces, weights[train],
+                                                               nonneg_intercept=nonneg_intercept)):
             pred[j, test] = fitted.predict(x[test])
     return {j + 1: mape_pct(y, pred[j], weights) for j in range(max_pieces)}
 
 
-def select_pieces(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                  max_pieces: int = MAX_PIECES) -> tuple[int, dict[int, float]]:
+def select_pieces(x: np.ndarray, y: np.ndarray, weights: np.ndarray, max_pieces: int = MAX_PIECES,
+                  nonneg_intercept: bool = False) -> tuple[int, dict[int, float]]:
     """The number of pieces to use (fewest within ``PIECE_SLACK`` of the best CV MAPE) and every ``k``'s CV MAPE."""
-    errors = cv_mape_by_pieces(x, y, weights, max_pieces)
+    errors = cv_mape_by_pieces(x, y, weights, max_pieces, nonneg_intercept)
     return _fewest_pieces(errors), errors
 
 
@@ -183,38 +192,42 @@ def _fewest_pieces(errors: dict[int, float]) -> int:
 
 @dataclass(frozen=True)
 class Selection:
-    """The chosen feature subset (column indices) and piece count, with every candidate's CV MAPE by ``k``."""
+    """The chosen feature subset (column indices) and piece count, with every candidate's CV MAPE by ``k``,
+    and whether intercepts are held >= 0."""
 
     columns: tuple[int, ...]
     pieces: int
     cv_mape: dict[tuple[int, ...], dict[int, float]]
+    nonneg_intercept: bool = False
 
 
 def select_model(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                 candidates: tuple[tuple[int, ...], ...] | None = None) -> Selection:
+                 candidates: tuple[tuple[int, ...], ...] | None = None, nonneg_intercept: bool = False) -> Selection:
     """Choose a feature subset among ``candidates`` (column-index tuples, simplest first; default: all
     columns) and then ``k``, each the simplest choice within ``PIECE_SLACK`` of the best CV MAPE."""
     x = np.asarray(x, dtype=float).reshape(len(y), -1)
     candidates = candidates or (tuple(range(x.shape[1])),)
-    errors = {cols: cv_mape_by_pieces(x[:, list(cols)], y, weights) for cols in candidates}
+    errors = {cols: cv_mape_by_pieces(x[:, list(cols)], y, weights, nonneg_intercept=nonneg_intercept)
+              for cols in candidates}
     best = min(min(e.values()) for e in errors.values())
     cols = next(c for c in candidates if min(errors[c].values()) <= PIECE_SLACK * best)
-    return Selection(cols, _fewest_pieces(errors[cols]), errors)
+    return Selection(cols, _fewest_pieces(errors[cols]), errors, nonneg_intercept)
 
 
 def fit_model(x: np.ndarray, y: np.ndarray, weights: np.ndarray, selection: Selection) -> MaxAffine:
     """Fit the selected subset and piece count on all rows; unused columns get zero slopes."""
     x = np.asarray(x, dtype=float).reshape(len(y), -1)
-    fitted = fit_max_affine(x[:, list(selection.columns)], y, selection.pieces, weights)
+    fitted = fit_max_affine(x[:, list(selection.columns)], y, selection.pieces, weights,
+                            nonneg_intercept=selection.nonneg_intercept)
     slopes = np.zeros((fitted.pieces, x.shape[1]))
     slopes[:, list(selection.columns)] = fitted.slopes
     return MaxAffine(fitted.intercepts, slopes)
 
 
 def fit_selected(x: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                 candidates: tuple[tuple[int, ...], ...] | None = None) -> MaxAffine:
+                 candidates: tuple[tuple[int, ...], ...] | None = None, nonneg_intercept: bool = False) -> MaxAffine:
     """Choose the features and ``k`` by cross-validation on ``(x, y)`` (``select_model``), then fit on all of it."""
-    return fit_model(x, y, weights, select_model(x, y, weights, candidates))
+    return fit_model(x, y, weights, select_model(x, y, weights, candidates, nonneg_intercept))
 
 
 def heldout_predictions(x: np.ndarray, y: np.ndarray, weights: np.ndarray,

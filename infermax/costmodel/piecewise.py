@@ -11,7 +11,9 @@ contract (``CostTerm``) states them, in seconds per batch::
 
 so ``milp_terms()`` is the document itself and ``batch_time_s`` evaluates the same sum of maxima. A
 coefficient may also name a padded token count ``n_tokens_pad<q>`` (``⌈n_tokens/q⌉·q``, see
-``base.padding_quantum``); the solver represents it with one integer variable per batch. The
+``base.padding_quantum``); the solver represents it with one integer variable per batch. A coefficient
+on a capped longest KV read ``decode_kv_max_cap<K>`` (``base.kv_cap``; concave in the KV lengths) must
+be non-negative for the solver, which represents it with one binary per decode item and batch. The
 roofline fallback (``roofline.py``) is a document of the same kind with ``family: roofline``. A document
 without a ``hidden_recompute`` term gets one derived from its ``non_attention`` term and the model's
 K/V-projection share (``hidden.py``), appended to ``milp_terms()`` (not written to the document).
@@ -26,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, feature_column, is_feature,
-                   padded, padding_quantum)
+                   kv_cap, padded, padding_quantum)
 from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
@@ -97,8 +99,8 @@ class PiecewiseCostModel(JsonDocumentModel):
             self._terms += (hidden_recompute_term(names["non_attention"], self.kv_share),)
         self._hidden_missing = all(t.name != HIDDEN_TERM for t in self._terms)
         self.name = f"{self.family}:{self.gpu}/{self.model}/tp{self.tp}"
-        # Plain tuples for the scalar hot path: (feature, coefficient, padding quantum or 0).
-        self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple((f, c, padding_quantum(f) or 0)
+        # Plain tuples for the scalar hot path: (feature, coefficient, padding quantum or 0, KV cap or 0).
+        self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple((f, c, padding_quantum(f) or 0, kv_cap(f) or 0)
                                                                          for f, c in p.coef_s.items()))
                                                    for p in t.pieces))
                                for t in self._terms)
@@ -122,8 +124,13 @@ class PiecewiseCostModel(JsonDocumentModel):
             best = -math.inf
             for intercept, coefs in pieces:
                 s = 0.0
-                for name, c, q in coefs:
-                    s += c * (padded(features.n_tokens, q) if q else getattr(features, name))
+                for name, c, q, cap in coefs:
+                    if q:
+                        s += c * padded(features.n_tokens, q)
+                    elif cap:
+                        s += c * min(features.decode_kv_max, cap)
+                    else:
+                        s += c * getattr(features, name)
                 value = intercept + s
                 if value > best:
                     best = value

@@ -32,6 +32,7 @@ swapped out and in by one batch).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from ..costmodel.base import BatchFeatures, CostModel
@@ -66,11 +67,12 @@ def is_best_effort(s: RequestState) -> bool:
 class _Batch:
     """The batch being built: items and the feature sums ``C(batch)`` needs."""
 
-    __slots__ = ("n", "tokens", "prefill", "prefill_sq", "n_prefill", "n_decode", "decode_kv", "swap_in")
+    __slots__ = ("n", "tokens", "prefill", "prefill_sq", "n_prefill", "n_decode", "decode_kv", "decode_reads", "swap_in")
 
     def __init__(self):
         self.n = self.tokens = self.prefill = self.prefill_sq = 0
         self.n_prefill = self.n_decode = self.decode_kv = self.swap_in = 0
+        self.decode_reads: Counter[int] = Counter()  # decode KV reads in the batch (for decode_kv_max)
 
     def add(self, s: RequestState, c: int, swap_in: int, sign: int = 1) -> None:
         self.n += sign
@@ -83,12 +85,14 @@ class _Batch:
         else:
             self.n_decode += sign
             self.decode_kv += sign * (s.m + 1)
+            self.decode_reads[s.m + 1] += sign
 
     def features(self) -> BatchFeatures:
         # BROS prefills start from an empty cache (m = 0): no Σc·m term.
         return BatchFeatures(n_tokens=self.tokens, prefill_tokens=self.prefill, prefill_sq_tokens=self.prefill_sq,
                              n_prefill_seqs=self.n_prefill, n_decode_seqs=self.n_decode,
-                             decode_kv_tokens=self.decode_kv)
+                             decode_kv_tokens=self.decode_kv,
+                             decode_kv_max=max((kv for kv, count in self.decode_reads.items() if count), default=0))
 
 
 class BrosScheduler(Scheduler):
