@@ -47,14 +47,16 @@ def ecoserve_workload(name: str, num_requests: int, seed: int = 0) -> list[Reque
 
 def solo_prefill_s(cost_model: CostModel, prompt: int) -> float:
     """Time of a batch holding one whole ``prompt``-token prefill."""
-    return cost_model.batch_time_s(BatchFeatures(n_tokens=prompt, prefill_tokens=prompt, prefill_sq_tokens=prompt * prompt,
-                                                 n_prefill_seqs=1))
+    features = BatchFeatures()
+    features.add_prefill(prompt, 0)
+    return cost_model.batch_time_s(features)
 
 
 def solo_decode_s(cost_model: CostModel, context: int) -> float:
     """Time of a batch holding one decode at ``context`` cached tokens."""
-    return cost_model.batch_time_s(BatchFeatures(n_tokens=1, n_decode_seqs=1, decode_kv_tokens=context + 1,
-                                                 decode_kv_max=context + 1))
+    features = BatchFeatures()
+    features.add_decode(context)
+    return cost_model.batch_time_s(features)
 
 
 def slo_params(requests: Sequence[Request], cost_model: CostModel) -> tuple[float, float]:

@@ -273,7 +273,7 @@ class Replayer:
         both = {rid for rid, _ in batch.swap_out} & {rid for rid, _ in batch.swap_in}
         if both:
             raise ScheduleViolation(j, min(both), "swap-both", "swapped out and in in the same batch")
-        moved = []
+        moved, blocks = [], self.limits.blocks
         for direction, pairs in (("swap-out", batch.swap_out), ("swap-in", batch.swap_in)):
             total, seen = 0, set()
             for rid, n in pairs:
@@ -294,7 +294,6 @@ class Replayer:
                 else:
                     s.cpu_tokens -= n
                     s.swapped_in_tokens += n
-                blocks = self.limits.blocks
                 self.kv_tokens += blocks(s.gpu_tokens) - blocks(before)
                 self.holders += (s.gpu_tokens > 0) - (before > 0)
                 total += n

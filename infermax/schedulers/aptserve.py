@@ -151,8 +151,9 @@ def rho_from_cost_model(cost_model: CostModel | None, mode: str = "cost-model") 
         return 0.0
 
     def t(h: int) -> float:
-        return cost_model.batch_time_s(BatchFeatures(n_tokens=1, n_decode_seqs=1, decode_kv_tokens=1, decode_kv_max=1,
-                                                     hidden_recompute_tokens=h))
+        features = BatchFeatures(hidden_recompute_tokens=h)
+        features.add_decode(0)
+        return cost_model.batch_time_s(features)
 
     rho = (t(4096) - t(1024)) / 3072
     if mode == "authors":
