@@ -22,17 +22,16 @@ def cell(table: dict, key: str) -> str:
 def attention_sample_rows() -> list[str]:
     """Both fits (held-out) and the roofline on the measured A100 Llama-3-8B attention sample itself."""
     from infermax.costmodel import profiles_dir, roofline_model
-    from infermax.costmodel.fitting import ProfileSpec, build_groups, fit_group
+    from infermax.costmodel.fitting import ProfileSpec, build_groups, fit_group, heldout_errors
     from infermax.costmodel.measurements import import_vidur_attention
     from infermax.costmodel.profile_import import ATTENTION_SAMPLE, SAMPLE_PROVENANCE
 
     rows = import_vidur_attention(profiles_dir() / "_sources" / ATTENTION_SAMPLE, 1, SAMPLE_PROVENANCE)
     spec = ProfileSpec("a100", "llama-3-8b", 1, 32, 4096)
-    lines = []
-    for group in build_groups(rows, spec):
-        for family, table in fit_group(group, roofline_model("a100", "llama-3-8b", 1)).errors.items():
-            lines.append(f"| {group.name} | {family} | " + " | ".join(cell(table, r) for r in RANGES) + " |")
-    return lines
+    roofline = roofline_model("a100", "llama-3-8b", 1)
+    errors = heldout_errors({g.name: fit_group(g, roofline) for g in build_groups(rows, spec)}, roofline)
+    return [f"| {group} | {family} | " + " | ".join(cell(table, r) for r in RANGES) + " |"
+            for group, families in errors.items() for family, table in families.items()]
 
 
 def main() -> None:

@@ -158,6 +158,7 @@ class Replayer:
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
         n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = decode_max = hidden_rc = 0
+        ctx256 = ctx512 = ctx1024 = ctx2048 = 0  # Σ c·min(m, K), BatchFeatures.prefill_ctx_cap<K>
         unit_blocks = lim.block_size == 1
         hidden_ids = batch.hidden
         kv, holders = self.kv_tokens, self.holders
@@ -188,6 +189,11 @@ class Replayer:
                 prefill_tokens += c
                 prefill_sq += c * c
                 prefill_ctx += c * m0
+                if m0:
+                    ctx256 += c * (m0 if m0 < 256 else 256)
+                    ctx512 += c * (m0 if m0 < 512 else 512)
+                    ctx1024 += c * (m0 if m0 < 1024 else 1024)
+                    ctx2048 += c * (m0 if m0 < 2048 else 2048)
                 n_prefill += 1
                 s.prefill_processed += c
                 if m0 + c == icur:
@@ -220,7 +226,9 @@ class Replayer:
             raise ScheduleViolation(j, rid, "hidden-not-item", "listed as hidden but not processed in the batch")
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
-                              prefill_ctx_tokens=prefill_ctx, n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
+                              prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
+                              prefill_ctx_cap1024=ctx1024, prefill_ctx_cap2048=ctx2048,
+                              n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
                               decode_kv_tokens=decode_kv, decode_kv_max=decode_max, swap_tokens=swapped_out + swapped_in,
                               hidden_recompute_tokens=hidden_rc)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infermax.costmodel.base import CostTerm, kv_cap, padded, padding_quantum
+from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padded, padding_quantum
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -49,11 +49,13 @@ def feature_bounds(rb: list[RequestBounds], limits: Limits) -> dict[str, int]:
     tokens = min(limits.C, sum(max(c, 1) for c in chunks))
     # a chunk c after m cached tokens of the same input has c + m <= Icur <= peak
     ctx_item = sorted((min(b.chunk * (b.peak - 1), (b.peak // 2) * ((b.peak + 1) // 2)) for b in rb), reverse=True)[:n]
+    ctx = min(sum(ctx_item), prefill * max(b.peak - 1 for b in rb))
     return {
         "n_tokens": tokens,
         "prefill_tokens": prefill,
         "prefill_sq_tokens": min(sum(c * c for c in chunks), prefill * max(chunks)),
-        "prefill_ctx_tokens": min(sum(ctx_item), prefill * max(b.peak - 1 for b in rb)),
+        "prefill_ctx_tokens": ctx,
+        **{f"prefill_ctx_cap{k}": min(ctx, prefill * k) for k in PREFILL_CTX_CAPS},
         "n_prefill_seqs": min(n, prefill),
         "n_decode_seqs": min(n, tokens),
         "decode_kv_tokens": min(limits.M, sum(sorted((b.peak for b in rb), reverse=True)[:n])),
@@ -111,18 +113,18 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
     """How many non-empty batches a schedule with objective at most ``objective_s`` can have.
 
     Every non-empty batch takes at least ``tau0 + alpha · n_tokens`` (derived from the cost terms when
-    every coefficient is >= 0: the ``n_tokens``-gated terms' pieces with the largest intercept, their
-    per-token slope counting padded token counts ``⌈n/q⌉·q ≥ n`` as ``n``, plus
-    the cheaper of the prefill-gated and decode-gated intercepts, since a non-empty batch has a prefill
-    or a decode item). A complete schedule processes at least ``N = Σ (I + O − 1)`` tokens, so its
+    every slope is >= 0, so each piece bounds its term from below: the ``n_tokens``-gated terms' pieces with
+    the largest intercept, their per-token slope counting padded token counts ``⌈n/q⌉·q ≥ n`` as ``n``, plus
+    the least of the prefill-gated terms' largest intercepts, the decode-gated ones' and both together, since
+    a non-empty batch has a prefill item, a decode item or both; intercepts may be negative). A complete schedule processes at least ``N = Σ (I + O − 1)`` tokens, so its
     busy time is at least ``K·tau0 + alpha·N``. Busy time <= makespan <= objective / w_makespan, and
     busy time <= last end − first arrival <= T_max − T_min + Σ latency <= ... + objective / w_latency.
     Hence ``K <= (busy budget − alpha·N) / tau0``. Mean TTFT alone bounds nothing.
     """
     for t in terms:
         for p in t.pieces:
-            if p.intercept_s < 0 or any(c < 0 for c in p.coef_s.values()):
-                return SlotBound(None, f"cost term {t.name!r} has a negative coefficient")
+            if any(c < 0 for c in p.coef_s.values()):
+                return SlotBound(None, f"cost term {t.name!r} has a negative slope")
     arrivals = [r.arrival_s for r in requests]
     budgets = []
     if objective.makespan > 0:
@@ -141,7 +143,9 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
             prefill0 += max(p.intercept_s for p in t.pieces)
         elif t.active_if in DECODE_FEATURES:
             decode0 += max(p.intercept_s for p in t.pieces)
-    tau0 += min(prefill0, decode0)
+        else:  # charged in some batches only: at least min(0, its largest intercept)
+            tau0 += min(0.0, max(p.intercept_s for p in t.pieces))
+    tau0 += min(prefill0, decode0, prefill0 + decode0)
     if tau0 <= 0:
         return SlotBound(None, "the cost model gives no positive minimum batch time", tau0, alpha)
     tokens = sum(r.prompt_tokens + r.output_tokens - 1 for r in requests)

@@ -22,6 +22,10 @@ in the KV lengths; with a non-negative coefficient it is a continuous ``y ≥ K�
 per decode item, where ``β = max_i β_i`` and one binary per item and slot is pinned to ``β_i = [dkv_i ≥ K]``
 by ``K·β_i ≤ dkv_i ≤ K − 1 + (peak_i − K + 1)·β_i`` (so a frozen incumbent never overstates it either).
 A negative coefficient on it (or on ``decode_kv_max``) is rejected: the epigraph would not be exact.
+A prefill chunk's capped context ``c·min(m̄, K)`` (feature ``prefill_ctx_cap<K>``, summed over chunks) is
+``Σ 2^k (b_k·r)`` with ``r = min(m̄, K)`` pinned exactly by one binary ``[m̄ ≥ K]`` per request and slot
+(``K·β ≤ m̄ ≤ K − 1 + (peak − K + 1)·β``, ``m̄ − (peak − K)·β ≤ r ≤ m̄``, ``K·β ≤ r ≤ K``), so any sign of its
+coefficient is exact.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from infermax.costmodel.base import CostTerm, kv_cap, padding_quantum
+from infermax.costmodel.base import CostTerm, kv_cap, padding_quantum, prefill_ctx_cap
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -66,7 +70,7 @@ class Cell:
     """The variables of one request in one slot."""
 
     __slots__ = ("e", "cz", "dg", "g", "d", "fin", "m", "bits", "cp", "c", "pz", "mbar", "sq", "ctx", "dkv", "kvb", "mz",
-                 "u", "w")
+                 "u", "w", "ctx_cap")
 
 
 class Formulation:
@@ -120,7 +124,7 @@ class Formulation:
         x.pz = x.cz - x.dg
         x.mbar = x.m - x.c
         x.sq = x.ctx = x.dkv = x.kvb = x.mz = None
-        x.u, x.w = [], []
+        x.u, x.w, x.ctx_cap = [], [], {}
         return x
 
     def _build(self) -> None:
@@ -222,6 +226,23 @@ class Formulation:
             x.ctx = pulp.lpSum((1 << k) * w for k, w in enumerate(x.w))
         if "decode_kv_tokens" in used or any(f == "decode_kv_max" or kv_cap(f) is not None for f in used):
             x.dkv = self._product(f"v_{n}", x.dg, x.m, rb.peak)
+        for cap in sorted(k for k in map(prefill_ctx_cap, used) if k is not None):
+            r = self._min_cap(x.mbar, cap, rb.peak, f"r{cap}_{n}")
+            bound = min(cap, rb.peak)
+            x.ctx_cap[cap] = pulp.lpSum((1 << k) * self._product(f"w{cap}_{n}_{k}", b, r, bound)
+                                        for k, b in enumerate(x.bits))
+
+    def _min_cap(self, v, cap: int, peak: int, name: str):
+        """``min(v, cap)`` for an integral ``0 <= v <= peak``, exact: a binary pinned to ``[v >= cap]`` (module docstring)."""
+        if peak < cap:
+            return v
+        r, beta = self._var(name, 0, cap), self._var(f"{name}_b", cat=BIN)
+        self.prob += cap * beta <= v, f"{name}_b_le"
+        self.prob += v <= cap - 1 + (peak - cap + 1) * beta, f"{name}_b_ge"
+        self.prob += r <= v, f"{name}_le_v"
+        self.prob += r >= v - (peak - cap) * beta, f"{name}_ge_v"
+        self.prob += r >= cap * beta, f"{name}_ge_cap"
+        return r
 
     # ----------------------------------------------------------------- batch constraints (5)
     def _batch_constraints(self, j: int, col: list[Cell]) -> None:
@@ -275,6 +296,10 @@ class Formulation:
             f["prefill_ctx_tokens"] = pulp.lpSum(x.ctx for x in col)
         if "decode_kv_tokens" in self.used_features:
             f["decode_kv_tokens"] = pulp.lpSum(x.dkv for x in col)
+        for name in self.used_features:
+            cap = prefill_ctx_cap(name)
+            if cap is not None:
+                f[name] = pulp.lpSum(x.ctx_cap[cap] for x in col)
         for name in sorted(self.used_features):
             if name == "decode_kv_max" or kv_cap(name) is not None:
                 if name not in self.kvmax[j]:

@@ -70,6 +70,50 @@ def test_recovers_known_capped_decode_pieces_and_cv_picks_the_cap():
     assert select_model(x, y, np.ones(len(y)), candidates, nonneg_intercept=True).columns == (0, 1, 3)
 
 
+def test_recovers_known_capped_prefill_context_and_cv_picks_the_cap():
+    # prefill chunks c after m cached tokens: f = max(0.02 + 1e-5 c + 4e-7 c·min(m, 512), 5e-8 c² + 1e-7 c·m):
+    # a small-chunk regime whose context cost stops growing at 512, then the quadratic attention work
+    c, m = (a.ravel().astype(float) for a in np.meshgrid([32, 64, 128, 256, 512, 1024, 2048, 4096], np.arange(0, 8193, 256)))
+    caps = (256, 512, 1024)
+    x = np.column_stack([c * c, c * m, c] + [c * np.minimum(m, k) for k in caps])
+    y = np.maximum(0.02 + 1e-5 * c + 4e-7 * c * np.minimum(m, 512), 5e-8 * c * c + 1e-7 * c * m)
+    fitted = fit_max_affine(x[:, [0, 1, 2, 4]], y, 2, nonneg_intercept=True)
+    order = np.argsort(fitted.intercepts)
+    assert fitted.slopes[order] == pytest.approx(np.array([[5e-8, 1e-7, 0.0, 0.0], [0.0, 0.0, 1e-5, 4e-7]]), abs=1e-12)
+    assert fitted.intercepts[order] == pytest.approx([0.0, 0.02], abs=1e-8)
+    candidates = ((0, 1, 2), (0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 2, 5))
+    assert select_model(x, y, np.ones(len(y)), candidates, nonneg_intercept=True).columns == (0, 1, 2, 4)
+
+
+def test_prefill_context_caps_by_hand_and_in_the_replayer():
+    """Σ c·min(m, K): chunks (c=3, m=300) and (c=2, m=0): K=256 -> 3·256 = 768, K=512/1024/2048 -> 3·300 = 900.
+    The replayer's hand-inlined sums agree with ``BatchFeatures.add_prefill`` on the same chunks."""
+    from infermax.limits import Limits
+    from infermax.replay import Replayer
+    from infermax.request import Request
+    from infermax.schedule import ScheduledBatch
+
+    f = BatchFeatures()
+    f.add_prefill(3, 300)
+    f.add_prefill(2, 0)
+    assert (f.prefill_ctx_cap256, f.prefill_ctx_cap512, f.prefill_ctx_cap1024, f.prefill_ctx_cap2048) == (768, 900, 900, 900)
+    assert f.prefill_ctx_tokens == 900
+
+    seen = []
+
+    class Recording:
+        name = "recording"
+
+        def batch_time_s(self, features):
+            seen.append(features)
+            return 1.0
+
+    replayer = Replayer([Request(0, 0.0, 303, 2), Request(1, 0.0, 2, 2)], Limits(C=400, M=1000, block_size=1), Recording())
+    replayer.apply(ScheduledBatch(((0, 300),)))
+    replayer.apply(ScheduledBatch(((0, 3), (1, 2))))
+    assert seen[1] == f
+
+
 def test_nonneg_intercepts_keep_batch_sums_subadditive():
     # f(x) = max(1 + 0.01 x, -5 + 0.02 x): the free fit recovers the negative intercept, the constrained one
     # keeps every intercept >= 0, so a piece on a sum never exceeds the sum of the pieces on its parts
@@ -80,8 +124,8 @@ def test_nonneg_intercepts_keep_batch_sums_subadditive():
     assert constrained.intercepts.min() >= 0.0
     parts = np.array([[512.0]] * 8)
     assert constrained.predict(parts.sum(axis=0)).item() <= constrained.predict(parts).sum()
-    # the bundled prefill term too: eight 512-token chunks in one batch cost no more than one by one
-    prefill = next(t for t in load_cost_model(kind="piecewise").milp_terms() if t.name == "prefill_attention")
+    # the bundled prefill kernel term too: eight 512-token chunks in one batch cost no more than one by one
+    prefill = next(t for t in load_cost_model(kind="piecewise").milp_terms() if t.name == "prefill_attention_kernel")
     assert all(p.intercept_s >= 0 for p in prefill.pieces)
     one, eight = BatchFeatures(), BatchFeatures()
     one.add_prefill(512, 0)
@@ -275,8 +319,8 @@ def test_fit_an_unseen_vidur_folder(tmp_path):
     assert result.exit_code == 0, result.output
     assert "non_attention" in result.output and "piecewise" in result.output
     out = tmp_path / "out" / "tp1"
-    assert {p.name for p in out.glob("fit_*.png")} == {"fit_non_attention.png", "fit_prefill_attention.png",
-                                                        "fit_decode_attention.png"}
+    assert {p.name for p in out.glob("fit_*.png")} == {"fit_non_attention.png", "fit_prefill_attention_kernel.png",
+                                                        "fit_prefill_kv_save.png", "fit_decode_attention.png"}
     new, shipped = (json.loads((f / "infermax_piecewise.json").read_text()) for f in (out, PROFILE))
     assert new["model"] == "llama-2-7b" and new["gpu"] == "a100"
     assert new["terms"] == shipped["terms"]

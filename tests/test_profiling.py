@@ -125,7 +125,7 @@ def test_profile_tiny_is_fitted_unchanged(tiny_profile):
     doc = json.loads((tiny_profile / "profile.json").read_text())
     assert (doc["gpu"], doc["model"], doc["num_layers"], doc["hidden_size"]) == ("cpu", "llama-3-8b-tiny", 2, 64)
     assert doc["profiled"]["torch"] == torch.__version__ and doc["groups"] == [
-        "non_attention", "prefill_attention", "decode_attention"]
+        "non_attention", "prefill_attention_kernel", "prefill_kv_save", "decode_attention"]
     for kind in ("linear", "piecewise"):
         cost = load_cost_model(path=tiny_profile / f"infermax_{kind}.json")
         from infermax.costmodel import BatchFeatures

@@ -268,3 +268,33 @@ def test_brute_force_hand_case():
     requests, limits = CASES["tight-M"]
     assert brute_force(requests, limits, AffineCost(), Objective(makespan=1), SLOTS) == pytest.approx(10.0)
     assert brute_force(requests, limits, AffineCost(), Objective(makespan=1), SLOTS, Policies(eviction_free=True)) == pytest.approx(10.0)
+
+
+class ToyPrefillCap:
+    """One batch costs 1 s plus ``a`` times Σ c·min(m, 256) over its prefill chunks (``prefill_ctx_cap256``)."""
+
+    name = "toy-prefill-cap"
+
+    def __init__(self, a: float):
+        self.a = a
+
+    def milp_terms(self):
+        return (CostTerm("base", "n_tokens", (AffinePiece(1.0, {}),)),
+                CostTerm("ctx", "n_prefill_seqs", (AffinePiece(0.0, {"prefill_ctx_cap256": self.a}),)))
+
+    def batch_time_s(self, f: BatchFeatures) -> float:
+        return terms_time_s(self.milp_terms(), f)
+
+
+@pytest.mark.parametrize("a", [1e-5, -1e-5])
+def test_capped_prefill_context_is_exact_in_the_milp(a):
+    """A 600-token prompt (O = 1) in 3 batches of at most 256 tokens: chunks c1 + c2 + c3 = 600 cost
+    3 + a·(c2·min(c1, 256) + c3·min(c1 + c2, 256)). Enumerating every split gives the optimum for either sign
+    of ``a`` (a negative one pushes min(m, 256) up, so it must be pinned, not left to minimisation)."""
+    values = [c2 * min(c1, 256) + (600 - c1 - c2) * min(c1 + c2, 256)
+              for c1 in range(1, 257) for c2 in range(1, 257) if 1 <= 600 - c1 - c2 <= 256]
+    expected = 3 + a * (min(values) if a > 0 else max(values))
+    got = optimize([Request(0, 0.0, 600, 1)], Limits(C=256, M=1000, block_size=1), ToyPrefillCap(a),
+                   Objective(makespan=1), slots=3, options=SolveOptions(mip_gap=0))
+    assert got.status == "optimal"
+    assert got.value_s == pytest.approx(expected, rel=1e-9)

@@ -20,7 +20,8 @@ class BatchFeatures:
 
     Per processed item with ``c`` tokens and ``m`` cached tokens before the batch:
     a *prefill* chunk adds ``c`` to ``n_tokens`` and ``prefill_tokens``, ``c*c`` to
-    ``prefill_sq_tokens`` and ``c*m`` to ``prefill_ctx_tokens``; a *decode* item adds
+    ``prefill_sq_tokens``, ``c*m`` to ``prefill_ctx_tokens`` and ``c*min(m, K)`` to
+    ``prefill_ctx_cap<K>`` (K in ``PREFILL_CTX_CAPS``: context read up to a cap); a *decode* item adds
     1 to ``n_tokens`` and ``m + 1`` to ``decode_kv_tokens`` (the KV it reads,
     including its own new token); ``decode_kv_max`` is the largest ``m + 1`` over the decode items.
 
@@ -32,6 +33,10 @@ class BatchFeatures:
     prefill_tokens: int = 0
     prefill_sq_tokens: int = 0
     prefill_ctx_tokens: int = 0
+    prefill_ctx_cap256: int = 0
+    prefill_ctx_cap512: int = 0
+    prefill_ctx_cap1024: int = 0
+    prefill_ctx_cap2048: int = 0
     n_prefill_seqs: int = 0
     n_decode_seqs: int = 0
     decode_kv_tokens: int = 0
@@ -44,6 +49,10 @@ class BatchFeatures:
         self.prefill_tokens += c
         self.prefill_sq_tokens += c * c
         self.prefill_ctx_tokens += c * m_before
+        self.prefill_ctx_cap256 += c * min(m_before, 256)
+        self.prefill_ctx_cap512 += c * min(m_before, 512)
+        self.prefill_ctx_cap1024 += c * min(m_before, 1024)
+        self.prefill_ctx_cap2048 += c * min(m_before, 2048)
         self.n_prefill_seqs += 1
 
     def add_decode(self, m_before: int) -> None:
@@ -75,6 +84,11 @@ _CAPPED = re.compile(r"decode_kv_max_cap([1-9][0-9]*)")
 # sizes, and caps on the longest decode KV read (split-KV decode attention is flat beyond a knee).
 PADDED_FEATURES = ("n_tokens_pad32", "n_tokens_pad64", "n_tokens_pad128", "n_tokens_pad256")
 CAPPED_FEATURES = ("decode_kv_max_cap256", "decode_kv_max_cap512", "decode_kv_max_cap1024", "decode_kv_max_cap2048")
+# Σ c·min(m, K) over prefill chunks (replay fields): a chunk's context read up to a cap (small-chunk attention
+# switches to a split-KV kernel and KV-cache writes stop slowing down beyond a context length).
+PREFILL_CTX_CAPS = (256, 512, 1024, 2048)
+PREFILL_CTX_CAP_FEATURES = tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
+_PREFILL_CAP = re.compile(r"prefill_ctx_cap([1-9][0-9]*)")
 
 
 def padding_quantum(name: str) -> int | None:
@@ -92,6 +106,12 @@ def kv_cap(name: str) -> int | None:
 def padded(n, q: int):
     """``⌈n/q⌉·q`` for an integer or an integer array ``n``."""
     return -(-n // q) * q
+
+
+def prefill_ctx_cap(name: str) -> int | None:
+    """``K`` for a feature name ``prefill_ctx_cap<K>`` (Σ c·min(m, K) over prefill chunks), else None."""
+    match = _PREFILL_CAP.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def is_feature(name: str) -> bool:

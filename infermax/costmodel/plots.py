@@ -22,7 +22,7 @@ def plot_group(fit, path: Path, title: str) -> None:
     tokens, y = group.tokens[order], group.y_ms[order]
     linear = fit.linear.predict(group.columns(group.linear_features))[order]
     piecewise = fit.piecewise.predict(group.x)[order]
-    key = {"prefill_attention": "prefill chunk size", "decode_attention": "batch size"}.get(group.name, "tokens")
+    key = "prefill chunk size" if group.gate == "n_prefill_seqs" else "batch size" if group.gate == "n_decode_seqs" else "tokens"
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     top.scatter(tokens, y, s=8, color="black", label="measured" if group.measured.all() else "measured / derived")
     single = all(f == "n_tokens" or padding_quantum(f) for f in group.features)  # a function of tokens alone
