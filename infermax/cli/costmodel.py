@@ -65,7 +65,9 @@ def show(model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, co
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     terms = Table(title=f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)",
-                  caption="n_tokens_pad<q> = n_tokens rounded up to a multiple of q")
+                  caption="n_tokens_pad<q> = n_tokens rounded up to a multiple of q; "
+                          "decode_kv_max_cap<K> = min(longest decode KV read, K); "
+                          "prefill_ctx_cap<K> = Σ over prefill chunks of c·min(m, K)")
     for col in ("term", "active if > 0", "piece", "intercept_s"):
         terms.add_column(col, overflow="fold")
     terms.add_column("coefficients (s per unit)", overflow="fold", min_width=30)
