@@ -232,13 +232,19 @@ class Formulation:
             x.ctx_cap[cap] = pulp.lpSum((1 << k) * self._product(f"w{cap}_{n}_{k}", b, r, bound)
                                         for k, b in enumerate(x.bits))
 
+    def _at_least(self, v, cap: int, peak: int, name: str) -> pulp.LpVariable:
+        """A binary pinned to ``[v >= cap]`` for an integral ``0 <= v <= peak`` (``peak >= cap``), whichever way an
+        objective pushes it: ``cap·β <= v <= cap − 1 + (peak − cap + 1)·β``."""
+        beta = self._var(name, cat=BIN)
+        self.prob += cap * beta <= v, f"{name}_le"
+        self.prob += v <= cap - 1 + (peak - cap + 1) * beta, f"{name}_ge"
+        return beta
+
     def _min_cap(self, v, cap: int, peak: int, name: str):
         """``min(v, cap)`` for an integral ``0 <= v <= peak``, exact: a binary pinned to ``[v >= cap]`` (module docstring)."""
         if peak < cap:
             return v
-        r, beta = self._var(name, 0, cap), self._var(f"{name}_b", cat=BIN)
-        self.prob += cap * beta <= v, f"{name}_b_le"
-        self.prob += v <= cap - 1 + (peak - cap + 1) * beta, f"{name}_b_ge"
+        r, beta = self._var(name, 0, cap), self._at_least(v, cap, peak, f"{name}_b")
         self.prob += r <= v, f"{name}_le_v"
         self.prob += r >= v - (peak - cap) * beta, f"{name}_ge_v"
         self.prob += r >= cap * beta, f"{name}_ge_cap"
@@ -332,9 +338,7 @@ class Formulation:
             if peak < cap:
                 self.prob += y >= x.dkv, f"{name}_ge_{i}"
                 continue
-            b = self._var(f"{name}_b_{i}", cat=BIN)
-            self.prob += cap * b <= x.dkv, f"{name}_b_le_{i}"
-            self.prob += x.dkv <= cap - 1 + (peak - cap + 1) * b, f"{name}_b_ge_{i}"
+            b = self._at_least(x.dkv, cap, peak, f"{name}_b_{i}")
             self.prob += beta >= b, f"{name}_beta_ge_{i}"
             self.prob += y >= x.dkv - (peak - cap) * beta, f"{name}_ge_{i}"
             items.append((i, b))

@@ -240,18 +240,26 @@ def composite_linear(fits: list[GroupFit]) -> LinearRegression:
     return _ols(fits[0].group.columns(fits[0].group.linear_features)[rows[0]], y)
 
 
+def composites(fits: dict[str, GroupFit]) -> dict[str, list[GroupFit]]:
+    """Each composite group's parts (groups with ``part_of``), in group order."""
+    parts: dict[str, list[GroupFit]] = {}
+    for f in fits.values():
+        if f.group.part_of is not None:
+            parts.setdefault(f.group.part_of, []).append(f)
+    return parts
+
+
 def heldout_errors(fits: dict[str, GroupFit], roofline: PiecewiseCostModel | None = None) -> dict:
     """``{group: {family: table}}`` in group order; a composite group (``part_of``) scored on the sum of its
     parts (``combine_parts``), followed by each part's own table."""
-    errors = {}
+    errors, by_composite = {}, composites(fits)
     for name, f in fits.items():
         composite = f.group.part_of
         if composite is None:
             errors[name] = f.errors
         elif composite not in errors:
-            parts = [p for p in fits.values() if p.group.part_of == composite]
-            errors[composite] = combine_parts(parts, roofline)
-            errors.update({p.group.name: p.errors for p in parts})
+            errors[composite] = combine_parts(by_composite[composite], roofline)
+            errors.update({p.group.name: p.errors for p in by_composite[composite]})
     return errors
 
 
@@ -270,8 +278,7 @@ def _linear_doc(spec: ProfileSpec, fits: dict[str, GroupFit], fit_info: dict) ->
     """The paper's linear model: one OLS plane per group, a composite group's fitted to its summed target."""
     layers = spec.num_layers
     planes = {name: (f.linear, f.group.linear_features) for name, f in fits.items() if f.group.part_of is None}
-    for composite in {f.group.part_of for f in fits.values()} - {None}:
-        parts = [f for f in fits.values() if f.group.part_of == composite]
+    for composite, parts in composites(fits).items():
         planes[composite] = (composite_linear(parts), parts[0].group.linear_features)
 
     def coef(name, feature):
