@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padded, padding_quantum
+from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padded, padding_quantum, token_step
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -66,15 +66,17 @@ def feature_bounds(rb: list[RequestBounds], limits: Limits) -> dict[str, int]:
 
 
 def feature_bound(fb: dict[str, int], name: str) -> int:
-    """Upper bound of feature ``name``: from ``fb``, the padded ``n_tokens`` bound for ``n_tokens_pad<q>``, or
-    the capped ``decode_kv_max`` bound for ``decode_kv_max_cap<K>``."""
+    """Upper bound of feature ``name``: from ``fb``, the padded ``n_tokens`` bound for ``n_tokens_pad<q>``, the
+    capped ``decode_kv_max`` bound for ``decode_kv_max_cap<K>``, or whether a step ``<count>_gt<t>`` can be 1."""
     if name in fb:
         return fb[name]
-    q, cap = padding_quantum(name), kv_cap(name)
+    q, cap, step = padding_quantum(name), kv_cap(name), token_step(name)
     if q is not None:
         return padded(fb["n_tokens"], q)
     if cap is not None:
         return min(fb["decode_kv_max"], cap)
+    if step is not None:
+        return int(fb[step[0]] > step[1])
     raise ValueError(f"cost term uses unknown feature {name!r}")
 
 

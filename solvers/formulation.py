@@ -26,6 +26,9 @@ A prefill chunk's capped context ``c·min(m̄, K)`` (feature ``prefill_ctx_cap<K
 ``Σ 2^k (b_k·r)`` with ``r = min(m̄, K)`` pinned exactly by one binary ``[m̄ ≥ K]`` per request and slot
 (``K·β ≤ m̄ ≤ K − 1 + (peak − K + 1)·β``, ``m̄ − (peak − K)·β ≤ r ≤ m̄``, ``K·β ≤ r ≤ K``), so any sign of its
 coefficient is exact.
+A step ``n_tokens_gt<t>`` = ``[n > t]`` is one binary per slot pinned to ``[n ≥ t + 1]`` the same way (either sign
+of its coefficient is exact), constant 0 where no batch of the instance can exceed ``t`` tokens; steps are
+visited in increasing ``t``, each binary held ≤ the previous one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from infermax.costmodel.base import CostTerm, kv_cap, padding_quantum, prefill_ctx_cap
+from infermax.costmodel.base import CostTerm, kv_cap, padding_quantum, prefill_ctx_cap, token_step
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -137,6 +140,7 @@ class Formulation:
         self.z = [self._var(f"z_{j}", cat=BIN) for j in range(K)]
         self.hy: list = [None] * K
         self.pads: list[dict] = [{} for _ in range(K)]  # per slot: feature -> (integer k, quantum q)
+        self.steps: list[dict] = [{} for _ in range(K)]  # per slot: threshold t -> binary [n_tokens > t]
         self.kvmax: list[dict] = [{} for _ in range(K)]  # per slot: feature -> KvMax
         for j in range(K):
             col = [row[j] for row in self.cells]
@@ -306,6 +310,9 @@ class Formulation:
             cap = prefill_ctx_cap(name)
             if cap is not None:
                 f[name] = pulp.lpSum(x.ctx_cap[cap] for x in col)
+        # steps in increasing threshold: each binary is held <= the previous one
+        for (count, t), name in sorted((token_step(name), name) for name in self.used_features if token_step(name)):
+            f[name] = self._step(j, t, f["n_tokens"]) if count == "n_tokens" else 0
         for name in sorted(self.used_features):
             if name == "decode_kv_max" or kv_cap(name) is not None:
                 if name not in self.kvmax[j]:
@@ -320,6 +327,20 @@ class Formulation:
                 self.pads[j][name] = (k, q)
             f[name] = q * self.pads[j][name][0]
         return f
+
+    def _step(self, j: int, t: int, n_tokens):
+        """``[n_tokens > t]`` in slot ``j``: 0 where no batch of the instance exceeds ``t`` tokens, else a binary pinned
+        both ways (``_at_least``), no larger than the previous (smaller) threshold's (a valid cut; ``features``
+        creates them in increasing ``t``)."""
+        if t not in self.steps[j]:
+            peak = self.fb["n_tokens"]
+            if peak <= t:
+                return 0
+            beta = self._at_least(n_tokens, t + 1, peak, f"gt{t}_{j}")
+            if self.steps[j]:
+                self.prob += beta <= self.steps[j][max(self.steps[j])], f"gt{t}_{j}_order"
+            self.steps[j][t] = beta
+        return self.steps[j][t]
 
     def _kv_max(self, j: int, col: list[Cell], cap: int | None) -> "KvMax":
         """A continuous ``y`` with ``y ≥ min(max_i dkv_i, cap)`` exactly at its minimum (module docstring);

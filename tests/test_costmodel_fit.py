@@ -10,7 +10,9 @@ import pytest
 from solvers.formulation import add_padding_constraints
 from infermax.costmodel import (AffinePiece, BatchFeatures, CostTerm, PiecewiseCostModel, load_cost_model, profile_folder, roofline_model,
                                 terms_time_s)
-from infermax.costmodel.base import padded, padding_quantum
+from infermax.costmodel.base import features_frame, padded, padding_quantum, token_step
+from infermax.costmodel.fitting import step_thresholds
+from infermax.costmodel.hidden import kv_projection_share
 from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_model, select_pieces
 from infermax.costmodel.measurements import NON_ATTENTION_OPS, read_measurements
 
@@ -53,6 +55,51 @@ def test_recovers_known_padded_pieces_and_cv_picks_padding_only_when_it_helps():
     assert select_model(x, y, np.ones(len(n)), candidates).columns == (0, 1, 2)
     smooth = np.maximum(6 + 0.005 * x[:, 0], 1 + 0.008 * x[:, 0])  # no steps: the simpler subset wins
     assert select_model(x, smooth, np.ones(len(n)), candidates).columns == (0,)
+
+
+def test_step_thresholds_follow_the_profiled_grid():
+    """By hand: 32-token blocks hold 4 counts where the grid is every 8 tokens; where it is every 32, blocks
+    widen to 128 tokens; the last block (896, 1024] has no 4 counts above it, so 1024 is no threshold."""
+    grid = np.array([1, 2, 4] + list(range(8, 513, 8)) + list(range(544, 1025, 32)))
+    assert step_thresholds(grid) == tuple(range(32, 513, 32)) + (640, 768, 896)
+    assert step_thresholds(np.array([1, 2, 3])) == ()
+
+
+def test_recovers_known_steps_and_cv_picks_steps_only_when_they_help():
+    # f(n) = 5 + 0.004 n + 1.5 [n > 64] + 0.8 [n > 96] + 3 [n > 512]: jumps of different heights at tile boundaries
+    n = np.array([1, 2, 4] + list(range(8, 1025, 8)))
+    thresholds = step_thresholds(n)
+    x = np.column_stack([n] + [n > t for t in thresholds]).astype(float)
+    heights = {64: 1.5, 96: 0.8, 512: 3.0}
+    y = 5 + 0.004 * n + sum(h * (n > t) for t, h in heights.items())
+    fitted = fit_max_affine(x, y, 1)
+    assert fitted.intercepts == pytest.approx([5.0], abs=1e-7)
+    assert fitted.slopes[0] == pytest.approx([0.004] + [heights.get(t, 0.0) for t in thresholds], abs=1e-8)
+    candidates = ((0,), tuple(range(x.shape[1])))
+    assert select_model(x, y, np.ones(len(n)), candidates).columns == candidates[1]
+    smooth = 5 + 0.006 * n  # no steps: the simpler subset wins
+    assert select_model(x, smooth, np.ones(len(n)), candidates).columns == (0,)
+
+
+def test_steps_by_hand_in_features_model_and_hidden_recompute():
+    assert (BatchFeatures(n_tokens=64).n_tokens_gt64, BatchFeatures(n_tokens=65).n_tokens_gt64) == (0, 1)
+    assert BatchFeatures(hidden_recompute_tokens=200).hidden_recompute_tokens_gt128 == 1
+    terms = (CostTerm("non_attention", "n_tokens", (AffinePiece(1e-3, {"n_tokens": 1e-6, "n_tokens_gt64": 2e-3,
+                                                                      "n_tokens_gt128": 5e-4}),)),)
+    model = PiecewiseCostModel.from_terms(terms, family="piecewise", gpu="a100", model="llama-2-7b", tp=1)
+    # 64 tokens: 1e-3 + 64e-6; 65: + 65e-6 + 2e-3; 200: + 200e-6 + 2e-3 + 5e-4
+    times = [model.batch_time_s(BatchFeatures(n_tokens=n)) for n in (64, 65, 200)]
+    assert times == pytest.approx([1.064e-3, 3.065e-3, 3.7e-3])
+    frame = features_frame([BatchFeatures(n_tokens=n) for n in (64, 65, 200)])
+    assert model.predict_s(frame) == pytest.approx(times)
+    # the derived hidden-recompute term is share × the same staircase in the recompute row count
+    hidden = next(t for t in model.milp_terms() if t.name == "hidden_recompute")
+    share = kv_projection_share("llama-2-7b")
+    assert dict(hidden.pieces[0].coef_s) == pytest.approx({"hidden_recompute_tokens": share * 1e-6,
+                                                           "hidden_recompute_tokens_gt64": share * 2e-3,
+                                                           "hidden_recompute_tokens_gt128": share * 5e-4})
+    with_hidden = BatchFeatures(n_tokens=1, hidden_recompute_tokens=100)
+    assert model.batch_time_s(with_hidden) == pytest.approx(1.001e-3 + share * (1e-3 + 100e-6 + 2e-3))
 
 
 def test_recovers_known_capped_decode_pieces_and_cv_picks_the_cap():
@@ -201,7 +248,7 @@ def test_epigraph_lp_equals_direct_evaluation(name):
     terms = model.milp_terms()
     for f in random_batches(7, 25):
         direct = model.batch_time_s(f)
-        assert terms_time_s(terms, f) == direct
+        assert terms_time_s(terms, f) == pytest.approx(direct, rel=1e-12)  # steps: one prefix sum in batch_time_s
         assert epigraph_time_s(terms, f) == pytest.approx(direct, rel=1e-7, abs=1e-9)
 
 
@@ -229,11 +276,11 @@ def test_piecewise_predict_and_terms_match_scalar():
     from infermax.costmodel import features_frame
 
     model = PiecewiseCostModel.from_json(PROFILE / "infermax_piecewise.json")
-    assert any(padding_quantum(f) for p in model.milp_terms()[0].pieces for f in p.coef_s)  # padded features fitted
+    assert any(token_step(f) for p in model.milp_terms()[0].pieces for f in p.coef_s)  # token-count steps fitted
     batches = random_batches(11) + [BatchFeatures()]
     scalar = [model.batch_time_s(f) for f in batches]
     assert model.predict_s(features_frame(batches)) == pytest.approx(scalar, rel=1e-12)
-    assert [terms_time_s(model.milp_terms(), f) for f in batches] == scalar
+    assert [terms_time_s(model.milp_terms(), f) for f in batches] == pytest.approx(scalar, rel=1e-12)
     assert scalar[-1] == 0.0
 
 
@@ -336,6 +383,8 @@ def test_costmodel_show_prints_terms_and_errors():
     result = CliRunner().invoke(app, ["costmodel", "show", "--cost-model", "piecewise"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "non_attention" in result.output and "decode_attention" in result.output and "1025-4096" in result.output
-    assert "n_tokens_pad64=" in result.output  # the default A100 Llama-2-7B fit uses padded token counts
+    # the default A100 Llama-2-7B fit uses token-count steps, printed on one line as "t: height"
+    first = load_cost_model(kind="piecewise").milp_terms()[0].pieces[0].coef_s
+    assert "steps 'n_tokens > t' (t: height): 32: " + f"{first['n_tokens_gt32']:.3g}" in result.output.replace("\n", "")
     missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200"], env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "--cost-model roofline" in missing.output

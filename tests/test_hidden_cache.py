@@ -95,11 +95,15 @@ def test_cost_models_charge_hidden_recompute_by_hand():
         share * 32 * (a["intercept"] + a["per_token"] * 500) / 1000)
     piecewise = load_cost_model(kind="piecewise")
     pieces = next(t for t in piecewise.doc["terms"] if t["name"] == "non_attention")["pieces"]
-    # the recompute GEMM is priced unpadded: a piece's padded-count slopes count as per-token slopes
+    # the recompute GEMM is priced unpadded: a piece's padded-count slopes count as per-token slopes; its steps
+    # [n_tokens > t] become steps of the recompute row count (500 > t)
     per_token = [sum(p["coef_s"].get(f, 0.0) for f in ("n_tokens", "n_tokens_pad32", "n_tokens_pad64", "n_tokens_pad128",
                                                                "n_tokens_pad256")) for p in pieces]
+    steps = [sum(c for f, c in p["coef_s"].items() if f.startswith("n_tokens_gt") and int(f[len("n_tokens_gt"):]) < 500)
+             for p in pieces]
+    assert max(steps) > 0  # the default fit has steps below 500 tokens
     assert piecewise.batch_time_s(hidden) - piecewise.batch_time_s(base) == pytest.approx(
-        share * max(p["intercept_s"] + c * 500 for p, c in zip(pieces, per_token)))
+        share * max(p["intercept_s"] + c * 500 + s for p, c, s in zip(pieces, per_token, steps)))
 
 
 @pytest.mark.parametrize("model", [load_cost_model(kind="linear"), load_cost_model(kind="piecewise"),

@@ -60,6 +60,21 @@ class ToyPadded:
         return terms_time_s(self.milp_terms(), f)
 
 
+class ToyStepped:
+    """Hand-made steps ``[n_tokens > t]`` at thresholds small enough to matter in tiny instances, one of them
+    negative (a kernel switch that speeds a larger batch up): the solver must pin each binary both ways."""
+
+    name = "toy-stepped"
+
+    def milp_terms(self):
+        return (CostTerm("steps", "n_tokens", (AffinePiece(1.0, {"n_tokens": 0.2, "n_tokens_gt1": 0.5, "n_tokens_gt3": -0.3,
+                                                                  "n_tokens_gt5": 0.9, "n_tokens_gt99": 7.0}),)),
+                CostTerm("decode", "n_decode_seqs", (AffinePiece(0.2, {"decode_kv_tokens": 0.1}),)))
+
+    def batch_time_s(self, f: BatchFeatures) -> float:
+        return terms_time_s(self.milp_terms(), f)
+
+
 class ToyCapped:
     """Hand-made decode term on the longest decode KV read capped at 2 (``decode_kv_max_cap2``, concave in
     the KV lengths: the MILP needs a binary per decode item), small enough to bind in tiny instances."""
@@ -170,7 +185,7 @@ CASES = {
     "online": ([Request(0, 0.0, 2, 2), Request(1, 0.0035, 1, 2)], Limits(C=8, M=4)),
 }
 COSTS = {"linear": LINEAR, "fitted-piecewise": FITTED_PIECEWISE, "affine": AffineCost(), "piecewise": ToyPiecewise(),
-         "padded": ToyPadded(), "capped": ToyCapped()}
+         "padded": ToyPadded(), "capped": ToyCapped(), "stepped": ToyStepped()}
 SLOTS = 5
 
 
@@ -213,6 +228,20 @@ def test_milp_optimum_equals_brute_force_capped_other_objectives(case, objective
     """The capped longest KV read stays exact where the objective does not push every batch time down (TTFT)."""
     requests, limits = CASES[case]
     _check(requests, limits, ToyCapped(), objective)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES[1:], ids=str)
+@pytest.mark.parametrize("case", ["tight-M", "online", "chunk"])
+def test_milp_optimum_equals_brute_force_stepped_other_objectives(case, objective):
+    """Token-count steps stay exact where the objective does not push every batch time down (TTFT)."""
+    requests, limits = CASES[case]
+    _check(requests, limits, ToyStepped(), objective)
+
+
+def test_stepped_toy_by_hand():
+    """1 + 0.2n + 0.5[n > 1] − 0.3[n > 3] + 0.9[n > 5] for n = 1..7 (the step at 99 never fires here)."""
+    times = [ToyStepped().batch_time_s(BatchFeatures(n_tokens=n)) for n in range(1, 8)]
+    assert times == pytest.approx([1.2, 1.9, 2.1, 2.0, 2.2, 3.3, 3.5])
 
 
 def test_capped_toy_caps():

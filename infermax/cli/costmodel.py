@@ -53,6 +53,21 @@ def fit(
         fail(str(exc))
 
 
+def _coefficient_lines(coef_s: dict[str, float]) -> str:
+    """One line per plain coefficient, and one per counted quantity for its steps ``[count > t]`` (``t: height``)."""
+    from ..costmodel.base import token_step
+
+    lines, steps = [], {}
+    for f, c in coef_s.items():
+        step = token_step(f)
+        if step is None:
+            lines.append(f"{f}={c:.4g}")
+        else:
+            steps.setdefault(step[0], []).append(f"{step[1]}: {c:.3g}")
+    lines += [f"steps '{count} > t' (t: height): " + ", ".join(cells) for count, cells in steps.items()]
+    return "\n".join(lines)
+
+
 @costmodel_app.command("show")
 def show(model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
          costmodel: CostModelPathOpt = None) -> None:
@@ -67,13 +82,14 @@ def show(model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, co
     terms = Table(title=f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)",
                   caption="n_tokens_pad<q> = n_tokens rounded up to a multiple of q; "
                           "decode_kv_max_cap<K> = min(longest decode KV read, K); "
-                          "prefill_ctx_cap<K> = Σ over prefill chunks of c·min(m, K)")
+                          "prefill_ctx_cap<K> = Σ over prefill chunks of c·min(m, K); "
+                          "steps 'n_tokens > t': the height added when n_tokens exceeds t")
     for col in ("term", "active if > 0", "piece", "intercept_s"):
         terms.add_column(col, overflow="fold")
     terms.add_column("coefficients (s per unit)", overflow="fold", min_width=30)
     for term in cost.milp_terms():
         for i, piece in enumerate(term.pieces):
-            coefs = "\n".join(f"{f}={c:.4g}" for f, c in piece.coef_s.items()) or "-"
+            coefs = _coefficient_lines(piece.coef_s) or "-"
             terms.add_row(term.name if i == 0 else "", term.active_if if i == 0 else "", str(i + 1),
                           f"{piece.intercept_s:.4g}", coefs)
     console.print(terms)

@@ -25,8 +25,9 @@ class BatchFeatures:
     1 to ``n_tokens`` and ``m + 1`` to ``decode_kv_tokens`` (the KV it reads,
     including its own new token); ``decode_kv_max`` is the largest ``m + 1`` over the decode items.
 
-    Derived features (``__getattr__``): ``n_tokens_pad<q>`` = ``⌈n_tokens/q⌉·q`` and
-    ``decode_kv_max_cap<K>`` = ``min(decode_kv_max, K)`` = max over decode items of ``min(m + 1, K)``.
+    Derived features (``__getattr__``): ``n_tokens_pad<q>`` = ``⌈n_tokens/q⌉·q``,
+    ``decode_kv_max_cap<K>`` = ``min(decode_kv_max, K)`` = max over decode items of ``min(m + 1, K)``, and
+    the steps ``n_tokens_gt<t>`` = ``[n_tokens > t]`` and ``hidden_recompute_tokens_gt<t>`` (0 or 1).
     """
 
     n_tokens: int = 0
@@ -66,14 +67,17 @@ class BatchFeatures:
         return self.n_tokens == 0 and self.swap_tokens == 0
 
     def __getattr__(self, name: str) -> int:
-        """Derived features: ``n_tokens_pad<q>`` (``n_tokens`` rounded up to a multiple of ``q``) and
-        ``decode_kv_max_cap<K>`` (``decode_kv_max`` capped at ``K``)."""
+        """Derived features: ``n_tokens_pad<q>`` (``n_tokens`` rounded up to a multiple of ``q``),
+        ``decode_kv_max_cap<K>`` (``decode_kv_max`` capped at ``K``) and ``<count>_gt<t>`` (``[count > t]``)."""
         q = padding_quantum(name)
         if q is not None:
             return padded(self.n_tokens, q)
         cap = kv_cap(name)
         if cap is not None:
             return min(self.decode_kv_max, cap)
+        step = token_step(name)
+        if step is not None:
+            return int(getattr(self, step[0]) > step[1])
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
@@ -89,6 +93,11 @@ CAPPED_FEATURES = ("decode_kv_max_cap256", "decode_kv_max_cap512", "decode_kv_ma
 PREFILL_CTX_CAPS = (256, 512, 1024, 2048)
 PREFILL_CTX_CAP_FEATURES = tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
 _PREFILL_CAP = re.compile(r"prefill_ctx_cap([1-9][0-9]*)")
+# Steps of a token count: ``<count>_gt<t>`` = [count > t] (GEMM kernels' times jump where the row count crosses a
+# tile boundary by amounts no uniform padding reproduces; the fit places steps on the profiled grid). The
+# hidden-recompute steps mirror the non-attention ones (``hidden.py``).
+STEP_COUNTS = ("n_tokens", "hidden_recompute_tokens")
+_STEP = re.compile(rf"({'|'.join(STEP_COUNTS)})_gt([1-9][0-9]*)")
 
 
 def padding_quantum(name: str) -> int | None:
@@ -114,9 +123,22 @@ def prefill_ctx_cap(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def token_step(name: str) -> tuple[str, int] | None:
+    """``(count, t)`` for a feature name ``<count>_gt<t>`` (``[count > t]``, count in ``STEP_COUNTS``), else None."""
+    match = _STEP.fullmatch(name)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def step_name(count: str, t: int) -> str:
+    """The feature name of the step ``[count > t]``."""
+    return f"{count}_gt{t}"
+
+
 def is_feature(name: str) -> bool:
-    """Whether a cost term may use ``name``: a ``BatchFeatures`` field, a padded token count or a capped KV read."""
-    return name in FEATURE_COLUMNS or padding_quantum(name) is not None or kv_cap(name) is not None
+    """Whether a cost term may use ``name``: a ``BatchFeatures`` field, a padded token count, a capped KV read
+    or a token-count step."""
+    return (name in FEATURE_COLUMNS or padding_quantum(name) is not None or kv_cap(name) is not None
+            or token_step(name) is not None)
 
 
 def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
@@ -126,14 +148,16 @@ def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
 
 
 def feature_column(table: pd.DataFrame, name: str) -> np.ndarray:
-    """Column ``name`` of a ``features_frame`` table as floats, deriving a padded or capped feature if absent."""
+    """Column ``name`` of a ``features_frame`` table as floats, deriving a padded, capped or step feature if absent."""
     if name in table:
         return table[name].to_numpy(dtype=float)
-    q, cap = padding_quantum(name), kv_cap(name)
+    q, cap, step = padding_quantum(name), kv_cap(name), token_step(name)
     if q is not None:
         return padded(table["n_tokens"].to_numpy(dtype=np.int64), q).astype(float)
     if cap is not None:
         return np.minimum(table["decode_kv_max"].to_numpy(dtype=float), cap)
+    if step is not None:
+        return (table[step[0]].to_numpy(dtype=float) > step[1]).astype(float)
     raise KeyError(f"feature table has no column {name!r}")
 
 

@@ -7,8 +7,11 @@ folder (``mlp.csv``, optionally ``attention.csv`` and ``all_reduce.csv``), impor
 
 Operator groups (whole-model times per batch, ms; ``L`` layers, Vidur's per-layer medians):
 
-* ``non_attention`` vs ``n_tokens`` (piecewise: and the padded counts ``⌈n/q⌉·q``, GEMM tile sizes,
-  q in {64, 128} or {32, 64, 128, 256}, used where cross-validation prefers them): ``L ×`` (input_layernorm + attn_pre_proj + attn_rope +
+* ``non_attention`` vs ``n_tokens`` (piecewise: and, where cross-validation prefers them, the padded
+  counts ``⌈n/q⌉·q``, GEMM tile sizes, q in {64, 128} or {32, 64, 128, 256}, or non-negative steps
+  ``[n > t]`` at the thresholds ``step_thresholds`` places on the profiled grid, one height per block,
+  because cuBLAS picks another kernel at some tile boundaries and the jump varies from block to
+  block): ``L ×`` (input_layernorm + attn_pre_proj + attn_rope +
   attn_post_proj + post_attention_layernorm + mlp_up_proj + mlp_act + mlp_down_proj + 2 × add; a
   Llama layer has two residual adds, Vidur profiles one) + ``emb`` once per batch.
 * ``communication`` (TP > 1) vs ``n_tokens``: ``L × 2`` all-reduces (after the attention output
@@ -52,12 +55,13 @@ from sklearn.linear_model import LinearRegression
 from ..jsonio import read_json
 from . import maxaffine
 from .base import (CAPPED_FEATURES, PADDED_FEATURES, PREFILL_CTX_CAP_FEATURES, PREFILL_CTX_CAPS, AffinePiece, CostTerm,
-                   kv_cap, padded, padding_quantum)
+                   kv_cap, padded, padding_quantum, step_name)
 from .linear import KIND as LINEAR_KIND, VERSION as LINEAR_VERSION, LinearCostModel
 from .measurements import LINEAR_JSON, MEASUREMENTS_CSV, NON_ATTENTION_OPS, PIECEWISE_JSON, PROFILE_JSON, read_measurements
 from .piecewise import PiecewiseCostModel
 
 TOKEN_RANGES = ((1, 16), (17, 128), (129, 1024), (1025, 4096), (4097, 16384))
+STEP_QUANTUM, STEP_MIN_ROWS = 32, 4  # non-attention steps: the smallest GEMM row tile of PADDED_FEATURES; rows per block
 ADDS_PER_LAYER = 2
 FAMILIES = ("linear", "piecewise", "roofline")
 
@@ -104,6 +108,23 @@ class Group:
         return tuple(tuple(self.features.index(n) for n in c) for c in self.candidates or (self.features,))
 
 
+def step_thresholds(tokens: np.ndarray, quantum: int = STEP_QUANTUM, min_rows: int = STEP_MIN_ROWS) -> tuple[int, ...]:
+    """Where the non-attention fit may place steps ``[n > t]``: from ``t = 0`` up, the next ``t + w`` with the
+    smallest ``w = quantum·2^j`` whose block ``(t, t + w]`` holds at least ``min_rows`` profiled token counts,
+    while at least ``min_rows`` counts lie above it (so every step height rests on rows either side, and the
+    steps follow the profiler's grid: every 32 tokens where Vidur samples every 8, every 128 where every 32)."""
+    grid = np.unique(np.asarray(tokens))
+    thresholds, t = [], 0
+    while True:
+        w = quantum
+        while np.count_nonzero((grid > t) & (grid <= t + w)) < min_rows and t + w < grid.max():
+            w *= 2
+        if np.count_nonzero((grid > t) & (grid <= t + w)) < min_rows or np.count_nonzero(grid > t + w) < min_rows:
+            return tuple(thresholds)
+        t += w
+        thresholds.append(int(t))
+
+
 def _is_measured(frame: pd.DataFrame) -> np.ndarray:
     return frame["derivation"].fillna("").astype(str).eq("").to_numpy()
 
@@ -121,11 +142,14 @@ def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
         y = layers * (wide[list(NON_ATTENTION_OPS)].sum(axis=1) + (ADDS_PER_LAYER - 1) * wide["add"]) + wide["emb"]
         n = wide.index.to_numpy(dtype=float)
         derived = ops.groupby("num_tokens")["derivation"].apply(lambda d: d.fillna("").astype(str).ne("").any())
-        x = np.column_stack([n] + [padded(wide.index.to_numpy(dtype=np.int64), padding_quantum(f)) for f in PADDED_FEATURES])
-        groups.append(Group("non_attention", "n_tokens", ("n_tokens",) + PADDED_FEATURES, ("n_tokens",), x.astype(float),
-                            y.to_numpy(), n, ~derived.reindex(wide.index).to_numpy(),
+        thresholds = step_thresholds(n)
+        steps = tuple(step_name("n_tokens", t) for t in thresholds)
+        x = np.column_stack([n] + [padded(wide.index.to_numpy(dtype=np.int64), padding_quantum(f)) for f in PADDED_FEATURES]
+                            + [n > t for t in thresholds])
+        groups.append(Group("non_attention", "n_tokens", ("n_tokens",) + PADDED_FEATURES + steps, ("n_tokens",),
+                            x.astype(float), y.to_numpy(), n, ~derived.reindex(wide.index).to_numpy(),
                             candidates=(("n_tokens",), ("n_tokens", "n_tokens_pad64", "n_tokens_pad128"),
-                                        ("n_tokens",) + PADDED_FEATURES)))
+                                        ("n_tokens",) + PADDED_FEATURES) + ((("n_tokens",) + steps,) if steps else ())))
     comm = table[(table["operator"] == "all_reduce") & (table["num_tokens"] >= 1) & (table["num_tokens"] <= 16384)]
     if not comm.empty and spec.tp > 1:
         n = comm["num_tokens"].to_numpy(dtype=float)

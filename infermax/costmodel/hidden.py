@@ -16,12 +16,13 @@ The term is gated on ``hidden_recompute_tokens`` and is each non-attention piece
 so a MILP represents it exactly. Batch-level (embedding) parts of the linear model are excluded. A
 piece's padded-token coefficients (``n_tokens_pad<q>``) are added to its per-token one: the recompute
 GEMM is priced without tile padding (an underestimate of at most ``q − 1`` rows' cost), since the
-batch features do not carry the padded recompute row count.
+batch features do not carry the padded recompute row count. A step ``n_tokens_gt<t>`` becomes the same
+step of the recompute row count, ``hidden_recompute_tokens_gt<t>``.
 """
 
 from __future__ import annotations
 
-from .base import AffinePiece, CostTerm, padding_quantum
+from .base import AffinePiece, CostTerm, padding_quantum, step_name, token_step
 
 HIDDEN_TERM = "hidden_recompute"
 HIDDEN_FEATURE = "hidden_recompute_tokens"
@@ -41,10 +42,17 @@ def kv_projection_share(model: str) -> float | None:
 
 def hidden_recompute_term(non_attention: CostTerm, share: float) -> CostTerm:
     """The hidden-recompute term: ``share`` × the non-attention term evaluated at ``hidden_recompute_tokens``."""
-    return CostTerm(HIDDEN_TERM, HIDDEN_FEATURE, tuple(
-        AffinePiece(share * p.intercept_s, {HIDDEN_FEATURE: share * sum(
-            c for f, c in p.coef_s.items() if f == "n_tokens" or padding_quantum(f) is not None)})
-        for p in non_attention.pieces))
+    def coefficients(piece: AffinePiece) -> dict[str, float]:
+        coef = {HIDDEN_FEATURE: share * sum(c for f, c in piece.coef_s.items()
+                                            if f == "n_tokens" or padding_quantum(f) is not None)}
+        for f, c in piece.coef_s.items():
+            step = token_step(f)
+            if step is not None and step[0] == "n_tokens":
+                coef[step_name(HIDDEN_FEATURE, step[1])] = share * c
+        return coef
+
+    return CostTerm(HIDDEN_TERM, HIDDEN_FEATURE, tuple(AffinePiece(share * p.intercept_s, coefficients(p))
+                                                      for p in non_attention.pieces))
 
 
 def no_share_error(model: str) -> ValueError:

@@ -13,7 +13,8 @@ so ``milp_terms()`` is the document itself and ``batch_time_s`` evaluates the sa
 coefficient may also name a padded token count ``n_tokens_pad<q>`` (``⌈n_tokens/q⌉·q``, see
 ``base.padding_quantum``); the solver represents it with one integer variable per batch. A coefficient
 on a capped longest KV read ``decode_kv_max_cap<K>`` (``base.kv_cap``; concave in the KV lengths) must
-be non-negative for the solver, which represents it with one binary per decode item and batch. The
+be non-negative for the solver, which represents it with one binary per decode item and batch. A step
+``n_tokens_gt<t>`` (``[n_tokens > t]``, ``base.token_step``) is one binary per batch in the solver. The
 roofline fallback (``roofline.py``) is a document of the same kind with ``family: roofline``. A document
 without a ``hidden_recompute`` term gets one derived from its ``non_attention`` term and the model's
 K/V-projection share (``hidden.py``), appended to ``milp_terms()`` (not written to the document).
@@ -21,14 +22,16 @@ K/V-projection share (``hidden.py``), appended to ``milp_terms()`` (not written 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from bisect import bisect_left
 
 import numpy as np
 import pandas as pd
 
 from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, feature_column, is_feature,
-                   kv_cap, padded, padding_quantum)
+                   kv_cap, padded, padding_quantum, token_step)
 from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
@@ -69,6 +72,24 @@ def _parse_terms(doc: dict, source: str) -> tuple[CostTerm, ...]:
     return tuple(parsed)
 
 
+def _compile_piece(piece: AffinePiece) -> tuple:
+    """A piece as plain tuples for the scalar hot path: (intercept, ((feature, coefficient, padding quantum or 0,
+    KV cap or 0), ...), ((count, thresholds, prefix sums of their step heights), ...)); the steps ``[count > t]``
+    of one count are summed by one bisection (the thresholds below the count)."""
+    plain, steps = [], {}
+    for f, c in piece.coef_s.items():
+        step = token_step(f)
+        if step is None:
+            plain.append((f, c, padding_quantum(f) or 0, kv_cap(f) or 0))
+        else:
+            steps.setdefault(step[0], []).append((step[1], c))
+    stairs = []
+    for count, pairs in steps.items():
+        pairs.sort()
+        stairs.append((count, tuple(t for t, _ in pairs), tuple(itertools.accumulate((c for _, c in pairs), initial=0.0))))
+    return piece.intercept_s, tuple(plain), tuple(stairs)
+
+
 def terms_document(terms: tuple[CostTerm, ...]) -> list[dict]:
     """The JSON form of ``CostTerm``s."""
     return [{"name": t.name, "active_if": t.active_if,
@@ -99,11 +120,7 @@ class PiecewiseCostModel(JsonDocumentModel):
             self._terms += (hidden_recompute_term(names["non_attention"], self.kv_share),)
         self._hidden_missing = all(t.name != HIDDEN_TERM for t in self._terms)
         self.name = f"{self.family}:{self.gpu}/{self.model}/tp{self.tp}"
-        # Plain tuples for the scalar hot path: (feature, coefficient, padding quantum or 0, KV cap or 0).
-        self._compiled = tuple((t.active_if, tuple((p.intercept_s, tuple((f, c, padding_quantum(f) or 0, kv_cap(f) or 0)
-                                                                         for f, c in p.coef_s.items()))
-                                                   for p in t.pieces))
-                               for t in self._terms)
+        self._compiled = tuple((t.active_if, tuple(_compile_piece(p) for p in t.pieces)) for t in self._terms)
 
     @classmethod
     def from_terms(cls, terms: tuple[CostTerm, ...], *, family: str, gpu: str, model: str, tp: int,
@@ -114,7 +131,8 @@ class PiecewiseCostModel(JsonDocumentModel):
         return cls(doc, source=f"{family} model")
 
     def batch_time_s(self, features: BatchFeatures) -> float:
-        """Batch time in seconds (scalar hot path; same arithmetic order as ``terms_time_s``)."""
+        """Batch time in seconds (scalar hot path; equals ``terms_time_s`` up to rounding: a piece's steps are
+        summed as one prefix sum)."""
         if self._hidden_missing and features.hidden_recompute_tokens > 0:
             raise no_share_error(self.model)
         total = 0.0
@@ -122,7 +140,7 @@ class PiecewiseCostModel(JsonDocumentModel):
             if getattr(features, active_if) <= 0:
                 continue
             best = -math.inf
-            for intercept, coefs in pieces:
+            for intercept, coefs, stairs in pieces:
                 s = 0.0
                 for name, c, q, cap in coefs:
                     if q:
@@ -131,6 +149,8 @@ class PiecewiseCostModel(JsonDocumentModel):
                         s += c * min(features.decode_kv_max, cap)
                     else:
                         s += c * getattr(features, name)
+                for count, thresholds, heights in stairs:
+                    s += heights[bisect_left(thresholds, getattr(features, count))]
                 value = intercept + s
                 if value > best:
                     best = value

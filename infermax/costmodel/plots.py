@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import padding_quantum
+from .base import padding_quantum, token_step
 
 
 def plot_group(fit, path: Path, title: str) -> None:
@@ -25,7 +25,7 @@ def plot_group(fit, path: Path, title: str) -> None:
     key = "prefill chunk size" if group.gate == "n_prefill_seqs" else "batch size" if group.gate == "n_decode_seqs" else "tokens"
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     top.scatter(tokens, y, s=8, color="black", label="measured" if group.measured.all() else "measured / derived")
-    single = all(f == "n_tokens" or padding_quantum(f) for f in group.features)  # a function of tokens alone
+    single = all(f == "n_tokens" or padding_quantum(f) or token_step(f) for f in group.features)  # a function of tokens alone
     style = {"lw": 1.2} if single else {"ls": "none", "marker": "."}
     top.plot(tokens, linear, color="tab:blue", label="linear (paper)", **style)
     top.plot(tokens, piecewise, color="tab:red", label=f"piecewise ({fit.piecewise.pieces} pieces)", **style)
