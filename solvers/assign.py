@@ -81,6 +81,11 @@ def complete(form: Formulation) -> None:
                     _set(x.u[k], bit * cp)
                 if x.w:
                     _set(x.w[k], bit * mbar)
+            for cap, (r, beta, products) in x.cap_vars.items():
+                _set(r, min(mbar, cap))
+                _set(beta, int(round(mbar) >= cap))
+                for b, w in zip(x.bits, products):
+                    _set(w, _val(b) * min(mbar, cap))
             if x.dkv is not None:
                 _set(x.dkv, _val(x.dg) * m)
             held = m - form.rb[i].peak * (_val(row[j - 1].fin) if j > 0 else 0)
@@ -95,6 +100,8 @@ def complete(form: Formulation) -> None:
         feats = form.features(j)
         for k, q in form.pads[j].values():
             _set(k, math.ceil(round(_val(feats["n_tokens"])) / q))
+        for t, beta in form.steps[j].items():
+            _set(beta, int(round(_val(feats["n_tokens"])) > t))
         dkv = [round(_val(row[j].dkv)) if row[j].dkv is not None else 0 for row in form.cells]
         for kv in form.kvmax[j].values():
             longest = max(dkv)
@@ -139,6 +146,8 @@ def violations(prob: pulp.LpProblem, tol: float = 1e-6) -> list[str]:
             out.append(f"{v.name}={x} not integral")
     for name, con in prob._constraints.items():  # PuLP's own backends read this too
         lhs = con.value()  # expression − rhs
+        if lhs is None:  # a variable in it is unset (reported above)
+            continue
         scale = tol * max(1.0, abs(con.constant))
         if (con.sense == pulp.LpConstraintLE and lhs > scale) or (con.sense == pulp.LpConstraintGE and lhs < -scale) \
                 or (con.sense == pulp.LpConstraintEQ and abs(lhs) > scale):

@@ -26,9 +26,9 @@ A prefill chunk's capped context ``c·min(m̄, K)`` (feature ``prefill_ctx_cap<K
 ``Σ 2^k (b_k·r)`` with ``r = min(m̄, K)`` pinned exactly by one binary ``[m̄ ≥ K]`` per request and slot
 (``K·β ≤ m̄ ≤ K − 1 + (peak − K + 1)·β``, ``m̄ − (peak − K)·β ≤ r ≤ m̄``, ``K·β ≤ r ≤ K``), so any sign of its
 coefficient is exact.
-A step ``n_tokens_gt<t>`` = ``[n > t]`` is one binary per slot pinned to ``[n ≥ t + 1]`` the same way (either sign
-of its coefficient is exact), constant 0 where no batch of the instance can exceed ``t`` tokens; steps are
-visited in increasing ``t``, each binary held ≤ the previous one.
+A step ``n_tokens_gt<t>`` = ``[n > t]`` is one binary per slot, constant 0 where no batch of the instance can exceed
+``t`` tokens; a slot's steps are pinned together in the incremental form (``Formulation._staircase``), exact for
+either sign of their coefficients.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Cell:
     """The variables of one request in one slot."""
 
     __slots__ = ("e", "cz", "dg", "g", "d", "fin", "m", "bits", "cp", "c", "pz", "mbar", "sq", "ctx", "dkv", "kvb", "mz",
-                 "u", "w", "ctx_cap")
+                 "u", "w", "ctx_cap", "cap_vars")
 
 
 class Formulation:
@@ -127,7 +127,7 @@ class Formulation:
         x.pz = x.cz - x.dg
         x.mbar = x.m - x.c
         x.sq = x.ctx = x.dkv = x.kvb = x.mz = None
-        x.u, x.w, x.ctx_cap = [], [], {}
+        x.u, x.w, x.ctx_cap, x.cap_vars = [], [], {}, {}  # cap_vars: K -> (min(m̄, K), [m̄ >= K], bit products)
         return x
 
     def _build(self) -> None:
@@ -140,7 +140,7 @@ class Formulation:
         self.z = [self._var(f"z_{j}", cat=BIN) for j in range(K)]
         self.hy: list = [None] * K
         self.pads: list[dict] = [{} for _ in range(K)]  # per slot: feature -> (integer k, quantum q)
-        self.steps: list[dict] = [{} for _ in range(K)]  # per slot: threshold t -> binary [n_tokens > t]
+        self.steps: list[dict] = [{} for _ in range(K)]  # per slot: threshold t -> binary [n_tokens > t] (_staircase)
         self.kvmax: list[dict] = [{} for _ in range(K)]  # per slot: feature -> KvMax
         for j in range(K):
             col = [row[j] for row in self.cells]
@@ -231,10 +231,11 @@ class Formulation:
         if "decode_kv_tokens" in used or any(f == "decode_kv_max" or kv_cap(f) is not None for f in used):
             x.dkv = self._product(f"v_{n}", x.dg, x.m, rb.peak)
         for cap in sorted(k for k in map(prefill_ctx_cap, used) if k is not None):
-            r = self._min_cap(x.mbar, cap, rb.peak, f"r{cap}_{n}")
+            r, beta = self._min_cap(x.mbar, cap, rb.peak, f"r{cap}_{n}")
             bound = min(cap, rb.peak)
-            x.ctx_cap[cap] = pulp.lpSum((1 << k) * self._product(f"w{cap}_{n}_{k}", b, r, bound)
-                                        for k, b in enumerate(x.bits))
+            products = [self._product(f"w{cap}_{n}_{k}", b, r, bound) for k, b in enumerate(x.bits)]
+            x.ctx_cap[cap] = pulp.lpSum((1 << k) * w for k, w in enumerate(products))
+            x.cap_vars[cap] = (r, beta, products)
 
     def _at_least(self, v, cap: int, peak: int, name: str) -> pulp.LpVariable:
         """A binary pinned to ``[v >= cap]`` for an integral ``0 <= v <= peak`` (``peak >= cap``), whichever way an
@@ -245,14 +246,15 @@ class Formulation:
         return beta
 
     def _min_cap(self, v, cap: int, peak: int, name: str):
-        """``min(v, cap)`` for an integral ``0 <= v <= peak``, exact: a binary pinned to ``[v >= cap]`` (module docstring)."""
+        """``(min(v, cap), β)`` for an integral ``0 <= v <= peak``, exact: a binary ``β`` pinned to ``[v >= cap]``
+        (module docstring); ``(v, None)`` when ``v`` cannot reach the cap."""
         if peak < cap:
-            return v
+            return v, None
         r, beta = self._var(name, 0, cap), self._at_least(v, cap, peak, f"{name}_b")
         self.prob += r <= v, f"{name}_le_v"
         self.prob += r >= v - (peak - cap) * beta, f"{name}_ge_v"
         self.prob += r >= cap * beta, f"{name}_ge_cap"
-        return r
+        return r, beta
 
     # ----------------------------------------------------------------- batch constraints (5)
     def _batch_constraints(self, j: int, col: list[Cell]) -> None:
@@ -310,9 +312,12 @@ class Formulation:
             cap = prefill_ctx_cap(name)
             if cap is not None:
                 f[name] = pulp.lpSum(x.ctx_cap[cap] for x in col)
-        # steps in increasing threshold: each binary is held <= the previous one
-        for (count, t), name in sorted((token_step(name), name) for name in self.used_features if token_step(name)):
-            f[name] = self._step(j, t, f["n_tokens"]) if count == "n_tokens" else 0
+        steps = {name: token_step(name) for name in self.used_features if token_step(name)}
+        if steps and not self.steps[j]:
+            self.steps[j] = self._staircase(j, sorted({t for count, t in steps.values() if count == "n_tokens"}),
+                                            f["n_tokens"])
+        for name, (count, t) in steps.items():
+            f[name] = self.steps[j].get(t, 0) if count == "n_tokens" else 0
         for name in sorted(self.used_features):
             if name == "decode_kv_max" or kv_cap(name) is not None:
                 if name not in self.kvmax[j]:
@@ -328,19 +333,25 @@ class Formulation:
             f[name] = q * self.pads[j][name][0]
         return f
 
-    def _step(self, j: int, t: int, n_tokens):
-        """``[n_tokens > t]`` in slot ``j``: 0 where no batch of the instance exceeds ``t`` tokens, else a binary pinned
-        both ways (``_at_least``), no larger than the previous (smaller) threshold's (a valid cut; ``features``
-        creates them in increasing ``t``)."""
-        if t not in self.steps[j]:
-            peak = self.fb["n_tokens"]
-            if peak <= t:
-                return 0
-            beta = self._at_least(n_tokens, t + 1, peak, f"gt{t}_{j}")
-            if self.steps[j]:
-                self.prob += beta <= self.steps[j][max(self.steps[j])], f"gt{t}_{j}_order"
-            self.steps[j][t] = beta
-        return self.steps[j][t]
+    def _staircase(self, j: int, thresholds: list[int], n_tokens) -> dict:
+        """Binaries ``β_t = [n_tokens > t]`` in slot ``j`` for the thresholds below the instance's largest batch
+        (``β`` is 0 above it), in the incremental form: ``β`` non-increasing in ``t``, and with ``t_1 < … < t_K``,
+        ``u_k = t_{k+1}`` (``u_K`` = the largest batch), ``n ≤ t_1 + Σ (u_k − t_k)·β_k`` and
+        ``n ≥ (t_1 + 1)·β_1 + Σ_{k≥2} (t_k − t_{k−1})·β_k``: so ``n ∈ [t_j + 1, t_{j+1}]`` exactly when the first ``j``
+        binaries are 1 (pinned both ways), and the LP relaxation prices a fractional ``n`` on the staircase's
+        lower convex envelope, not near 0 as one big-M pair per threshold would."""
+        peak = self.fb["n_tokens"]
+        ts = [t for t in thresholds if t < peak]
+        if not ts:
+            return {}
+        beta = [self._var(f"gt{t}_{j}", cat=BIN) for t in ts]
+        for k in range(1, len(ts)):
+            self.prob += beta[k] <= beta[k - 1], f"gt{ts[k]}_{j}_order"
+        upper = ts[1:] + [peak]
+        self.prob += n_tokens <= ts[0] + pulp.lpSum((u - t) * b for t, u, b in zip(ts, upper, beta)), f"steps_{j}_le"
+        lower = [ts[0] + 1] + [t - prev for prev, t in zip(ts, ts[1:])]
+        self.prob += n_tokens >= pulp.lpSum(w * b for w, b in zip(lower, beta)), f"steps_{j}_ge"
+        return dict(zip(ts, beta))
 
     def _kv_max(self, j: int, col: list[Cell], cap: int | None) -> "KvMax":
         """A continuous ``y`` with ``y ≥ min(max_i dkv_i, cap)`` exactly at its minimum (module docstring);

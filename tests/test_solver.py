@@ -78,6 +78,24 @@ def test_scheduler_schedule_is_accepted_as_warm_start(scheduler):
     assert res.value_s <= value * (1 + 1e-9)
 
 
+def test_fitted_warm_start_sets_capped_context_and_step_variables():
+    """A scheduler's schedule on the fitted default model, with chunks after >= 256 cached tokens
+    (``prefill_ctx_cap256`` binaries) and batches over 32 tokens (``n_tokens_gt<t>`` steps): every MILP
+    variable is set, no constraint breaks, and the slots' term times equal the replayed batch times."""
+    from infermax.replay import replay
+    from solvers.assign import set_from_schedule, violations
+    from solvers.formulation import TIME_UNIT, Formulation
+
+    requests, limits = [Request(i, 0, 300, 2) for i in range(2)], Limits(C=256, M=800)
+    sim = simulate(requests, "sarathi", limits, FITTED_PIECEWISE)
+    form = Formulation(requests, limits, FITTED_PIECEWISE, len(sim.schedule.batches), Objective(makespan=1))
+    assert any(x.cap_vars for row in form.cells for x in row) and any(form.steps)
+    set_from_schedule(form, sim.schedule, FITTED_PIECEWISE)
+    assert violations(form.prob) == []
+    durations = replay(sim.schedule, FITTED_PIECEWISE).batches["duration_s"].tolist()
+    assert [sum(t.varValue for t in taus) / TIME_UNIT for taus in form.tau] == pytest.approx(durations, rel=1e-9)
+
+
 def test_warm_start_breaking_a_forced_policy_is_refused():
     requests, limits = EVICT
     sim = simulate(requests, "vllm", limits, LINEAR)
