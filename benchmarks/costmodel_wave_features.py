@@ -11,7 +11,7 @@ Tiles: a family declared in advance (common CUTLASS fp16 shapes; cuBLAS's choice
 CV. Candidate sets, the current ones first so the selection rule keeps them unless a new one is clearly
 better, all nested inside the held-out scoring:
 
-* ``B``: {n}, {n, pad64, pad128}, {n, pad32..pad256} (the shipped candidates)
+* ``B``: {n}, {n, pad64, pad128}, {n, pad32..pad256} (the candidates shipped before decision 21's steps)
 * ``E1``: B + {n, W_T} for each tile; ``E2``: B + {n, all four W_T}; ``E3``: B + {n, pads, all four W_T}
 * ``E4``: B + {n, the four GEMMs' wave work for one tile} for each tile
 """
@@ -24,6 +24,7 @@ from functools import partial
 import numpy as np
 
 from infermax.costmodel import available_combinations, maxaffine as ma, profile_folder
+from infermax.costmodel.base import PADDED_FEATURES
 from infermax.costmodel.fitting import TOKEN_RANGES, ProfileSpec, build_groups, mape_table
 from infermax.costmodel.measurements import read_measurements
 from infermax.models import get_model
@@ -54,7 +55,8 @@ def features(gpu: str, model: str, tp: int):
                  if g.name == "non_attention")
     n = group.tokens.astype(np.int64)
     per_gemm = [wave_work(n, gpu, model, tp, t) for t in TILES]
-    return group, np.column_stack([group.x] + [w.sum(axis=1) for w in per_gemm] + per_gemm)
+    return group, np.column_stack([group.columns(("n_tokens",) + PADDED_FEATURES)] + [w.sum(axis=1) for w in per_gemm]
+                                  + per_gemm)
 
 
 B = ((0,), (0, 2, 3), (0, 1, 2, 3, 4))
