@@ -8,12 +8,12 @@ import pulp
 import pytest
 
 from solvers.formulation import add_padding_constraints
-from infermax.costmodel import (AffinePiece, BatchFeatures, CostTerm, PiecewiseCostModel, load_cost_model, profile_folder, roofline_model,
-                                terms_time_s)
+from infermax.costmodel import (AffinePiece, BatchFeatures, CostTerm, PiecewiseCostModel, available_combinations, load_cost_model,
+                                profile_folder, roofline_model, terms_time_s)
 from infermax.costmodel.base import features_frame, padded, padding_quantum, token_step
-from infermax.costmodel.fitting import step_thresholds
+from infermax.costmodel.fitting import extend_past_grid, step_thresholds
 from infermax.costmodel.hidden import kv_projection_share
-from infermax.costmodel.maxaffine import fit_max_affine, range_weights, select_model, select_pieces
+from infermax.costmodel.maxaffine import MaxAffine, fit_max_affine, range_weights, select_model, select_pieces
 from infermax.costmodel.measurements import NON_ATTENTION_OPS, read_measurements
 
 PROFILE = profile_folder("a100", "llama-2-7b", 1)
@@ -79,6 +79,31 @@ def test_recovers_known_steps_and_cv_picks_steps_only_when_they_help():
     assert select_model(x, y, np.ones(len(n)), candidates).columns == candidates[1]
     smooth = 5 + 0.006 * n  # no steps: the simpler subset wins
     assert select_model(x, smooth, np.ones(len(n)), candidates).columns == (0,)
+
+
+def test_steps_continue_past_the_profiled_grid_at_their_average_rate():
+    """By hand: f(n) = 1 + 0.01 n + 2 [n > 32] + 2 [n > 64] on a grid up to 96 tokens. Over [48, 96] it rises
+    2 + 0.48 = 2.48, i.e. 2.48 / 48 per token; the added piece continues from f(96) = 5.96 at that rate,
+    so f(192) = 5.96 + 96 · 2.48 / 48 = 10.92, and nothing changes up to 96 tokens."""
+    features = ("n_tokens", "n_tokens_gt32", "n_tokens_gt64")
+    fitted = MaxAffine(np.array([1.0]), np.array([[0.01, 2.0, 2.0]]))
+    extended = extend_past_grid(fitted, features, 96)
+    x = lambda n: np.array([[n, n > 32, n > 64]], dtype=float)  # noqa: E731
+    assert extended.pieces == 2
+    assert [extended.predict(x(n))[0] for n in range(1, 97)] == pytest.approx([fitted.predict(x(n))[0] for n in range(1, 97)])
+    assert extended.predict(x(192))[0] == pytest.approx(10.92)
+    assert fitted.predict(x(192))[0] == pytest.approx(6.92)  # without it: the 0.01 slope only
+    flat = MaxAffine(np.array([1.0]), np.array([[0.01, 0.0, 0.0]]))  # no steps above 48: nothing to continue
+    assert extend_past_grid(flat, features, 96).pieces == 1
+
+
+def test_bundled_step_fits_grow_past_the_profiled_grid():
+    """Every bundled non-attention fit keeps growing past 4,096 tokens at its own 2,048-4,096 rate (the steps
+    alone would stop at the last threshold)."""
+    for combo in available_combinations():
+        term = next(t for t in load_cost_model(*combo, kind="piecewise").milp_terms() if t.name == "non_attention")
+        f = {n: term.value_s(BatchFeatures(n_tokens=n)) for n in (2048, 4096, 8192)}
+        assert f[8192] - f[4096] == pytest.approx(2 * (f[4096] - f[2048]), rel=1e-6), combo
 
 
 def test_steps_by_hand_in_features_model_and_hidden_recompute():

@@ -54,8 +54,8 @@ from sklearn.linear_model import LinearRegression
 
 from ..jsonio import read_json
 from . import maxaffine
-from .base import (CAPPED_FEATURES, PADDED_FEATURES, PREFILL_CTX_CAP_FEATURES, PREFILL_CTX_CAPS, AffinePiece, CostTerm,
-                   kv_cap, padded, padding_quantum, step_name)
+from .base import (CAPPED_FEATURES, PADDED_FEATURES, PREFILL_CTX_CAP_FEATURES, PREFILL_CTX_CAPS, AffinePiece, BatchFeatures,
+                   CostTerm, kv_cap, padded, padding_quantum, step_name, token_step)
 from .linear import KIND as LINEAR_KIND, VERSION as LINEAR_VERSION, LinearCostModel
 from .measurements import LINEAR_JSON, MEASUREMENTS_CSV, NON_ATTENTION_OPS, PIECEWISE_JSON, PROFILE_JSON, read_measurements
 from .piecewise import PiecewiseCostModel
@@ -227,10 +227,38 @@ def fit_group(group: Group, roofline: PiecewiseCostModel | None = None) -> Group
         m = group.measured
         errors["roofline"] = mape_table(y[m], roofline_group_ms(roofline, group.name, group)[m], group.tokens[m])
     selection = maxaffine.select_model(group.x, y, weights, candidates, group.nonneg_intercept)
-    return GroupFit(group, _ols(x_lin, y), maxaffine.fit_model(group.x, y, weights, selection),
+    fitted = maxaffine.fit_model(group.x, y, weights, selection)
+    if any(token_step(group.features[i]) for i in selection.columns):
+        fitted = extend_past_grid(fitted, group.features, int(group.tokens.max()))
+    return GroupFit(group, _ols(x_lin, y), fitted,
                     tuple(group.features[i] for i in selection.columns),
                     {_subset_name(group, cols): {str(j): round(e, 3) for j, e in by_k.items()}
                      for cols, by_k in selection.cv_mape.items()}, heldout, errors)
+
+
+def extend_past_grid(fitted: maxaffine.MaxAffine, features: tuple[str, ...], n_max: int) -> maxaffine.MaxAffine:
+    """A token-count model with steps continued past the largest profiled count ``n_max``: the steps stop at
+    the last threshold, so beyond ``n_max`` the fit would grow only at its ``n`` slope. Adds one piece, the piece
+    that is largest at ``n_max`` with its ``n`` slope raised to the fit's average slope over ``[n_max/2, n_max]``
+    and its intercept lowered to match at ``n_max``: it lies below that piece up to ``n_max`` (every prediction
+    on the profiled range is unchanged) and takes over beyond. ``features`` name the columns (``n_tokens`` and
+    features derived from it)."""
+    def row(n: int) -> np.ndarray:
+        batch = BatchFeatures(n_tokens=n)
+        return np.array([[float(getattr(batch, f)) for f in features]])
+
+    top, half = row(n_max), row(n_max // 2)
+    average = float(fitted.predict(top)[0] - fitted.predict(half)[0]) / (n_max - n_max // 2)
+    best = int(np.argmax(fitted.intercepts + fitted.slopes @ top[0]))
+    beyond = row(2 * n_max)  # the piece's own slope past n_max (n and padded counts; the steps are all on)
+    own = float((fitted.slopes[best] @ (beyond[0] - top[0]))) / n_max
+    rise = average - own
+    if rise <= 0:
+        return fitted
+    slopes = fitted.slopes[best].copy()
+    slopes[features.index("n_tokens")] += rise
+    return maxaffine.MaxAffine(np.append(fitted.intercepts, fitted.intercepts[best] - rise * n_max),
+                               np.vstack([fitted.slopes, slopes]))
 
 
 def _aligned(fits: list[GroupFit]) -> tuple[list[list[int]], np.ndarray]:
