@@ -1,0 +1,543 @@
+"""Lower bounds that scale: makespan, sum of latencies and mean TTFT over every schedule of an instance.
+
+The MILP's dual bound closes only for a handful of requests. These bounds instead reason about
+*aggregate* quantities that every complete schedule must produce (total tokens, prefill attention
+work, decode KV reads, the number of batches, the KV memory–time area) and solve one small LP over
+them (a few dozen variables, whatever the number of requests), so they run in seconds up to B = 20,000.
+Every ingredient and its proof is in docs/design.md, "Lower bounds at scale"; the tests check the
+bound against brute-force optima and against every registered scheduler on random workloads.
+
+Scope: the semantics of docs/design.md with KV-form caches (recompute evictions and swapping
+included). Apt-Serve's hidden-form caches hold half the memory; ``hidden_cache=True`` relaxes the
+memory area accordingly (valid for those schedules too, and weaker).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padding_quantum, prefill_ctx_cap, token_step
+from infermax.limits import Limits
+from infermax.request import Request
+
+from .bounds import DECODE_FEATURES, PREFILL_FEATURES
+from .objective import Objective
+from .policy import Policies
+
+# The LP is solved in floating point (HiGHS, tolerances ~1e-7 relative): the reported bound is the LP
+# value reduced by this relative margin, so solver round-off can never lift it above a true optimum.
+LP_SAFETY_RTOL = 1e-6
+# Tangents of c² used to bound Σc² from below given Σc and the number of chunks: c² ≥ 2ac − a².
+_SQ_TANGENTS = tuple(2 ** k for k in range(0, 16))
+
+
+class BoundUnavailable(ValueError):
+    """The cost model lacks a property a bound needs (e.g. a term that can be negative when active)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-request demand: what any schedule must do for each request, as arrays over requests
+# --------------------------------------------------------------------------------------------------
+
+def _block_prefix(n: np.ndarray, b: int) -> np.ndarray:
+    """Σ_{x=1}^{n} ⌈x/b⌉·b (elementwise, exact integers)."""
+    q, r = n // b, n % b
+    return b * (b * q * (q + 1) // 2 + r * (q + 1))
+
+
+@dataclass(frozen=True)
+class DemandArrays:
+    """Per-request components of the work every schedule must do (one entry per request).
+
+    ``first_token_only`` restricts the work to each request's first token (the prefill of ``I`` and the
+    batch that generates token 1), which bounds the time to first tokens."""
+
+    prompt: np.ndarray          # I
+    decode_items: np.ndarray    # O − 1 (0 when first_token_only)
+    generated: np.ndarray       # O (1)
+    prompt_sq: np.ndarray       # I²
+    prompt_sq_cap: dict         # K -> min(I, K)²
+    decode_read: np.ndarray     # Σ_{k=1}^{O−1} (I + k)
+    kv_area: np.ndarray         # Σ_{j=1}^{O} blocks(I + j − 1)
+    chain: np.ndarray           # ⌈I / chunk⌉ + O − 1: batches the request needs one after another
+    min_decode_read: int        # min over requests with decodes of I + 1
+    max_peak: int               # max I + O − 1
+    min_refill: int             # min I + 1
+
+    @classmethod
+    def of(cls, requests: list[Request], limits: Limits, first_token_only: bool = False) -> "DemandArrays":
+        I = np.array([r.prompt_tokens for r in requests], dtype=np.int64)
+        O = np.array([r.output_tokens for r in requests], dtype=np.int64)
+        if first_token_only:
+            O = np.ones_like(O)
+        chunk = min(limits.C, limits.prefill_budget, limits.M)
+        b = limits.block_size
+        dec = O - 1
+        has_dec = dec > 0
+        return cls(
+            prompt=I, decode_items=dec, generated=O, prompt_sq=I * I,
+            prompt_sq_cap={k: np.minimum(I, k) ** 2 for k in PREFILL_CTX_CAPS},
+            decode_read=dec * I + dec * (dec + 1) // 2,
+            kv_area=_block_prefix(I + O - 1, b) - _block_prefix(I - 1, b),
+            chain=-(-I // chunk) + O - 1,
+            min_decode_read=int((I[has_dec] + 1).min()) if has_dec.any() else 0,
+            max_peak=int((I + O - 1).max()),
+            min_refill=int((I + 1).min()),
+        )
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+    def total(self) -> "Demand":
+        """The demand of all requests together."""
+        return self.smallest(len(self))
+
+    def smallest(self, k: int) -> "Demand":
+        """A demand no larger, component by component, than that of *any* k of the requests: each sum
+        over the k smallest values, each maximum the k-th smallest value."""
+        def low(a):
+            return int(np.partition(a, k - 1)[:k].sum()) if k < len(a) else int(a.sum())
+
+        def kth(a):
+            return int(np.partition(a, k - 1)[k - 1])
+
+        return Demand(requests=k, prompt_tokens=low(self.prompt), decode_items=low(self.decode_items),
+                      generated=low(self.generated), prompt_sq=low(self.prompt_sq),
+                      prompt_sq_cap={c: low(v) for c, v in self.prompt_sq_cap.items()},
+                      decode_read=low(self.decode_read), kv_area=low(self.kv_area), longest_chain=kth(self.chain),
+                      longest_output=kth(self.generated), min_decode_read=self.min_decode_read,
+                      max_peak=self.max_peak, min_refill=self.min_refill)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Aggregate work of a set of requests (see `DemandArrays`)."""
+
+    requests: int
+    prompt_tokens: int
+    decode_items: int
+    generated: int
+    prompt_sq: int
+    prompt_sq_cap: dict
+    decode_read: int
+    kv_area: int
+    longest_chain: int
+    longest_output: int
+    min_decode_read: int
+    max_peak: int
+    min_refill: int
+
+
+# --------------------------------------------------------------------------------------------------
+# The aggregate LP: a lower bound on the busy time of any schedule doing a given demand
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class _LP:
+    names: list = field(default_factory=list)
+    rows: list = field(default_factory=list)  # (coef dict, sense, rhs) with sense in ("<=", ">=", "==")
+    upper: dict = field(default_factory=dict)
+
+    def var(self, name: str, upper: float | None = None) -> str:
+        self.names.append(name)
+        if upper is not None:
+            self.upper[name] = upper
+        return name
+
+    def add(self, coefs: dict, sense: str, rhs: float) -> None:
+        self.rows.append(({k: v for k, v in coefs.items() if v != 0}, sense, float(rhs)))
+
+    def solve(self, objective: dict) -> float:
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+
+        index = {n: i for i, n in enumerate(self.names)}
+        ub_r, ub_c, ub_v, ub_b, eq_r, eq_c, eq_v, eq_b = [], [], [], [], [], [], [], []
+        for coefs, sense, rhs in self.rows:
+            sign = -1.0 if sense == ">=" else 1.0
+            r, c, v, b = (eq_r, eq_c, eq_v, eq_b) if sense == "==" else (ub_r, ub_c, ub_v, ub_b)
+            row = len(b)
+            for name, coef in coefs.items():
+                r.append(row)
+                c.append(index[name])
+                v.append(sign * coef if sense != "==" else coef)
+            b.append(sign * rhs if sense != "==" else rhs)
+        n = len(self.names)
+        a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(len(ub_b), n)).tocsr() if ub_b else None
+        a_eq = coo_matrix((eq_v, (eq_r, eq_c)), shape=(len(eq_b), n)).tocsr() if eq_b else None
+        c = np.zeros(n)
+        for name, coef in objective.items():
+            c[index[name]] = coef
+        bounds = [(0, self.upper.get(name)) for name in self.names]
+        res = linprog(c, A_ub=a_ub, b_ub=ub_b or None, A_eq=a_eq, b_eq=eq_b or None, bounds=bounds, method="highs")
+        if res.status == 2:
+            return math.inf  # no schedule does this demand within the limits
+        if res.status != 0:
+            raise RuntimeError(f"lower-bound LP failed: {res.message}")
+        return float(res.fun)
+
+
+TIME_SCALE = 1e3  # the LP works in milliseconds (coefficients such as 1e-9 s per c² would sit at tolerances)
+
+
+def _floor_features(gate: str, d: Demand, q_features: dict) -> dict:
+    """The least value each feature can take in a batch in which the term gated by ``gate`` is active."""
+    low = {}
+    if gate == "n_tokens":
+        low["n_tokens"] = 1
+    elif gate in PREFILL_FEATURES:
+        low.update(n_tokens=1, prefill_tokens=1, n_prefill_seqs=1, prefill_sq_tokens=1)
+    elif gate in DECODE_FEATURES:
+        r = d.min_decode_read
+        low.update(n_tokens=1, n_decode_seqs=1, decode_kv_tokens=r, decode_kv_max=r)
+    out = {}
+    for f in q_features:
+        q, cap = padding_quantum(f), kv_cap(f)
+        if q is not None:
+            out[f] = q if low.get("n_tokens") else 0
+        elif cap is not None:
+            out[f] = min(cap, low.get("decode_kv_max", 0))
+        else:
+            out[f] = low.get(f, 0)
+    return out
+
+
+def term_floor_s(term: CostTerm, d: Demand) -> float:
+    """A lower bound on the term's value in any batch in which it is active (its pieces at the least
+    feature values such a batch can have; every slope is >= 0 when this is used for monotonicity)."""
+    feats = {f for p in term.pieces for f in p.coef_s}
+    low = _floor_features(term.active_if, d, feats)
+    return max(p.intercept_s + sum(c * low[f] for f, c in p.coef_s.items()) for p in term.pieces)
+
+
+def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
+    """None if every slope is >= 0 (batch time never decreases when items are added, so the time of any
+    batch is at least that of its items from a subset of requests), else the offending term and feature."""
+    for t in terms:
+        for p in t.pieces:
+            for f, c in p.coef_s.items():
+                if c < 0:
+                    return f"cost term {t.name!r} has a negative coefficient for {f!r} ({c:.3g})"
+    return None
+
+
+def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], policies: Policies = Policies(),
+                   hidden_cache: bool = False, ingredients: frozenset[str] | None = None) -> float:
+    """Lower bound (seconds) on the total time of the batches in which any schedule does demand ``d``.
+
+    ``ingredients`` (tests and the benchmark) switches parts off to measure what each buys: ``area``
+    (KV memory–time area), ``steps`` (token-count steps), ``attention`` (prefill Σc²/Σc·m relations),
+    ``decode`` (decode KV reads), ``counts`` (batch counts from C, P, Rmax and chains). None = all."""
+    use = (lambda name: True) if ingredients is None else (lambda name: name in ingredients)
+    if d.requests == 0:
+        return 0.0
+    lp = _LP()
+    K, Kp, Kd = lp.var("K"), lp.var("Kp"), lp.var("Kd")
+    N, Pt, D, X, E, NP = (lp.var(n) for n in ("N", "Pt", "D", "X", "E", "NP"))
+    SQ, CTX = lp.var("SQ"), lp.var("CTX")
+    CAP = {k: lp.var(f"CAP{k}") for k in PREFILL_CTX_CAPS}
+    DKV, DMAX = lp.var("DKV"), lp.var("DMAX")
+    pcap = min(limits.C, limits.prefill_budget)
+    per_batch_decodes = min(limits.C, d.requests, limits.Rmax or d.requests)
+    nmax = min(limits.C, pcap + per_batch_decodes)
+
+    # work: prefill tokens = prompts + refills; decode items + refill-generated tokens = Σ(O − 1)
+    lp.add({Pt: 1, E: -1}, "==", d.prompt_tokens)
+    lp.add({D: 1, X: 1}, "==", d.decode_items)
+    lp.add({N: 1, Pt: -1, D: -1}, "==", 0)
+    if policies.eviction_free:
+        lp.add({X: 1}, "==", 0)
+        lp.add({E: 1}, "==", 0)
+    else:
+        lp.add({E: 1, X: -d.min_refill}, ">=", 0)  # a refill that generates a token recomputes >= I + 1 tokens
+    # batches: each non-empty batch has a prefill item, a decode item or both
+    lp.add({K: 1, Kp: -1}, ">=", 0)
+    lp.add({K: 1, Kd: -1}, ">=", 0)
+    lp.add({Kp: 1, Kd: 1, K: -1}, "==" if policies.no_hybrid else ">=", 0)
+    lp.add({NP: 1}, ">=", d.requests)  # every request has at least one prefill item
+    lp.add({NP: 1, Kp: -1}, ">=", 0)
+    lp.add({Kp: 1}, ">=", 1)
+    if use("counts"):
+        lp.add({N: 1, K: -limits.C}, "<=", 0)
+        lp.add({Pt: 1, Kp: -pcap}, "<=", 0)
+        lp.add({D: 1, Kd: -per_batch_decodes}, "<=", 0)
+        lp.add({K: 1}, ">=", max(d.longest_chain, d.longest_output))
+        if limits.Rmax is not None:
+            lp.add({K: limits.Rmax}, ">=", d.generated)  # every generating item holds KV in its batch
+    if use("area"):
+        # the batch generating a request's j-th token holds >= blocks(I + j − 1) KV tokens during it
+        lp.add({K: limits.M}, ">=", d.kv_area * (0.5 if hidden_cache else 1.0))
+    # prefill attention: a prefill from m = 0 to Icur in chunks c_i has Σc² + 2Σc·m = Icur² (and with the
+    # context capped at K: Σc² + 2Σc·min(m, K) >= min(Icur, K)²); each request's last one reaches Icur >= I
+    lp.add({SQ: 1, NP: -1}, ">=", 0)
+    lp.add({SQ: 1, Pt: -1}, ">=", 0)
+    if use("attention"):
+        if policies.no_chunked_prefill:
+            lp.add({SQ: 1}, ">=", d.prompt_sq)
+        else:
+            lp.add({SQ: 1, CTX: 2}, ">=", d.prompt_sq)
+            for k, v in CAP.items():
+                lp.add({SQ: 1, v: 2}, ">=", d.prompt_sq_cap[k])
+        for a in _SQ_TANGENTS:
+            if a <= pcap:
+                lp.add({SQ: 1, Pt: -2 * a, NP: a * a}, ">=", 0)
+    for v in CAP.values():
+        lp.add({CTX: 1, v: -1}, ">=", 0)
+    # the token after g generated ones is produced by a decode reading I + g KV tokens or by a refill
+    # recomputing I + g tokens (all extra prefill tokens): reads + extra prefill tokens >= Σ_r Σ_g (I + g)
+    if use("decode"):
+        lp.add({DKV: 1, E: 1}, ">=", d.decode_read)
+        lp.add({DKV: 1, D: -d.min_decode_read}, ">=", 0)
+        lp.add({DMAX: 1, Kd: -d.min_decode_read}, ">=", 0)
+
+    feature_var = {"n_tokens": N, "prefill_tokens": Pt, "prefill_sq_tokens": SQ, "prefill_ctx_tokens": CTX,
+                   "n_prefill_seqs": NP, "n_decode_seqs": D, "decode_kv_tokens": DKV, "decode_kv_max": DMAX,
+                   **{f"prefill_ctx_cap{k}": v for k, v in CAP.items()}}
+    derived: dict[str, str] = {}
+
+    def var_of(f: str) -> str | None:
+        if f in feature_var:
+            return feature_var[f]
+        if f in derived:
+            return derived[f]
+        q, cap, step = padding_quantum(f), kv_cap(f), token_step(f)
+        if q is not None:  # Σ⌈n/q⌉q >= Σn and >= q per non-empty batch
+            v = derived[f] = lp.var(f)
+            lp.add({v: 1, N: -1}, ">=", 0)
+            lp.add({v: 1, K: -q}, ">=", 0)
+            return v
+        if cap is not None:  # Σ over decode batches of min(longest read, cap) >= min(cap, I+1) per batch
+            v = derived[f] = lp.var(f)
+            if use("decode"):
+                lp.add({v: 1, Kd: -min(cap, d.min_decode_read)}, ">=", 0)
+            return v
+        if step is not None:
+            count, t = step
+            if count != "n_tokens":
+                return None  # hidden-recompute steps: that term is bounded by its floor only
+            v = derived[f] = lp.var(f)
+            lp.add({v: 1, K: -1}, "<=", 0)
+            if use("steps") and t < nmax:  # N <= (K − G)·t + G·nmax: batches above t carry the rest
+                lp.add({v: nmax - t, K: t, N: -1}, ">=", 0)
+            return v
+        raise BoundUnavailable(f"the lower bound does not know feature {f!r}")
+
+    objective = {}
+    for i, term in enumerate(terms):
+        tau = lp.var(f"tau{i}")
+        objective[tau] = 1.0
+        gate = term.active_if
+        count = K if gate == "n_tokens" else Kp if gate in PREFILL_FEATURES else Kd if gate in DECODE_FEATURES else None
+        floor = term_floor_s(term, d) * TIME_SCALE
+        if count is None:
+            # charged only in batches with swaps or hidden-form caches: at least min(0, floor) per batch
+            if floor < 0:
+                lp.add({tau: 1, K: -floor}, ">=", 0)
+            continue
+        lp.add({tau: 1, count: -floor}, ">=", 0)
+        for p in term.pieces:
+            coefs = {tau: 1.0, count: -p.intercept_s * TIME_SCALE}
+            usable = True
+            for f, c in p.coef_s.items():
+                v = var_of(f)
+                if v is None:
+                    usable = c >= 0  # a feature we bound by 0 from below: drop it only if its slope is >= 0
+                    if not usable:
+                        break
+                    continue
+                coefs[v] = coefs.get(v, 0.0) - c * TIME_SCALE
+            if usable:
+                lp.add(coefs, ">=", 0)
+    value = lp.solve(objective)
+    if math.isinf(value):
+        return math.inf
+    return max(0.0, value * (1 - LP_SAFETY_RTOL) / TIME_SCALE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Objective bounds
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class LowerBound:
+    """A valid lower bound on an objective over every schedule (seconds), with its parts."""
+
+    objective: str
+    value_s: float
+    parts: dict
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"objective": self.objective, "lower_bound_s": self.value_s, **self.parts, "bound_wall_s": self.elapsed_s}
+
+
+def _k_grid(n: int, dense: int = 64, ratio: float = 1.03) -> list[int]:
+    """Counts 1..dense, then geometric steps up to n (n always included)."""
+    ks = list(range(1, min(n, dense) + 1))
+    k = float(ks[-1])
+    while ks[-1] < n:
+        k = max(k * ratio, ks[-1] + 1)
+        ks.append(min(n, int(k)))
+    return ks
+
+
+def _order_statistic_sum(values_at_grid: dict[int, float], n: int) -> float:
+    """Σ_{k=1}^{n} f(k) where f is known at grid points and bounded below by the value at the largest
+    grid point <= k (valid because the true quantity is non-decreasing in k)."""
+    ks = sorted(values_at_grid)
+    total = 0.0
+    for a, b in zip(ks, ks[1:] + [n + 1]):
+        total += values_at_grid[a] * (b - a)
+    return total
+
+
+class LowerBounder:
+    """Bounds for one instance: ``makespan_s()``, ``latency_sum_s()``, ``mean_ttft_s()``, ``of(objective)``."""
+
+    def __init__(self, requests: list[Request], limits: Limits, cost_model, policies: Policies = Policies(),
+                 hidden_cache: bool = False, progress=None):
+        if not requests:
+            raise ValueError("the workload has no requests")
+        self.requests, self.limits, self.policies, self.hidden = list(requests), limits, policies, hidden_cache
+        self.terms = cost_model.milp_terms()
+        self.progress = progress
+        self.arrivals = np.array([r.arrival_s for r in requests], dtype=float)
+        self.t0 = float(self.arrivals.min())
+        self.full = DemandArrays.of(self.requests, limits)
+        self.first = DemandArrays.of(self.requests, limits, first_token_only=True)
+        self._monotone_problem = monotone_terms(self.terms)
+        self._busy_cache: dict = {}
+
+    def busy_s(self, d: Demand) -> float:
+        key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
+               d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())))
+        if key not in self._busy_cache:
+            self._busy_cache[key] = busy_time_lb_s(d, self.limits, self.terms, self.policies, self.hidden)
+        return self._busy_cache[key]
+
+    def _need_monotone(self, what: str) -> None:
+        for t in self.terms:
+            if t.active_if not in ("n_tokens",) + PREFILL_FEATURES + DECODE_FEATURES:
+                continue
+            if term_floor_s(t, self.full.total()) < 0:
+                raise BoundUnavailable(f"{what} needs every active cost term to be >= 0; {t.name!r} can be negative")
+        if self._monotone_problem:
+            raise BoundUnavailable(f"{what} needs batch time non-decreasing in every feature: {self._monotone_problem}")
+
+    # ---- makespan ------------------------------------------------------------------------------
+
+    def makespan_s(self) -> LowerBound:
+        """Makespan >= busy time of all the work; with arrivals also >= (T − T_min) + busy time of the
+        work of requests arriving at or after T, for every T (those batches all run after T)."""
+        import time
+
+        t = time.perf_counter()
+        whole = self.busy_s(self.full.total())
+        best, best_at = whole, self.t0
+        distinct = np.unique(self.arrivals)
+        if len(distinct) > 1:
+            self._need_monotone("the arrival-suffix makespan bound")
+            order = np.argsort(self.arrivals, kind="stable")
+            cuts = np.unique(np.linspace(0, len(order) - 1, num=min(len(order), 48)).astype(int))[1:]
+            for c in cuts:
+                T = self.arrivals[order[c]]
+                later = [self.requests[i] for i in order if self.arrivals[i] >= T]
+                v = T - self.t0 + self.busy_s(DemandArrays.of(later, self.limits).total())
+                if v > best:
+                    best, best_at = v, T
+        return LowerBound("makespan", best, {"busy_time_lb_s": whole, "suffix_from_s": best_at - self.t0},
+                          time.perf_counter() - t)
+
+    # ---- sum of latencies and mean TTFT --------------------------------------------------------
+
+    def _solo_s(self, first_token_only: bool) -> np.ndarray:
+        """Per request: a lower bound on (its finish or first-token time) − arrival, the busy time of its
+        own work (monotonicity: a batch is at least as long as its items from this request alone)."""
+        arrays = self.first if first_token_only else self.full
+        out = np.empty(len(self.requests))
+        cache: dict = {}
+        for i, r in enumerate(self.requests):
+            key = (r.prompt_tokens, 1 if first_token_only else r.output_tokens)
+            if key not in cache:
+                one = DemandArrays.of([r], self.limits, first_token_only)
+                cache[key] = self.busy_s(one.total())
+            out[i] = cache[key]
+        return out
+
+    def _completion_sum(self, first_token_only: bool, what: str) -> tuple[float, dict]:
+        """Σ over requests of (finish or first-token) time − arrival, bounded through order statistics: the
+        k-th earliest completion is at least T_min + the busy time of the k least demanding requests'
+        work, and at least the k-th smallest of T_r + solo_r."""
+        self._need_monotone(what)
+        arrays = self.first if first_token_only else self.full
+        n = len(arrays)
+        solo = self._solo_s_fast(first_token_only)
+        by_solo = np.sort(self.arrivals + solo)
+        grid = _k_grid(n)
+        at = {}
+        for k in grid:
+            at[k] = self.t0 + self.busy_s(arrays.smallest(k))
+            if self.progress:
+                self.progress(k, n)
+        # pointwise max of the two valid lower bounds on the k-th completion
+        ks = sorted(at)
+        total = 0.0
+        for a, b in zip(ks, ks[1:] + [n + 1]):
+            seg = by_solo[a - 1:b - 1]
+            total += np.maximum(seg, at[a]).sum()
+        parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": len(grid)}
+        return total - float(self.arrivals.sum()), parts
+
+    def _solo_s_fast(self, first_token_only: bool) -> np.ndarray:
+        """`_solo_s` over distinct (I, O) classes; with more than 400 classes, requests are bounded by the
+        largest class at most as demanding in both I and O (the busy-time bound is monotone in the demand)."""
+        keys = np.array([(r.prompt_tokens, 1 if first_token_only else r.output_tokens) for r in self.requests])
+        classes = np.unique(keys, axis=0)
+        if len(classes) <= 400:
+            return self._solo_s(first_token_only)
+        # grid of representative (I, O): geometric in each dimension; a request takes the grid point <= it
+        gi = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 0].max(), 24).astype(int)]))
+        go = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 1].max(), 16).astype(int)]))
+        table = {}
+        for i in gi:
+            for o in go:
+                r = Request(id=0, arrival_s=0.0, prompt_tokens=int(i), output_tokens=int(o))
+                table[(int(i), int(o))] = self.busy_s(DemandArrays.of([r], self.limits).total())
+        ii = gi[np.searchsorted(gi, keys[:, 0], side="right") - 1]
+        oo = go[np.searchsorted(go, keys[:, 1], side="right") - 1]
+        return np.array([table[(int(a), int(b))] for a, b in zip(ii, oo)])
+
+    def latency_sum_s(self) -> LowerBound:
+        import time
+
+        t = time.perf_counter()
+        v, parts = self._completion_sum(False, "the latency bound")
+        return LowerBound("latency", v, parts, time.perf_counter() - t)
+
+    def mean_ttft_s(self) -> LowerBound:
+        import time
+
+        t = time.perf_counter()
+        v, parts = self._completion_sum(True, "the TTFT bound")
+        return LowerBound("ttft", v / len(self.requests), parts, time.perf_counter() - t)
+
+    def of(self, objective: Objective) -> LowerBound:
+        """The weighted sum of the component bounds (each is a lower bound of its component)."""
+        import time
+
+        t = time.perf_counter()
+        total, parts = 0.0, {}
+        for name, w in objective.weights().items():
+            lb = {"makespan": self.makespan_s, "latency": self.latency_sum_s, "ttft": self.mean_ttft_s}[name]()
+            total += w * lb.value_s
+            parts[f"{name}_lower_bound_s"] = lb.value_s
+        return LowerBound(str(objective), total, parts, time.perf_counter() - t)
+
+
+def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: Objective = Objective(makespan=1),
+                policies: Policies = Policies(), hidden_cache: bool = False) -> LowerBound:
+    """A valid lower bound on ``objective`` over every schedule of the instance (docs/design.md)."""
+    return LowerBounder(requests, limits, cost_model, policies, hidden_cache).of(objective)
