@@ -150,7 +150,7 @@ class _LP:
     def add(self, coefs: dict, sense: str, rhs: float) -> None:
         self.rows.append(({k: v for k, v in coefs.items() if v != 0}, sense, float(rhs)))
 
-    def solve(self, objective: dict) -> float:
+    def solve(self, objective: dict, values: dict | None = None) -> float:
         from scipy.optimize import linprog
         from scipy.sparse import coo_matrix
 
@@ -177,6 +177,8 @@ class _LP:
             return math.inf  # no schedule does this demand within the limits
         if res.status != 0:
             raise RuntimeError(f"lower-bound LP failed: {res.message}")
+        if values is not None:
+            values.update(zip(self.names, res.x))
         return float(res.fun)
 
 
@@ -225,7 +227,8 @@ def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
 
 
 def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], policies: Policies = Policies(),
-                   hidden_cache: bool = False, ingredients: frozenset[str] | None = None) -> float:
+                   hidden_cache: bool = False, ingredients: frozenset[str] | None = None,
+                   values: dict | None = None) -> float:
     """Lower bound (seconds) on the total time of the batches in which any schedule does demand ``d``.
 
     ``ingredients`` (tests and the benchmark) switches parts off to measure what each buys: ``area``
@@ -259,6 +262,7 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
     lp.add({Kp: 1, Kd: 1, K: -1}, "==" if policies.no_hybrid else ">=", 0)
     lp.add({NP: 1}, ">=", d.requests)  # every request has at least one prefill item
     lp.add({NP: 1, Kp: -1}, ">=", 0)
+    lp.add({NP: 1, Pt: -1}, "<=", 0)  # a prefill item processes at least one token
     lp.add({Kp: 1}, ">=", 1)
     if use("counts"):
         lp.add({N: 1, K: -limits.C}, "<=", 0)
@@ -293,6 +297,22 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
         lp.add({DKV: 1, D: -d.min_decode_read}, ">=", 0)
         lp.add({DMAX: 1, Kd: -d.min_decode_read}, ">=", 0)
 
+    # Batch-size bins between consecutive step thresholds: x_i batches of (lo_i, hi_i] tokens carrying n_i tokens.
+    # Every step [n > t] is then the count of the bins above t, consistently for all thresholds at once
+    # (the tightest relaxation of the staircase given K and N; per-threshold bounds alone are far weaker).
+    thresholds = sorted({token_step(f)[1] for t in terms for p in t.pieces for f in p.coef_s
+                         if token_step(f) is not None and token_step(f)[0] == "n_tokens" and token_step(f)[1] < nmax})
+    bins = []
+    if thresholds and use("steps"):
+        edges = [0] + thresholds + [nmax]
+        for i, (lo, hi) in enumerate(zip(edges, edges[1:])):
+            x, n = lp.var(f"bin{i}"), lp.var(f"bin_tokens{i}")
+            lp.add({n: 1, x: -(lo + 1)}, ">=", 0)
+            lp.add({n: 1, x: -hi}, "<=", 0)
+            bins.append((lo, hi, x, n))
+        lp.add({K: 1, **{x: -1 for lo, hi, x, n in bins}}, "==", 0)
+        lp.add({N: 1, **{n: -1 for lo, hi, x, n in bins}}, "==", 0)
+
     feature_var = {"n_tokens": N, "prefill_tokens": Pt, "prefill_sq_tokens": SQ, "prefill_ctx_tokens": CTX,
                    "n_prefill_seqs": NP, "n_decode_seqs": D, "decode_kv_tokens": DKV, "decode_kv_max": DMAX,
                    **{f"prefill_ctx_cap{k}": v for k, v in CAP.items()}}
@@ -308,6 +328,8 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
             v = derived[f] = lp.var(f)
             lp.add({v: 1, N: -1}, ">=", 0)
             lp.add({v: 1, K: -q}, ">=", 0)
+            if bins:  # a batch in bin (lo, hi] pads to at least ⌈(lo + 1)/q⌉·q
+                lp.add({v: 1, **{x: -(-(lo + 1) // q) * q for lo, hi, x, n in bins}}, ">=", 0)
             return v
         if cap is not None:  # Σ over decode batches of min(longest read, cap) >= min(cap, I+1) per batch
             v = derived[f] = lp.var(f)
@@ -320,8 +342,10 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
                 return None  # hidden-recompute steps: that term is bounded by its floor only
             v = derived[f] = lp.var(f)
             lp.add({v: 1, K: -1}, "<=", 0)
-            if use("steps") and t < nmax:  # N <= (K − G)·t + G·nmax: batches above t carry the rest
-                lp.add({v: nmax - t, K: t, N: -1}, ">=", 0)
+            if t >= nmax:
+                lp.add({v: 1}, "==", 0)
+            elif bins:  # the batches above t are those of the bins above t
+                lp.add({v: 1, **{x: -1 for lo, hi, x, n in bins if lo >= t}}, "==", 0)
             return v
         raise BoundUnavailable(f"the lower bound does not know feature {f!r}")
 
@@ -351,7 +375,9 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
                 coefs[v] = coefs.get(v, 0.0) - c * TIME_SCALE
             if usable:
                 lp.add(coefs, ">=", 0)
-    value = lp.solve(objective)
+    value = lp.solve(objective, values)
+    if values is not None:
+        values.update({f"term:{t.name}": values[f"tau{i}"] / TIME_SCALE for i, t in enumerate(terms)})
     if math.isinf(value):
         return math.inf
     return max(0.0, value * (1 - LP_SAFETY_RTOL) / TIME_SCALE)

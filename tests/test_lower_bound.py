@@ -184,3 +184,41 @@ def test_bound_scales_to_thousands_of_requests():
             enumerate(zip(rng.integers(1, 2048, 20_000), rng.integers(1, 512, 20_000)))]
     lb = lower_bound(reqs, Limits(C=4096, M=100_000), COST, Objective(makespan=1)).value_s
     assert math.isfinite(lb) and lb > 0
+
+
+# ---- the dispatch: optimize / better at any size --------------------------------------------------
+
+def test_milp_estimate_refuses_before_building(monkeypatch):
+    """A model estimated too large for the memory budget is never built: better falls back to bound + search."""
+    import solvers.formulation as formulation
+    from solvers.better import better
+    from solvers.scale import estimate_milp, milp_refusal
+
+    est = estimate_milp(1024, 700)
+    assert milp_refusal(est, time_left_s=600, memory_budget_bytes=4 * 2**30) is not None
+    assert milp_refusal(estimate_milp(2, 5), time_left_s=600, memory_budget_bytes=4 * 2**30) is None
+
+    def boom(*a, **k):
+        raise AssertionError("the MILP was built although its estimate exceeds the budget")
+
+    monkeypatch.setattr(formulation.Formulation, "__init__", boom)
+    reqs = fixed(64, 8, 64)
+    ans = better(reqs, Limits(C=4096, M=4_000), COST, "vllm", 0.05, Objective(makespan=1), time_limit_s=20,
+                 memory_budget_bytes=2**20)
+    assert ans.answer in ("yes", "no", "unknown")
+    assert ans.methods["milp_refused"] and "GiB" in ans.methods["milp_refused"]
+    assert ans.bound_s <= ans.scheduler_objective_s * (1 + TOL)
+    if ans.answer == "yes":
+        from infermax.replay import replay
+        assert Objective(makespan=1).value(replay(ans.schedule, COST)) == pytest.approx(ans.found_s, rel=1e-9)
+
+
+def test_better_answers_no_from_the_bound_alone():
+    """Fig. 5's low-pressure regime: vLLM within a fraction of a percent of the aggregate bound, so a 5%
+    better schedule is ruled out without any MILP."""
+    reqs = fixed(512, 1, 1024)
+    from solvers.better import better
+
+    ans = better(reqs, Limits(C=4096, M=100_000), load_cost_model(kind="linear"), "vllm", 0.05, time_limit_s=30)
+    assert ans.answer == "no" and ans.bound_by == "lower bound"
+    assert ans.bound_s > ans.target_s
