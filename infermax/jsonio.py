@@ -18,5 +18,5 @@ def read_json(path: str | Path) -> Any:
 
 
 def nan_to_null(d: dict) -> dict:
-    """A copy of a flat dict with NaN floats replaced by None (JSON has no NaN)."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+    """A copy of a flat dict with NaN and infinite floats replaced by None (JSON has neither)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}

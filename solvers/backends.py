@@ -4,10 +4,13 @@ when licensed). Each reports status, incumbent, best bound and gap, streams prog
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -84,7 +87,33 @@ def solve(prob: pulp.LpProblem, options: SolveOptions, warm: bool = False) -> So
     as a MIP start."""
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown solver {options.backend!r}; choose one of {', '.join(BACKENDS)}")
-    return {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[options.backend](prob, options, warm)
+    with quiet_stdout(not options.verbose):
+        return {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[options.backend](prob, options, warm)
+
+
+@contextmanager
+def quiet_stdout(active: bool = True):
+    """Silence what native solver code writes to file descriptor 1 (HiGHS prints its copyright banner there
+    when the first model is created), so ``--json`` output is JSON alone; Python's own stdout is flushed
+    first and restored after. Progress goes to stderr and is unaffected."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no usable descriptor 1 (embedded interpreters): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _constant(prob) -> float:

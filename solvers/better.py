@@ -1,10 +1,17 @@
 """"Could any schedule beat this scheduler by ``margin``?" — yes (with a validated schedule), no (with the
-bound that proves it) or unknown (time limit: incumbent and bound)."""
+bound that proves it) or unknown (time limit: incumbent and bound), at any instance size.
+
+Methods, in order, all under one time limit: the scalable lower bound (`lower_bound.py`; "no" when it
+exceeds the target), the schedule search (`search.py`; "yes" when it reaches the target), and the exact
+MILP when its estimated size fits the time and memory at hand (`scale.py`); a model too large is never
+built. "Every schedule" means every schedule of the CSP (docs/design.md): KV-form caches with recompute
+evictions and swapping; Apt-Serve's hidden-form caches are outside it.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from infermax.engine import simulate
 from infermax.schedule import Schedule
@@ -12,11 +19,14 @@ from infermax.schedule import Schedule
 from .backends import SolveOptions
 from .bounds import slot_bound
 from .formulation import TIME_UNIT
+from .lower_bound import BoundUnavailable, LowerBounder
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies
+from .scale import Deadline, certified_gap, estimate_milp, milp_refusal
 
-BOUND_RTOL = 1e-6  # the solver's bound must clear the target by this much to answer "no"
+BOUND_RTOL = 1e-6  # a bound must clear the target by this much to answer "no"
+SEARCH_SHARE_WITH_MILP = 0.25  # share of the time the search gets when the MILP runs after it
 
 
 @dataclass
@@ -32,47 +42,123 @@ class BetterAnswer:
     slot_bound: int | None
     solver_status: str | None
     schedule: Schedule | None = None
+    found_by: str | None = None
+    bound_by: str | None = None
+    gap: float = math.inf  # best known objective ÷ bound − 1
+    methods: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "schedule"}
+        out = {k: v for k, v in asdict(self).items() if k not in ("schedule", "methods")}
+        out.update(self.methods)
+        return out
+
+
+def _lower_bound(requests, limits, cost_model, objective, policies) -> tuple[float, str]:
+    try:
+        lb = LowerBounder(requests, limits, cost_model, policies).of(objective)
+        return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
+    except BoundUnavailable as exc:
+        return 0.0, f"no aggregate bound: {exc}"
+
+
+def _search(requests, limits, cost_model, objective, policies, time_limit_s, progress):
+    try:
+        from .search import search
+    except ImportError:  # pragma: no cover - the search module ships with the package
+        return None
+    if time_limit_s <= 0:
+        return None
+    return search(requests, limits, cost_model, objective, time_limit_s=time_limit_s, policies=policies,
+                  progress=progress)
 
 
 def better(requests, limits, cost_model, scheduler: str, margin: float, objective: Objective = Objective(makespan=1),
-           policies: Policies = Policies(), options: SolveOptions | None = None) -> BetterAnswer:
+           policies: Policies = Policies(), options: SolveOptions | None = None, time_limit_s: float | None = None,
+           progress=None, memory_budget_bytes: int | None = None) -> BetterAnswer:
     """Search for a schedule with objective <= (1 − margin) × the scheduler's on the same workload and limits.
 
-    The slots are bounded with the target as budget (any schedule that good has at most that many
-    non-empty batches), so "no" covers every schedule, not only those of some length."""
+    ``time_limit_s`` (default: the solver options' limit) covers everything after the scheduler's own
+    simulation: bound, search, model building and solving."""
+    options = options or SolveOptions()
+    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
+    say = progress or (lambda msg: None)
     sim = simulate(requests, scheduler, limits, cost_model)
     base = objective.value(sim)
     target = (1 - margin) * base
+    lb_s, lb_how = _lower_bound(requests, limits, cost_model, objective, policies)
+    say(f"lower bound {lb_s:.6g} s, target {target:.6g} s ({lb_how})")
     sb = slot_bound(requests, cost_model.milp_terms(), objective, target)
+    methods = {"lower_bound_s": lb_s, "lower_bound_method": lb_how}
     common = dict(scheduler=scheduler, scheduler_objective_s=base, target_s=target, slot_bound=sb.slots)
+    if lb_s > target * (1 + BOUND_RTOL):
+        return BetterAnswer("no", f"every schedule has objective >= {lb_s:.6g} s > target {target:.6g} s "
+                            f"({margin:.0%} below {scheduler}'s {base:.6g} s); {lb_how}", found_s=None, bound_s=lb_s,
+                            slots=0, solver_status=None, bound_by="lower bound", gap=certified_gap(base, lb_s),
+                            methods=methods, **common)
     if sb.slots is not None and sb.slots < 1:
         return BetterAnswer("no", f"no schedule can reach {target:.6g} s: even one batch exceeds it ({sb.reason})",
-                            found_s=None, bound_s=math.inf, slots=0, solver_status=None, **common)
+                            found_s=None, bound_s=math.inf, slots=0, solver_status=None, bound_by="slot bound",
+                            gap=0.0, methods=methods, **common)
     slots = sb.slots if sb.slots is not None else len(sim.schedule.batches)
-    options = replace(options or SolveOptions(), stop_if_incumbent_below=target * TIME_UNIT,
+    refusal = milp_refusal(estimate_milp(len(requests), slots), deadline.left(), memory_budget_bytes)
+    methods.update(estimate_milp(len(requests), slots).to_dict(), milp_refused=refusal)
+    share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
+    found = _search(requests, limits, cost_model, objective, policies, deadline.left() * share, say)
+    best_s, best_by, best_schedule = base, scheduler, None
+    if found is not None:
+        methods.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
+        if found.schedule is not None and found.value_s < best_s:
+            best_s, best_by, best_schedule = found.value_s, f"search: {found.method}", found.schedule
+    if best_s <= target:
+        gain = 1 - best_s / base
+        return BetterAnswer("yes", f"found a schedule {gain:.1%} better than {scheduler} ({best_s:.6g} s vs {base:.6g} s, "
+                            f"{best_by}), validated by replay", found_s=best_s, bound_s=lb_s, slots=slots,
+                            solver_status=None, schedule=best_schedule, found_by=best_by, bound_by="lower bound",
+                            gap=certified_gap(best_s, lb_s), methods=methods, **common)
+    if refusal is not None:
+        return BetterAnswer("unknown", f"{refusal}; the search's best is {best_s:.6g} s ({best_by}) and the lower "
+                            f"bound {lb_s:.6g} s: target {target:.6g} s lies between", found_s=best_s, bound_s=lb_s,
+                            slots=slots, solver_status=None, schedule=best_schedule, found_by=best_by,
+                            bound_by="lower bound", gap=certified_gap(best_s, lb_s), methods=methods, **common)
+    return _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline, sim, sb, slots,
+                           lb_s, best_s, best_by, best_schedule, methods, common, margin)
+
+
+def _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline, sim, sb, slots, lb_s,
+                    best_s, best_by, best_schedule, methods, common, margin) -> BetterAnswer:
+    scheduler, base, target = common["scheduler"], common["scheduler_objective_s"], common["target_s"]
+    options = replace(options, time_limit_s=max(deadline.left(), 1.0), stop_if_incumbent_below=target * TIME_UNIT,
                       stop_if_bound_above=target * TIME_UNIT * (1 + BOUND_RTOL))
-    warm = sim.schedule if len(sim.schedule.batches) <= slots else None
+    warm = best_schedule if best_schedule is not None and len(best_schedule.batches) <= slots else (
+        sim.schedule if len(sim.schedule.batches) <= slots else None)
     res = optimize(requests, limits, cost_model, objective, policies, slots=slots, warm_start=warm, options=options,
                    budget_s=target)
     status = res.solve.status if res.solve else None
-    common.update(found_s=res.value_s, bound_s=res.bound_s, slots=slots, solver_status=status)
-    if res.value_s is not None and res.value_s <= target:
-        gain = 1 - res.value_s / base
-        return BetterAnswer("yes", f"found a schedule {gain:.1%} better than {scheduler} ({res.value_s:.6g} s vs "
-                            f"{base:.6g} s), validated by replay", schedule=res.schedule, **common)
+    bound = max(lb_s, res.bound_s) if sb.slots is not None else lb_s
+    common.update(slots=slots, solver_status=status)
+    if res.value_s is not None and res.value_s < best_s:
+        best_s, best_by, best_schedule = res.value_s, "MILP", res.schedule
+    gap = certified_gap(best_s, bound)
+    if best_s <= target:
+        gain = 1 - best_s / base
+        return BetterAnswer("yes", f"found a schedule {gain:.1%} better than {scheduler} ({best_s:.6g} s vs "
+                            f"{base:.6g} s), validated by replay", found_s=best_s, bound_s=bound, schedule=best_schedule,
+                            found_by=best_by, bound_by="MILP", gap=gap, methods=methods, **common)
     proven = res.status == "infeasible" or res.bound_s > target * (1 + BOUND_RTOL)
+    found = None if res.value_s is None else res.value_s
     if proven and sb.slots is not None:
         why = (f"no schedule reaches target {target:.6g} s (the model with that budget is infeasible)"
                if res.status == "infeasible" else f"every schedule has objective >= {res.bound_s:.6g} s > target {target:.6g} s")
         return BetterAnswer("no", f"{why} "
                             f"({margin:.0%} below {scheduler}'s {base:.6g} s); slots {slots} cover every schedule that "
-                            f"good ({sb.reason})", **common)
+                            f"good ({sb.reason})", found_s=found, bound_s=res.bound_s, bound_by="MILP",
+                            gap=gap, methods=methods, **common)
     if proven:
         return BetterAnswer("unknown", f"no schedule of at most {slots} batches reaches {target:.6g} s, but the batch "
-                            f"count cannot be bounded for this objective ({sb.reason})", **common)
+                            f"count cannot be bounded for this objective ({sb.reason})", found_s=found, bound_s=bound,
+                            bound_by="lower bound", gap=gap, methods=methods, **common)
     inc = "none" if res.value_s is None else f"{res.value_s:.6g} s"
-    return BetterAnswer("unknown", f"solver stopped ({status}) with incumbent {inc} and bound {res.bound_s:.6g} s; "
-                        f"target {target:.6g} s lies between", **common)
+    return BetterAnswer("unknown", f"solver stopped ({status}) with incumbent {inc} and bound {bound:.6g} s; "
+                        f"target {target:.6g} s lies between", found_s=best_s, bound_s=bound, schedule=best_schedule,
+                        found_by=best_by, bound_by="lower bound" if bound == lb_s else "MILP", gap=gap,
+                        methods=methods, **common)

@@ -15,7 +15,7 @@ from infermax.request import Request
 from infermax.schedule import Schedule
 
 from .assign import set_from_schedule, to_schedule, violations
-from .backends import SolveOptions, SolveOutcome, SolverFailed, relative_gap, solve
+from .backends import SolveOptions, SolveOutcome, SolverFailed, quiet_stdout, relative_gap, solve
 from .bounds import SlotBound, slot_bound
 from .formulation import TIME_UNIT, Formulation
 from .objective import Objective
@@ -161,7 +161,8 @@ def polish(form: Formulation) -> float:
             fixed.append((v, v.lowBound, v.upBound))
             v.lowBound = v.upBound = round(v.varValue)
     try:
-        form.prob.solve(pulp.HiGHS(msg=False, primal_feasibility_tolerance=1e-10))
+        with quiet_stdout():
+            form.prob.solve(pulp.HiGHS(msg=False, primal_feasibility_tolerance=1e-10))
         if form.prob.status != pulp.LpStatusOptimal:
             raise SolutionRejected("the rounded integer solution is infeasible in the MILP")
         for v, lo, hi in fixed:

@@ -21,7 +21,7 @@ _RUN_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mi
              "seed")
 ObjectiveOpt = typer.Option("makespan", help="makespan (total latency) | latency (sum) | ttft (mean) | e.g. makespan=1,ttft=0.5")
 SolverOpt = typer.Option("highs", help="highs | cbc | gurobi")
-TimeLimitOpt = typer.Option(60.0, help="Solver time limit in seconds.")
+TimeLimitOpt = typer.Option(60.0, help="Time limit in seconds for the whole command after the workload is built: bound, search, model building and solving.")
 GapOpt = typer.Option(1e-6, help="Relative MIP gap at which the solver stops.")
 ThreadsOpt = typer.Option(None, help="Solver threads (default: the solver's).")
 NoHybridOpt = typer.Option(False, "--no-hybrid", help="Force: no batch mixes prefill and decode items.")
@@ -90,20 +90,18 @@ def optimize(
     out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here."),
     as_json: JsonOpt = False,
 ) -> None:
-    """Find an optimal schedule (MILP of the paper's CSP), validated by replay. Defaults: a small instance."""
-    from infermax.engine import simulate
-    from solvers import optimize as solve_milp
+    """Best schedule and lower bound for an objective, with the certified gap, at any size: the exact MILP
+    where its estimated size fits the time and memory at hand, the schedule search and the aggregate lower
+    bound everywhere; every schedule validated by replay. --time-limit covers everything."""
+    from solvers.analyse import analyse
 
     config, requests, limits, cost, obj, policies, opts = _setup(
         "vllm", locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
     if slots is not None and slots < 1:
         fail("--slots must be >= 1")
-
-    def go():
-        seed = None if warm_start == "none" else simulate(requests, warm_start, limits, cost).schedule
-        return solve_milp(requests, limits, cost, obj, policies, slots=slots, warm_start=seed, options=opts)
-
-    res = _run(go)
+    say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
+    res = _run(lambda: analyse(requests, limits, cost, obj, policies, warm_start=None if warm_start == "none" else warm_start,
+                               slots=slots, options=opts, time_limit_s=time_limit, progress=say))
     summary = nan_to_null(res.summary())
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +111,7 @@ def optimize(
     if as_json:
         print(json.dumps(summary))
         return
-    console.print(config_header(config, limits).replace("vllm |", "optimal |", 1), highlight=False, soft_wrap=True)
+    console.print(config_header(config, limits).replace("vllm |", "optimize |", 1), highlight=False, soft_wrap=True)
     console.print(summary_table(_display(res.summary()), "optimize"))
     if out is not None:
         console.print(f"results written to {out}")
@@ -142,7 +140,9 @@ def better(
         fail("--margin must be in (0, 1)")
     config, requests, limits, cost, obj, policies, opts = _setup(
         scheduler, locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
-    ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts))
+    say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
+    ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts, time_limit_s=time_limit,
+                           progress=say))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         if ans.schedule is not None:
