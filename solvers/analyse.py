@@ -1,0 +1,114 @@
+"""``infermax optimize`` at any size: the best schedule found and a lower bound, with the certified gap and
+which method produced each, under one time limit.
+
+Methods: the warm-start scheduler's schedule, the schedule search (`search.py`), the exact MILP when its
+estimated size fits the time and memory at hand (`scale.py`; never built otherwise), and the aggregate
+lower bound (`lower_bound.py`). "optimal" is claimed only when the MILP proves it over all schedules or
+the incumbent meets the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from infermax.engine import check_fits, simulate
+from infermax.schedule import Schedule
+
+from .backends import SolveOptions
+from .lower_bound import BoundUnavailable, LowerBounder
+from .objective import Objective
+from .optimize import OptimizeResult, choose_slots, objective_of, optimize
+from .policy import Policies, policy_violations
+from .scale import Deadline, certified_gap, estimate_milp, milp_refusal
+
+OPTIMAL_RTOL = 1e-6
+SEARCH_SHARE_WITH_MILP = 0.25
+
+
+@dataclass
+class Analysis:
+    objective: Objective
+    incumbent_s: float | None
+    incumbent_by: str | None
+    schedule: Schedule | None
+    bound_s: float
+    bound_by: str
+    status: str  # optimal | feasible | no_solution
+    elapsed_s: float
+    milp: OptimizeResult | None = None
+    details: dict = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        return certified_gap(self.incumbent_s, self.bound_s)
+
+    def summary(self) -> dict:
+        out = {"status": self.status, "objective": str(self.objective), "objective_s": self.incumbent_s,
+               "found_by": self.incumbent_by, "lower_bound_s": self.bound_s, "bound_by": self.bound_by,
+               "certified_gap": self.gap, "optimal_over_all_schedules": self.status == "optimal",
+               "wall_s": self.elapsed_s, **self.details}
+        if self.milp is not None:
+            out.update({f"milp_{k}" if k in ("status", "objective_s", "gap") else k: v
+                        for k, v in self.milp.summary().items() if k not in ("objective", "optimal_over_all_schedules")})
+        return out
+
+
+def analyse(requests, limits, cost_model, objective: Objective = Objective(makespan=1), policies: Policies = Policies(),
+            warm_start: str | None = "vllm", slots: int | None = None, options: SolveOptions | None = None,
+            time_limit_s: float | None = None, progress=None, memory_budget_bytes: int | None = None) -> Analysis:
+    """Best schedule and lower bound for ``objective`` (see the module docstring)."""
+    options = options or SolveOptions()
+    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
+    say = progress or (lambda msg: None)
+    check_fits(requests, limits)
+    details: dict = {}
+    try:
+        lb = LowerBounder(requests, limits, cost_model, policies).of(objective)
+        bound_s, bound_by = lb.value_s, "lower bound"
+        details["lower_bound_wall_s"] = lb.elapsed_s
+    except BoundUnavailable as exc:
+        bound_s, bound_by = 0.0, "none"
+        details["lower_bound_note"] = str(exc)
+    say(f"lower bound {bound_s:.6g} s")
+    best_s, best_by, best = math.inf, None, None
+    warm = None
+    if warm_start:
+        warm = simulate(requests, warm_start, limits, cost_model).schedule
+        if not policy_violations(warm, policies, cost_model):
+            best_s, best_by, best = objective_of(warm, cost_model, objective), warm_start, warm
+            say(f"{warm_start}: {best_s:.6g} s")
+    budget = best_s if math.isfinite(best_s) else None
+    try:
+        K, sb = choose_slots(requests, cost_model, objective, slots, warm, budget)
+    except ValueError as exc:
+        K, sb, refusal = None, None, str(exc)
+    else:
+        est = estimate_milp(len(requests), K)
+        refusal = milp_refusal(est, deadline.left(), memory_budget_bytes)
+        details.update(est.to_dict())
+    details["milp_refused"] = refusal
+    share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
+    from .search import search
+
+    found = search(requests, limits, cost_model, objective, time_limit_s=deadline.left() * share, policies=policies,
+                   progress=say)
+    details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
+    if found.schedule is not None and found.value_s < best_s:
+        best_s, best_by, best = found.value_s, f"search: {found.method}", found.schedule
+    milp = None
+    if refusal is None:
+        seed = best if best is not None and len(best.batches) <= K else warm
+        milp = optimize(requests, limits, cost_model, objective, policies, slots=K, warm_start=seed,
+                        options=replace(options, time_limit_s=max(deadline.left(), 1.0)),
+                        budget_s=budget)
+        if milp.value_s is not None and milp.value_s < best_s:
+            best_s, best_by, best = milp.value_s, "MILP", milp.schedule
+        if milp.global_optimum and milp.bound_s > bound_s:
+            bound_s, bound_by = milp.bound_s, "MILP"
+        if milp.status == "optimal" and milp.global_optimum and milp.value_s is not None:
+            bound_s, bound_by = max(bound_s, min(milp.bound_s, best_s)), "MILP"
+    status = "no_solution" if best is None else (
+        "optimal" if best_s <= bound_s * (1 + OPTIMAL_RTOL) else "feasible")
+    return Analysis(objective, None if best is None else best_s, best_by, best, bound_s, bound_by, status,
+                    deadline.elapsed(), milp, details)
