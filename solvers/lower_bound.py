@@ -63,7 +63,9 @@ class DemandArrays:
     decode_read: np.ndarray     # Σ_{k=1}^{O−1} (I + k)
     kv_area: np.ndarray         # Σ_{j=1}^{O} blocks(I + j − 1)
     chain: np.ndarray           # ⌈I / chunk⌉ + O − 1: batches the request needs one after another
+    prefill_per_batch: int      # min(C, P): prompt tokens one batch can prefill
     min_decode_read: int        # min over requests with decodes of I + 1
+    min_output: int             # min O
     max_peak: int               # max I + O − 1
     min_refill: int             # min I + 1
 
@@ -82,8 +84,8 @@ class DemandArrays:
             prompt_sq_cap={k: np.minimum(I, k) ** 2 for k in PREFILL_CTX_CAPS},
             decode_read=dec * I + dec * (dec + 1) // 2,
             kv_area=_block_prefix(I + O - 1, b) - _block_prefix(I - 1, b),
-            chain=-(-I // chunk) + O - 1,
-            min_decode_read=int((I[has_dec] + 1).min()) if has_dec.any() else 0,
+            chain=-(-I // chunk) + O - 1, prefill_per_batch=min(limits.C, limits.prefill_budget),
+            min_decode_read=int((I[has_dec] + 1).min()) if has_dec.any() else 0, min_output=int(O.min()),
             max_peak=int((I + O - 1).max()),
             min_refill=int((I + 1).min()),
         )
@@ -104,11 +106,21 @@ class DemandArrays:
         def kth(a):
             return int(np.partition(a, k - 1)[k - 1])
 
+        # The j-th last of the k requests to get its first token gets it no earlier than the batch by which the
+        # k − j + 1 smallest prompts can have been prefilled, and one of the last j still needs >= (j-th
+        # smallest O) − 1 more batches.
+        prompts = np.cumsum(np.sort(np.partition(self.prompt, k - 1)[:k] if k < len(self) else self.prompt))
+        outputs = np.sort(np.partition(self.generated, k - 1)[:k] if k < len(self) else self.generated)
+        j = np.arange(1, k + 1)
+        first_token_chain = int((-(-prompts[k - j] // self.prefill_per_batch) + outputs[j - 1] - 1).max())
+
         return Demand(requests=k, prompt_tokens=low(self.prompt), decode_items=low(self.decode_items),
                       generated=low(self.generated), prompt_sq=low(self.prompt_sq),
                       prompt_sq_cap={c: low(v) for c, v in self.prompt_sq_cap.items()},
-                      decode_read=low(self.decode_read), kv_area=low(self.kv_area), longest_chain=kth(self.chain),
+                      decode_read=low(self.decode_read), kv_area=low(self.kv_area),
+                      longest_chain=max(kth(self.chain), first_token_chain),
                       longest_output=kth(self.generated), min_decode_read=self.min_decode_read,
+                      min_output=self.min_output,
                       max_peak=self.max_peak, min_refill=self.min_refill)
 
 
@@ -127,6 +139,7 @@ class Demand:
     longest_chain: int
     longest_output: int
     min_decode_read: int
+    min_output: int
     max_peak: int
     min_refill: int
 
@@ -312,6 +325,19 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
             bins.append((lo, hi, x, n))
         lp.add({K: 1, **{x: -1 for lo, hi, x, n in bins}}, "==", 0)
         lp.add({N: 1, **{n: -1 for lo, hi, x, n in bins}}, "==", 0)
+        # The batches holding first-token prefill chunks all come by the last first token, which leaves
+        # >= O_min − 1 batches after it: at most K − O_min + 1 of them carry >= ΣI tokens (in their own bins).
+        K1 = lp.var("K_first_prefill")
+        first = [(lp.var(f"bin_first{i}"), lp.var(f"bin_first_tokens{i}"), x, n, hi)
+                 for i, (lo, hi, x, n) in enumerate(bins)]
+        for x1, n1, x, n, hi in first:
+            lp.add({x1: 1, x: -1}, "<=", 0)
+            lp.add({n1: 1, n: -1}, "<=", 0)
+            lp.add({n1: 1, x1: -hi}, "<=", 0)
+        lp.add({K1: 1, **{x1: -1 for x1, *_ in first}}, "==", 0)
+        lp.add({**{n1: 1 for x1, n1, *_ in first}}, ">=", d.prompt_tokens)
+        lp.add({K1: 1, K: -1}, "<=", -(d.min_output - 1))
+        lp.add({Kp: 1, K1: -1}, ">=", 0)
 
     feature_var = {"n_tokens": N, "prefill_tokens": Pt, "prefill_sq_tokens": SQ, "prefill_ctx_tokens": CTX,
                    "n_prefill_seqs": NP, "n_decode_seqs": D, "decode_kv_tokens": DKV, "decode_kv_max": DMAX,
