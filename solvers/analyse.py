@@ -56,8 +56,10 @@ class Analysis:
 
 def analyse(requests, limits, cost_model, objective: Objective = Objective(makespan=1), policies: Policies = Policies(),
             warm_start: str | None = "vllm", slots: int | None = None, options: SolveOptions | None = None,
-            time_limit_s: float | None = None, progress=None, memory_budget_bytes: int | None = None) -> Analysis:
-    """Best schedule and lower bound for ``objective`` (see the module docstring)."""
+            time_limit_s: float | None = None, progress=None, memory_budget_bytes: int | None = None,
+            cut: bool = True) -> Analysis:
+    """Best schedule and lower bound for ``objective`` (see the module docstring). ``cut``: give the MILP the
+    lower bound as an objective cut."""
     options = options or SolveOptions()
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
     say = progress or (lambda msg: None)
@@ -101,7 +103,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         seed = best if best is not None and len(best.batches) <= K else warm
         milp = optimize(requests, limits, cost_model, objective, policies, slots=K, warm_start=seed,
                         options=replace(options, time_limit_s=max(deadline.left(), 1.0)),
-                        budget_s=budget)
+                        budget_s=budget, objective_cut_s=bound_s if bound_by == "lower bound" and cut else None)
         if milp.value_s is not None and milp.value_s < best_s:
             best_s, best_by, best = milp.value_s, "MILP", milp.schedule
         if milp.global_optimum and milp.bound_s > bound_s:

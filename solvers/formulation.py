@@ -80,11 +80,13 @@ class Formulation:
     """The MILP for ``requests`` under ``limits``; ``prob`` is the PuLP problem, ``cells[i][j]`` the variables."""
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, slots: int, objective: Objective,
-                 policies: Policies = Policies()):
+                 policies: Policies = Policies(), objective_cut_s: float | None = None):
+        """``objective_cut_s``: a valid lower bound on the objective over every schedule (solvers/lower_bound.py),
+        added as the constraint ``objective >= cut`` so the solver's dual bound starts there."""
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.requests, self.limits, self.slots = list(requests), limits, slots
-        self.objective, self.policies = objective, policies
+        self.objective, self.policies, self.objective_cut_s = objective, policies, objective_cut_s
         self.terms: tuple[CostTerm, ...] = tuple(t for t in cost_model.milp_terms() if t.active_if not in ALWAYS_ZERO)
         self.rb = [request_bounds(r, limits, policies) for r in self.requests]
         self.fb = feature_bounds(self.rb, limits)
@@ -463,6 +465,8 @@ class Formulation:
                 self.first.append(ft)
                 parts.append(obj.ttft / len(self.requests) * (ft - arr))
         prob += pulp.lpSum(parts)
+        if self.objective_cut_s:
+            prob += pulp.lpSum(parts) >= self.objective_cut_s * T, "objective_cut"
 
     # ----------------------------------------------------------------- evaluation helpers
     def objective_s(self) -> float:

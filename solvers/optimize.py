@@ -100,9 +100,11 @@ def choose_slots(requests, cost_model, objective: Objective, slots: int | None, 
 
 def optimize(requests: list[Request], limits: Limits, cost_model, objective: Objective = Objective(makespan=1),
              policies: Policies = Policies(), slots: int | None = None, warm_start: Schedule | None = None,
-             options: SolveOptions | None = None, budget_s: float | None = None) -> OptimizeResult:
+             options: SolveOptions | None = None, budget_s: float | None = None,
+             objective_cut_s: float | None = None) -> OptimizeResult:
     """Solve the CSP for ``requests``; see `OptimizeResult`. ``budget_s`` overrides the objective value
-    used to bound the slots (default: the warm start's)."""
+    used to bound the slots (default: the warm start's). ``objective_cut_s``: a lower bound over every
+    schedule, added as a cut (`Formulation`)."""
     options = options or SolveOptions()
     check_fits(requests, limits)
     warm_info = None
@@ -112,7 +114,7 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
                      "batches": len(warm_start.batches)}
         budget_s = warm_value if budget_s is None else budget_s
     K, sb = choose_slots(requests, cost_model, objective, slots, warm_start, budget_s)
-    form = Formulation(requests, limits, cost_model, K, objective, policies)
+    form = Formulation(requests, limits, cost_model, K, objective, policies, objective_cut_s)
     warm = False
     if warm_start is not None:
         if len(warm_start.batches) > K:
