@@ -1,0 +1,79 @@
+"""`infermax optimize` / `better` at any size: bound + search when the MILP is too large, one time limit,
+JSON alone on stdout, and every reported schedule replays to its reported objective."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from infermax.cli import app
+from infermax.costmodel import load_cost_model
+from infermax.limits import Limits
+from infermax.replay import replay
+from infermax.request import Request
+from solvers import Objective, Policies, policy_violations
+from solvers.lower_bound import LowerBounder
+from solvers.search import search
+
+runner = CliRunner()
+COST = load_cost_model()
+TOL = 1e-9
+
+
+def test_optimize_large_instance_falls_back_to_bound_and_search(tmp_path):
+    out = tmp_path / "opt"
+    res = runner.invoke(app, ["optimize", "--I", "512", "--O", "128", "--B", "64", "--time-limit", "20", "--json",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)  # JSON alone on stdout
+    assert summary["milp_refused"]  # the MILP was judged too large and never built
+    assert summary["status"] in ("feasible", "optimal")
+    assert 0 < summary["lower_bound_s"] <= summary["objective_s"] * (1 + TOL)
+    assert summary["certified_gap"] == pytest.approx(summary["objective_s"] / summary["lower_bound_s"] - 1, rel=1e-9)
+    check = runner.invoke(app, ["validate", str(out / "schedule.json"), "--json"])
+    assert check.exit_code == 0, check.output
+    assert json.loads(check.stdout)["makespan_s"] == pytest.approx(summary["objective_s"], rel=1e-9)
+
+
+def test_better_json_is_json_alone():
+    res = runner.invoke(app, ["better", "-s", "vllm", "--margin", "0.05", "--I", "64", "--O", "8", "--B", "32",
+                              "--time-limit", "10", "--json"])
+    assert res.exit_code == 0, res.output
+    ans = json.loads(res.stdout)
+    assert ans["answer"] in ("yes", "no", "unknown")
+    assert ans["lower_bound_s"] <= ans["scheduler_objective_s"] * (1 + TOL)
+
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 8))
+    online = draw(st.booleans())
+    reqs, t = [], 0.0
+    for i in range(n):
+        if online:
+            t += draw(st.sampled_from([0.0, 0.005, 0.05, 1.0]))
+        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 24))))
+    block = draw(st.sampled_from([1, 1, 4, 16]))
+    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
+    C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 96))
+    M = draw(st.integers(peak, peak + peak // 2))
+    Rmax = draw(st.one_of(st.none(), st.integers(1, 6)))
+    return reqs, Limits(C=C, M=M, Rmax=Rmax, block_size=block)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([Objective(makespan=1), Objective(latency=1), Objective(ttft=1)]),
+       st.sampled_from([Policies(), Policies(eviction_free=True), Policies(no_hybrid=True)]))
+def test_search_results_replay_and_stay_above_the_bound(case, objective, policies):
+    reqs, limits = case
+    found = search(reqs, limits, COST, objective, time_limit_s=3, policies=policies)
+    assert found.schedule is not None
+    again = replay(found.schedule, COST)
+    assert objective.value(again) == pytest.approx(found.value_s, rel=1e-9)
+    assert not policy_violations(found.schedule, policies, COST)
+    lb = LowerBounder(reqs, limits, COST, policies).of(objective).value_s
+    assert lb <= found.value_s * (1 + TOL) + 1e-12
