@@ -30,6 +30,9 @@ from .policy import Policies
 # The LP is solved in floating point (HiGHS, tolerances ~1e-7 relative): the reported bound is the LP
 # value reduced by this relative margin, so solver round-off can never lift it above a true optimum.
 LP_SAFETY_RTOL = 1e-6
+# The counts of batches (in total, with prefill / decode items, per size bin) are integers: a small MILP (a
+# few dozen integer variables). Its dual bound is used, so a time limit never yields a non-bound.
+MIP_TIME_LIMIT_S = 5.0
 # Tangents of c² used to bound Σc² from below given Σc and the number of chunks: c² ≥ 2ac − a².
 _SQ_TANGENTS = tuple(2 ** k for k in range(0, 16))
 
@@ -153,11 +156,14 @@ class _LP:
     names: list = field(default_factory=list)
     rows: list = field(default_factory=list)  # (coef dict, sense, rhs) with sense in ("<=", ">=", "==")
     upper: dict = field(default_factory=dict)
+    integer: set = field(default_factory=set)
 
-    def var(self, name: str, upper: float | None = None) -> str:
+    def var(self, name: str, upper: float | None = None, integer: bool = False) -> str:
         self.names.append(name)
         if upper is not None:
             self.upper[name] = upper
+        if integer:
+            self.integer.add(name)
         return name
 
     def add(self, coefs: dict, sense: str, rhs: float) -> None:
@@ -185,11 +191,19 @@ class _LP:
         for name, coef in objective.items():
             c[index[name]] = coef
         bounds = [(0, self.upper.get(name)) for name in self.names]
-        res = linprog(c, A_ub=a_ub, b_ub=ub_b or None, A_eq=a_eq, b_eq=eq_b or None, bounds=bounds, method="highs")
+        integrality = np.array([1 if name in self.integer else 0 for name in self.names]) if self.integer else None
+        res = linprog(c, A_ub=a_ub, b_ub=ub_b or None, A_eq=a_eq, b_eq=eq_b or None, bounds=bounds, method="highs",
+                      integrality=integrality, options={"time_limit": MIP_TIME_LIMIT_S} if self.integer else None)
         if res.status == 2:
             return math.inf  # no schedule does this demand within the limits
+        if self.integer and res.status == 1 and getattr(res, "mip_dual_bound", None) is not None:
+            return float(res.mip_dual_bound)  # time limit: the dual bound is still a bound
         if res.status != 0:
             raise RuntimeError(f"lower-bound LP failed: {res.message}")
+        if self.integer:
+            dual = getattr(res, "mip_dual_bound", None)
+            if dual is not None and math.isfinite(dual):
+                return float(min(res.fun, dual))
         if values is not None:
             values.update(zip(self.names, res.x))
         return float(res.fun)
@@ -241,7 +255,7 @@ def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
 
 def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], policies: Policies = Policies(),
                    hidden_cache: bool = False, ingredients: frozenset[str] | None = None,
-                   values: dict | None = None) -> float:
+                   values: dict | None = None, integer_counts: bool = False) -> float:
     """Lower bound (seconds) on the total time of the batches in which any schedule does demand ``d``.
 
     ``ingredients`` (tests and the benchmark) switches parts off to measure what each buys: ``area``
@@ -251,7 +265,8 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
     if d.requests == 0:
         return 0.0
     lp = _LP()
-    K, Kp, Kd = lp.var("K"), lp.var("Kp"), lp.var("Kd")
+    whole = integer_counts
+    K, Kp, Kd = lp.var("K", integer=whole), lp.var("Kp", integer=whole), lp.var("Kd", integer=whole)
     N, Pt, D, X, E, NP = (lp.var(n) for n in ("N", "Pt", "D", "X", "E", "NP"))
     SQ, CTX = lp.var("SQ"), lp.var("CTX")
     CAP = {k: lp.var(f"CAP{k}") for k in PREFILL_CTX_CAPS}
@@ -319,7 +334,7 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
     if thresholds and use("steps"):
         edges = [0] + thresholds + [nmax]
         for i, (lo, hi) in enumerate(zip(edges, edges[1:])):
-            x, n = lp.var(f"bin{i}"), lp.var(f"bin_tokens{i}")
+            x, n = lp.var(f"bin{i}", integer=whole), lp.var(f"bin_tokens{i}")
             lp.add({n: 1, x: -(lo + 1)}, ">=", 0)
             lp.add({n: 1, x: -hi}, "<=", 0)
             bins.append((lo, hi, x, n))
@@ -327,8 +342,8 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
         lp.add({N: 1, **{n: -1 for lo, hi, x, n in bins}}, "==", 0)
         # The batches holding first-token prefill chunks all come by the last first token, which leaves
         # >= O_min − 1 batches after it: at most K − O_min + 1 of them carry >= ΣI tokens (in their own bins).
-        K1 = lp.var("K_first_prefill")
-        first = [(lp.var(f"bin_first{i}"), lp.var(f"bin_first_tokens{i}"), x, n, hi)
+        K1 = lp.var("K_first_prefill", integer=whole)
+        first = [(lp.var(f"bin_first{i}", integer=whole), lp.var(f"bin_first_tokens{i}"), x, n, hi)
                  for i, (lo, hi, x, n) in enumerate(bins)]
         for x1, n1, x, n, hi in first:
             lp.add({x1: 1, x: -1}, "<=", 0)
@@ -463,11 +478,12 @@ class LowerBounder:
         self._monotone_problem = monotone_terms(self.terms)
         self._busy_cache: dict = {}
 
-    def busy_s(self, d: Demand) -> float:
+    def busy_s(self, d: Demand, integer_counts: bool = False) -> float:
         key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
-               d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())))
+               d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())), integer_counts)
         if key not in self._busy_cache:
-            self._busy_cache[key] = busy_time_lb_s(d, self.limits, self.terms, self.policies, self.hidden)
+            self._busy_cache[key] = busy_time_lb_s(d, self.limits, self.terms, self.policies, self.hidden,
+                                                   integer_counts=integer_counts)
         return self._busy_cache[key]
 
     def _need_monotone(self, what: str) -> None:
@@ -487,7 +503,7 @@ class LowerBounder:
         import time
 
         t = time.perf_counter()
-        whole = self.busy_s(self.full.total())
+        whole = self.busy_s(self.full.total(), integer_counts=True)  # one call: worth the small MILP
         best, best_at = whole, self.t0
         distinct = np.unique(self.arrivals)
         if len(distinct) > 1:
