@@ -104,7 +104,8 @@ def run_point(grid: str, point: dict, objective: str, search_limit_s: float, cos
         t = time.perf_counter()
         found = search(reqs, LIMITS, cost, obj, time_limit_s=search_limit_s)
         row.update(search_s=found.value_s, search_method=found.method, search_wall_s=time.perf_counter() - t,
-                   search_evaluations=found.evaluations)
+                   search_evaluations=found.evaluations,
+                   search_evictions=sum(len(b.evict) for b in found.schedule.batches) if found.schedule else None)
         best = min(best, found.value_s)
     row["best_s"] = best
     row["gap_registered"] = values[best_name] / lb - 1 if lb > 0 else math.inf
