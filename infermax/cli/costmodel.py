@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail
+from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail, flag
 
 costmodel_app = typer.Typer(no_args_is_help=True, help="Inspect fitted cost models.")
 app.add_typer(costmodel_app, name="costmodel")
@@ -37,7 +37,7 @@ def fit(
     model: Optional[str] = typer.Option(None, help="Model name for a Vidur folder (default: matched by shape)."),
     tp: Optional[int] = typer.Option(None, help="Only this TP degree of a Vidur folder."),
     num_layers: Optional[int] = typer.Option(None, help="Layers of a model `infermax models` does not know."),
-    plots: bool = typer.Option(True, help="Write one PNG per operator group."),
+    plots: Annotated[bool, flag("--plots/--no-plots", help="Write one PNG per operator group.")] = True,
 ) -> None:
     """Fit the linear and piecewise cost models to a profile; write their JSONs, plots and error table."""
     from ..costmodel.fitting import fit_profile
