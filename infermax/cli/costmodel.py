@@ -16,14 +16,15 @@ app.add_typer(costmodel_app, name="costmodel")
 
 def _error_table(errors: dict, title: str) -> Table:
     """Held-out MAPE (%) per group and family (rows) and token range (columns), readable at 80 columns:
-    a group's name is a row of its own above its families, and a range's header splits at its dash."""
+    a group's name is a row of its own above its families, and on a narrow terminal a range's header splits at
+    its dash."""
     from ..costmodel.fitting import TOKEN_RANGES
 
     ranges = ["all"] + [f"{lo}-{hi}" for lo, hi in TOKEN_RANGES]
     table = Table(title=title, show_edge=False)
     table.add_column("group / family", overflow="fold")
     for r in ranges:
-        table.add_column(r.replace("-", "-\n"), justify="right", overflow="fold")
+        table.add_column(r.replace("-", "-\n") if console.width < 100 else r, justify="right", overflow="fold")
     for group, families in errors.items():
         table.add_row(group, *[""] * len(ranges), style="bold")
         for family, cells in families.items():
