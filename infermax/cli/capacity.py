@@ -8,10 +8,10 @@ from typing import Annotated, List
 import typer
 from rich.table import Table
 
-from .common import (BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
-                     GpuOpt, InputDistOpt, IOpt, MixOpt, ModelOpt, MOpt, OOpt, OUTPUT_PANEL, OutputDistOpt, POpt, ProgressOpt, RmaxOpt,
-                     SchedulerOpt, SloOpt,
-                     SloTbtOpt, SloTtftOpt, TpOpt, app, at_least, config_header, console, fail, flag, run_config)
+from .common import (OUTPUT_PANEL, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt,
+                     GpuMemUtilOpt, GpuOpt, InputDistOpt, IOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt,
+                     ProgressOpt, RmaxOpt, SchedulerOpt, SloOpt, SloTbtOpt, SloTtftOpt, TpOpt, app, at_least,
+                     config_header, console, fail, flag, run_config)
 
 
 
