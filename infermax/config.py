@@ -19,7 +19,7 @@ DEFAULT_M = 100_000
 class RunConfig:
     """Everything that determines a simulation's result (defaults: the README's first command).
 
-    Workload source: ``trace`` if given, else ``mix``, else ``dataset`` (ShareGPT/HumanEval/
+    Workload source: ``trace`` if given (a trace without ``arrived_at`` needs ``arrival``), else ``mix``, else ``dataset`` (ShareGPT/HumanEval/
     LongBench-like lengths), else ``input_dist``/``output_dist``, else the fixed grid ``I``/``O``/``B``.
     Latency targets (every request): ``slo`` names a dataset whose Table-3 SLOs apply;
     ``slo_ttft_s``/``slo_tbt_s`` set or override them. No target: no SLO metrics. ``M`` defaults to
@@ -123,16 +123,25 @@ class RunConfig:
         if len(sources) > 1:
             raise ValueError(f"choose one workload source, got {' and '.join(sources)}")
         arrival = self.arrival
+        if not self.trace:
+            workload.check_fits_in_memory(self.B, "B (--B)")
         if self.trace:
-            requests = workload.load_trace(self.trace, limit=self.trace_limit)
-            arrival = arrival or "trace"
+            requests, has_arrivals = workload.read_trace(self.trace, limit=self.trace_limit)
+            if has_arrivals:
+                arrival = arrival or "trace"
+            elif arrival in (None, "trace"):
+                raise ValueError(f"trace {self.trace!r} has no arrived_at column (request lengths only): give it an "
+                                 f"arrival process, --arrival poisson|gamma (with --rate) or offline")
         elif self.mix:
             requests = workload.heterogeneous_mix(self.mix, self.B, seed=self.seed)
         elif self.dataset:
             requests = workload.dataset_like(self.dataset, self.B, seed=self.seed)
         elif self.input_dist or self.output_dist:
+            for spec in (self.input_dist, self.output_dist):
+                if spec:  # a malformed distribution is the error to report, before the pairing rule
+                    workload.parse_length_dist(spec)
             if not (self.input_dist and self.output_dist):
-                raise ValueError("input_dist and output_dist go together")
+                raise ValueError("--input-dist and --output-dist go together (input_dist and output_dist)")
             requests = workload.sampled(self.B, self.input_dist, self.output_dist, seed=self.seed)
         else:
             requests = workload.fixed(self.I, self.O, self.B)

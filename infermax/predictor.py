@@ -24,8 +24,6 @@ from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
-from scipy.stats import norm
 
 from .request import Request
 
@@ -57,6 +55,8 @@ class NoisyPredictor:
 
     def repredict(self, req: Request, generated: int) -> int:
         """A new predicted total ``> generated``: the same noise law conditioned on exceeding it."""
+        from scipy.stats import norm  # imported here: scipy.stats costs about a second at start-up
+
         u = np.random.default_rng((self.seed, req.id, generated)).random()
         if self.sigma == 0:
             return max(generated + 1, round(req.output_tokens * math.exp(self.mu)))
@@ -106,6 +106,8 @@ def calibrate(true: Sequence[int], padding: float, target_over: float, target_un
               seed: int = 0) -> tuple[float, float]:
     """(mu, sigma) whose predictions give the target provisioning shares on ``true``: least squares on
     one fixed draw of ``z`` with the predictor's rounding, finite differences over a 0.01 step."""
+    from scipy.optimize import least_squares
+
     o = np.asarray(true, dtype=float)
     z = np.random.default_rng(seed).standard_normal(len(o))
 

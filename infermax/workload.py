@@ -3,7 +3,8 @@
 - :func:`fixed` — the paper's ``(I, O, B)`` grid point: ``B`` identical requests arriving at once.
 - :func:`heterogeneous_mix` — appendix A.3's mixes of SISO/SILO/LISO/LILO request groups.
 - :func:`sampled` — lengths drawn from parametric distributions (:func:`parse_length_dist` specs).
-- :func:`load_trace` — real request traces, e.g. the bundled Azure LLM inference traces 2023.
+- :func:`load_trace` — real request traces, e.g. the bundled Azure LLM inference traces 2023, or
+  length-only traces (``num_prefill_tokens,num_decode_tokens``) that take an arrival process.
 - :func:`dataset_like` — ShareGPT-, HumanEval- and LongBench-like lengths (Apt-Serve's evaluation),
   with :data:`DATASET_SLOS` (the paper's Table 3) and :func:`with_slo` to attach latency targets.
 - :func:`with_arrivals` — an arrival process (offline, Poisson, Gamma, trace replay) applied to
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +29,7 @@ from infermax.request import Request
 TRACE_DIR = Path(__file__).parent / "data" / "traces"
 BUNDLED_TRACES = {"azure-code": "azure_code.csv", "azure-conv": "azure_conv.csv"}
 TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+LENGTH_COLUMNS = TRACE_COLUMNS[1:]
 MIX_GROUPS = ("SISO", "SILO", "LISO", "LILO")
 ARRIVAL_PROCESSES = ("offline", "poisson", "gamma", "trace")
 
@@ -44,11 +47,45 @@ def _check_positive(name: str, value: object) -> float:
     return float(value)
 
 
+# Peak resident memory a simulated request costs: its Request objects, the engine's state and the result tables
+# and Schedule. Measured with `simulate` on fixed workloads (peak RSS, 1,000 vs 100,000 / 200,000 requests,
+# O = 1..512): 1.1-1.4 KB per request, nearly independent of O; rounded up.
+BYTES_PER_REQUEST = 1500
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory (``os.sysconf``), or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_in_memory(num_requests: int, name: str = "num_requests") -> None:
+    """Refuse a workload whose simulation cannot fit in physical memory, before allocating anything.
+
+    The estimate is ``num_requests × BYTES_PER_REQUEST``; a workload over the machine's physical memory
+    would only swap, grow and be killed, so it is an input error, not a run.
+    """
+    total = physical_memory_bytes()
+    need = num_requests * BYTES_PER_REQUEST
+    if total is not None and need > total:
+        raise ValueError(f"{name} = {num_requests:,} requests need about {need / 2**30:,.0f} GiB to simulate "
+                         f"(~{BYTES_PER_REQUEST:,} bytes per request for the requests, the engine state and the "
+                         f"result tables); this machine has {total / 2**30:,.1f} GiB of physical memory")
+
+
+def _check_count(value: object, name: str = "num_requests") -> int:
+    n = _check_int(name, value)
+    check_fits_in_memory(n, name)
+    return n
+
+
 def fixed(prompt_tokens: int, output_tokens: int, num_requests: int) -> list[Request]:
     """``num_requests`` requests of ``prompt_tokens`` in and ``output_tokens`` out, all arriving at 0."""
     prompt_tokens = _check_int("prompt_tokens", prompt_tokens)
     output_tokens = _check_int("output_tokens", output_tokens)
-    n = _check_int("num_requests", num_requests)
+    n = _check_count(num_requests)
     return [Request(i, 0.0, prompt_tokens, output_tokens) for i in range(n)]
 
 
@@ -66,7 +103,7 @@ def heterogeneous_mix(groups: Sequence[str] | str, num_requests: int, seed: int 
     unknown = [g for g in names if g not in MIX_GROUPS]
     if unknown:
         raise ValueError(f"unknown mix group(s) {unknown}; valid groups: {', '.join(MIX_GROUPS)}")
-    n = _check_int("num_requests", num_requests)
+    n = _check_count(num_requests)
     sets = {"S": short, "L": long}
     for label, values in (("short", short), ("long", long)):
         if len(values) == 0:
@@ -160,7 +197,7 @@ def parse_length_dist(spec: str) -> LengthDist:
 def sampled(num_requests: int, input_dist: str | LengthDist, output_dist: str | LengthDist,
             seed: int = 0) -> list[Request]:
     """Requests whose prompt and output lengths are drawn independently, all arriving at 0."""
-    n = _check_int("num_requests", num_requests)
+    n = _check_count(num_requests)
     dists = [d if isinstance(d, LengthDist) else parse_length_dist(d) for d in (input_dist, output_dist)]
     rng = np.random.default_rng(seed)
     prompts, outputs = (d.sample(rng, n).tolist() for d in dists)
@@ -184,11 +221,20 @@ def trace_path(source: str | Path) -> Path:
 
 
 def load_trace(source: str | Path, limit: int | None = None) -> list[Request]:
-    """Requests from a CSV trace with columns ``arrived_at`` (s), ``num_prefill_tokens``, ``num_decode_tokens``.
+    """Requests from a CSV trace with columns ``num_prefill_tokens``, ``num_decode_tokens`` and optionally
+    ``arrived_at`` (s); see :func:`read_trace`. A length-only trace's requests all arrive at 0.0 s."""
+    return read_trace(source, limit)[0]
 
-    Extra columns are ignored; ``limit`` keeps the first rows only. Arrival times are shifted so
-    that the first request arrives at 0.0 s. Malformed input raises :class:`TraceFormatError`
-    naming the file and the 1-based line.
+
+def read_trace(source: str | Path, limit: int | None = None) -> tuple[list[Request], bool]:
+    """``(requests, has_arrivals)`` from a CSV trace; ``has_arrivals``: the header has ``arrived_at``.
+
+    Columns ``num_prefill_tokens`` and ``num_decode_tokens`` are required, ``arrived_at`` (seconds,
+    ascending) is optional: many public length datasets, and Vidur's length traces, ship only the two
+    token counts, so such a trace is a list of lengths (every request at 0.0 s) and the caller supplies
+    the arrival process (``with_arrivals``). Extra columns are ignored; ``limit`` keeps the first rows
+    only. Arrival times are shifted so that the first request arrives at 0.0 s. Malformed input raises
+    :class:`TraceFormatError` naming the file and the 1-based line.
     """
     if limit is not None:
         limit = _check_int("limit", limit)
@@ -197,27 +243,29 @@ def load_trace(source: str | Path, limit: int | None = None) -> list[Request]:
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in TRACE_COLUMNS if c not in header]
+        missing = [c for c in LENGTH_COLUMNS if c not in header]
         if missing:
-            raise TraceFormatError(f"{path}, line 1: header lacks column(s) {', '.join(missing)}; "
-                                   f"expected {','.join(TRACE_COLUMNS)}, found {','.join(header) or 'nothing'}")
-        index = [header.index(c) for c in TRACE_COLUMNS]
+            raise TraceFormatError(f"{path}, line 1: header lacks column(s) {', '.join(missing)}; expected "
+                                   f"{','.join(LENGTH_COLUMNS)} (and optionally arrived_at), found "
+                                   f"{','.join(header) or 'nothing'}")
+        columns = TRACE_COLUMNS if "arrived_at" in header else LENGTH_COLUMNS
+        index = [header.index(c) for c in columns]
         for row in reader:
             if limit is not None and len(rows) >= limit:
                 break
             if not any(cell.strip() for cell in row):
                 continue
-            rows.append(_parse_trace_row(path, reader.line_num, row, index, rows[-1][0] if rows else None))
+            rows.append(_parse_trace_row(path, reader.line_num, row, columns, index, rows[-1][0] if rows else None))
     if not rows:
         raise TraceFormatError(f"{path}: trace has no requests")
     start_s = rows[0][0]
-    return [Request(i, t - start_s, p, o) for i, (t, p, o) in enumerate(rows)]
+    return [Request(i, t - start_s, p, o) for i, (t, p, o) in enumerate(rows)], columns == TRACE_COLUMNS
 
 
-def _parse_trace_row(path: Path, line: int, row: list[str], index: list[int],
+def _parse_trace_row(path: Path, line: int, row: list[str], columns: Sequence[str], index: list[int],
                      previous_s: float | None) -> tuple[float, int, int]:
-    values = []
-    for column, k in zip(TRACE_COLUMNS, index):
+    values = {"arrived_at": 0.0}
+    for column, k in zip(columns, index):
         where = f"{path}, line {line}, column {column}"
         if k >= len(row) or not row[k].strip():
             raise TraceFormatError(f"{where}: missing value")
@@ -234,8 +282,8 @@ def _parse_trace_row(path: Path, line: int, row: list[str], index: list[int],
                 raise TraceFormatError(f"{where}: arrivals not sorted ascending ({value} after {previous_s})")
         elif not (value.is_integer() and value >= 1):
             raise TraceFormatError(f"{where}: token count must be an integer >= 1, got {row[k]!r}")
-        values.append(value)
-    return values[0], int(values[1]), int(values[2])
+        values[column] = value
+    return values["arrived_at"], int(values["num_prefill_tokens"]), int(values["num_decode_tokens"])
 
 
 def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_per_s: float | None = None,
@@ -312,7 +360,7 @@ def dataset_like(name: str, num_requests: int, seed: int = 0) -> list[Request]:
     profile = DATASETS.get(str(name).lower())
     if profile is None:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-    n = _check_int("num_requests", num_requests)
+    n = _check_count(num_requests)
     dists = [parse_length_dist(d) for d in (profile.input_dist, profile.output_dist)]
     rng = np.random.default_rng(seed)
     prompts: list[int] = []

@@ -62,12 +62,16 @@ def test_trace_replay_with_time_scaling():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--I", "0"], "prompt_tokens must be"),
-    (["--O", "-3"], "output_tokens must be"),
-    (["--B", "0"], "num_requests"),
-    (["--C", "0"], "C must be >= 1"),
+    (["--I", "0"], "--I must be an integer >= 1, got 0"),
+    (["--O", "-3"], "--O must be an integer >= 1, got -3"),
+    (["--B", "0"], "--B must be an integer >= 1, got 0"),
+    (["--C", "0"], "--C must be an integer >= 1, got 0"),
     (["--P", "5000"], "P (prefill tokens per batch) = 5000 must not exceed C = 4096"),
     (["--scheduler", "nope"], "unknown scheduler 'nope'"),
+    (["--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+    (["--cost-model-file", "/missing.json"], "--cost-model-file /missing.json: no such file"),
+    (["--input-dist", "lognormal:abc"], "--input-dist: bad length distribution 'lognormal:abc'"),
+    (["--output-dist", "uniform:9:1"], "--output-dist: bad length distribution 'uniform:9:1': LO must be <= HI"),
     (["--scheduler", "vllm-ef", "--M", "100", "--I", "512"], "no schedule can finish it"),
     (["--scheduler", "vllm", "--I", "5000", "--B", "2"], "does not chunk prefills"),
     (["--model", "gpt-5"], "unknown model"),

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from infermax.request import Request
 from infermax.workload import (
-    LengthDist, TraceFormatError, fixed, heterogeneous_mix, load_trace, parse_length_dist,
+    LengthDist, TraceFormatError, fixed, heterogeneous_mix, load_trace, parse_length_dist, read_trace,
     sampled, with_arrivals,
 )
 
@@ -214,3 +214,57 @@ def test_arrival_errors(kwargs, match):
 def test_arrivals_on_empty_and_single():
     assert with_arrivals([], "poisson", rate_per_s=1.0) == []
     assert with_arrivals(fixed(1, 1, 1), "gamma", rate_per_s=1.0, cv=3.0)[0].arrival_s == 0.0
+
+
+# Length-only traces (issue 17): public length datasets and Vidur's trace files ship only the token counts.
+LENGTHS_ONLY = "num_prefill_tokens,num_decode_tokens,source,num_total_tokens\n10,5,x,15\n\n20,3,y,23\n7,2,z,9\n"
+
+
+def test_length_only_trace_parses_and_ignores_extra_columns(tmp_path):
+    path = _write(tmp_path, LENGTHS_ONLY)
+    requests, has_arrivals = read_trace(path)
+    assert not has_arrivals
+    assert requests == [Request(0, 0.0, 10, 5), Request(1, 0.0, 20, 3), Request(2, 0.0, 7, 2)]
+    assert load_trace(path, limit=2) == requests[:2]
+    assert read_trace(_write(tmp_path, HEADER + "0,5,5\n"))[1]
+
+
+@pytest.mark.parametrize("body, line, what", [("5,x\n", 2, "not a number"), ("5,0\n", 2, "integer >= 1"),
+                                              ("5,5\n5\n", 3, "missing")])
+def test_length_only_trace_rows_are_checked(tmp_path, body, line, what):
+    path = _write(tmp_path, "num_prefill_tokens,num_decode_tokens\n" + body)
+    with pytest.raises(TraceFormatError, match=what) as e:
+        load_trace(path)
+    assert f"line {line}," in str(e.value)
+
+
+def test_length_only_trace_needs_an_arrival_process(tmp_path):
+    from infermax.config import RunConfig
+
+    path = str(_write(tmp_path, LENGTHS_ONLY))
+    for arrival in (None, "trace"):
+        with pytest.raises(ValueError, match="has no arrived_at column .*--arrival poisson\\|gamma"):
+            RunConfig(trace=path, arrival=arrival).requests()
+    offline = RunConfig(trace=path, arrival="offline").requests()
+    assert [r.arrival_s for r in offline] == [0.0, 0.0, 0.0]
+    poisson = RunConfig(trace=path, arrival="poisson", rate=2.0, seed=4).requests()
+    assert [(r.prompt_tokens, r.output_tokens) for r in poisson] == [(10, 5), (20, 3), (7, 2)]
+    assert [r.arrival_s for r in poisson] == [r.arrival_s for r in
+                                              with_arrivals(offline, "poisson", rate_per_s=2.0, seed=4)]
+    assert poisson[0].arrival_s == 0.0 and 0 < poisson[1].arrival_s < poisson[2].arrival_s
+    gamma = RunConfig(trace=path, arrival="gamma", rate=2.0, cv=3.0).requests()
+    assert gamma[2].arrival_s > 0
+
+
+def test_length_only_trace_from_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    path = str(_write(tmp_path, LENGTHS_ONLY))
+    runner = CliRunner()
+    res = runner.invoke(app, ["simulate", "--trace", path])
+    assert res.exit_code == 2 and "has no arrived_at column" in res.output
+    res = runner.invoke(app, ["simulate", "--trace", path, "--arrival", "poisson", "--rate", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"num_requests": 3' in res.output and '"generated_tokens": 10' in res.output

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
-from typing import List
+from typing import Annotated, List
 
 import typer
 from rich.table import Table
 
-from .common import (BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
-                     GpuOpt, InputDistOpt, IOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RmaxOpt, SloOpt,
-                     SloTbtOpt, SloTtftOpt, TpOpt, app, config_header, console, fail, run_config)
+from .common import (OUTPUT_PANEL, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt,
+                     GpuMemUtilOpt, GpuOpt, InputDistOpt, IOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt,
+                     ProgressOpt, RmaxOpt, SchedulerOpt, SloOpt, SloTbtOpt, SloTtftOpt, TpOpt, app, at_least,
+                     config_header, console, fail, flag, run_config)
 
 
 
 @app.command()
 def capacity(
-    scheduler: str = typer.Option("vllm", "--scheduler", "-s", help="Registered scheduler (see `infermax schedulers`)."),
+    scheduler: SchedulerOpt = "vllm",
     model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
     costmodel: CostModelPathOpt = None, I: IOpt = 512, O: OOpt = 128, B: BOpt = 300, mix: MixOpt = None,
     dataset: DatasetOpt = None, input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None,
@@ -24,12 +25,12 @@ def capacity(
     C: COpt = 4096, P: POpt = None, M: MOpt = None, gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None,
     block_size: BlockSizeOpt = 1, slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
     attainment: List[float] = typer.Option([0.9], "--attainment", help="Attainment threshold(s), fractions (repeatable)."),
-    seeds: int = typer.Option(1, help="Seeds 0..N-1 per rate; attainment is their mean."),
+    seeds: int = typer.Option(1, help="Seeds 0..N-1 per rate; attainment is their mean.", callback=at_least(1)),
     start_rate: float = typer.Option(1.0, help="First rate tried (requests/s); the search brackets from it."),
     rel_tol: float = typer.Option(0.05, help="Bisect until (hi - lo) <= rel_tol * hi."),
     max_rate: float = typer.Option(1e4, help="Stop doubling here."),
-    progress: bool = typer.Option(True, help="Show progress."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    progress: ProgressOpt = True,
+    as_json: Annotated[bool, flag("--json", help="Print the result as JSON.", panel=OUTPUT_PANEL)] = False,
 ) -> None:
     """Effective throughput: the highest request rate whose SLO attainment stays >= each threshold.
 
@@ -39,8 +40,6 @@ def capacity(
     from ..capacity import attainment_at, search_capacity
     from ..schedulers import InfeasibleRequestError, SchedulerError
 
-    if seeds < 1:
-        fail("--seeds must be >= 1")
     options = {k: v for k, v in locals().items() if k in (
         "model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mix", "dataset", "input_dist", "output_dist",
         "arrival", "cv", "C", "P", "M", "gpu_mem_util", "Rmax", "block_size", "slo")}

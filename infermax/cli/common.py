@@ -65,42 +65,100 @@ def report(result, out: Path | None, as_json: bool, header: str) -> None:
         console.print(f"results written to {out}")
 
 
+# Help panels, in the README's order of the options.
+COST_PANEL, WORKLOAD_PANEL, ARRIVAL_PANEL, LIMITS_PANEL = "Cost model", "Workload", "Arrivals", "Limits"
+SLO_PANEL, HYBRID_PANEL, OUTPUT_PANEL = "Latency targets", "Hybrid RT/BE workload", "Output"
+
+
+def at_least(minimum: int):
+    """Option callback: an integer option (or its absence) must be ``>= minimum``; the error names the option."""
+
+    def check(param: typer.CallbackParam, value: Optional[int]) -> Optional[int]:
+        if value is not None and value < minimum:
+            fail(f"{param.opts[0]} must be an integer >= {minimum}, got {value}")
+        return value
+
+    return check
+
+
+def _length_dist(param: typer.CallbackParam, value: Optional[str]) -> Optional[str]:
+    """Option callback: a length distribution must parse (its own error first, before any pairing rule)."""
+    if value is not None:
+        from ..workload import parse_length_dist
+
+        try:
+            parse_length_dist(value)
+        except ValueError as exc:
+            fail(f"{param.opts[0]}: {exc}")
+    return value
+
+
+def _existing_file(param: typer.CallbackParam, value: Optional[Path]) -> Optional[Path]:
+    """Option callback: a path option that names an input file must name an existing file."""
+    if value is not None and not value.is_file():
+        fail(f"{param.opts[0]} {value}: " + ("is a directory, not a file" if value.is_dir() else "no such file"))
+    return value
+
+
+def scheduler_name(value: str) -> str:
+    """Option callback: a registered scheduler, else an error with the closest names (difflib)."""
+    import difflib
+
+    from ..schedulers import available
+
+    names = available()
+    if value not in names:
+        close = difflib.get_close_matches(value, names, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close[:-1])} or {close[-1]}?" if len(close) > 1 else \
+            (f"; did you mean {close[0]}?" if close else "")
+        fail(f"--scheduler: unknown scheduler {value!r}{hint} (`infermax schedulers` lists all {len(names)})")
+    return value
+
+
+def flag(*names: str, help: str, panel: Optional[str] = None):
+    """A boolean flag (for ``Annotated[bool, flag(...)]``), shown as a plain flag: no ``<bool>`` type in the help."""
+    return typer.Option(*names, help=help, metavar="", rich_help_panel=panel)
+
+
+SchedulerOpt = Annotated[str, typer.Option("--scheduler", "-s", callback=scheduler_name,
+                                           help="Registered scheduler (see `infermax schedulers`).")]
 # Options shared by every command that builds a RunConfig (defaults are RunConfig's).
-ModelOpt = Annotated[str, typer.Option(help="Model (see `infermax models`).")]
-GpuOpt = Annotated[str, typer.Option(help="GPU whose profile times the batches.")]
-TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree.")]
-CostModelKindOpt = Annotated[str, typer.Option("--cost-model", help="Cost-model family: auto (the more accurate fit of the profile), linear (the paper's), piecewise (convex piecewise-linear) or roofline (datasheet estimate, no profile needed).")]
-CostModelPathOpt = Annotated[Optional[Path], typer.Option("--cost-model-file", help="Explicit cost-model JSON (overrides --gpu/--model/--tp).")]
-IOpt = Annotated[int, typer.Option("--I", help="Prompt tokens per request (fixed workload).")]
-OOpt = Annotated[int, typer.Option("--O", help="Output tokens per request (fixed workload).")]
-BOpt = Annotated[int, typer.Option("--B", help="Number of requests (fixed, mix or sampled workload).")]
-MixOpt = Annotated[Optional[str], typer.Option(help="Heterogeneous mix of SISO/SILO/LISO/LILO groups, e.g. LILO+SILO.")]
-DatasetOpt = Annotated[Optional[str], typer.Option(help="ShareGPT-, HumanEval- or LongBench-like lengths: sharegpt | humaneval | longbench.")]
-SloOpt = Annotated[Optional[str], typer.Option(help="Latency targets of a dataset (Apt-Serve's Table 3): sharegpt | humaneval | longbench.")]
-SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", help="TTFT target in seconds (overrides --slo).")]
-SloTbtOpt = Annotated[Optional[float], typer.Option("--slo-tbt", help="P99 time-between-tokens target in seconds (overrides --slo).")]
-InputDistOpt = Annotated[Optional[str], typer.Option(help="Prompt length distribution, e.g. uniform:16:1024, lognormal:512:1.0.")]
-OutputDistOpt = Annotated[Optional[str], typer.Option(help="Output length distribution (same forms).")]
-TraceOpt = Annotated[Optional[str], typer.Option(help="Trace CSV (arrived_at,num_prefill_tokens,num_decode_tokens) or azure-code / azure-conv.")]
-TraceLimitOpt = Annotated[Optional[int], typer.Option(help="Use only the trace's first N requests.")]
-ArrivalOpt = Annotated[Optional[str], typer.Option(help="offline | poisson | gamma | trace (default: trace for --trace, else offline).")]
-RateOpt = Annotated[Optional[float], typer.Option(help="Arrival rate (requests/s) for poisson and gamma.")]
-CvOpt = Annotated[Optional[float], typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
-TimeScaleOpt = Annotated[float, typer.Option(help="Multiply trace timestamps (0.5 = twice as fast).")]
-COpt = Annotated[int, typer.Option("--C", help="Token budget per batch.")]
-POpt = Annotated[Optional[int], typer.Option("--P", help="Prefill tokens per batch (default: the scheduler's, else C).")]
-MOpt = Annotated[Optional[int], typer.Option("--M", help="KV-cache capacity in tokens (default 100000 unless --gpu-mem-util).")]
-GpuMemUtilOpt = Annotated[Optional[float], typer.Option(help="Derive M from GPU memory x this fraction minus the weights.")]
-RmaxOpt = Annotated[Optional[int], typer.Option("--Rmax", help="Max requests holding KV (default unlimited).")]
-BlockSizeOpt = Annotated[int, typer.Option(help="KV block size in tokens (1 = the paper's accounting, 16 = vLLM paging).")]
-SeedOpt = Annotated[int, typer.Option(help="Seed for generated workloads and arrivals.")]
-RtDatasetOpt = Annotated[Optional[str], typer.Option(help="Hybrid RT/BE workload (BROS): RT lengths like sharegpt | lmsys (BROS Table 2), with closed-loop BE batches.")]
-RtRateOpt = Annotated[Optional[float], typer.Option(help="Hybrid workload: RT Poisson arrival rate (requests/s).")]
-BeBatchOpt = Annotated[int, typer.Option(help="Hybrid workload: BE requests per closed-loop batch.")]
-DurationOpt = Annotated[float, typer.Option("--duration", help="Hybrid workload: seconds of RT arrivals and BE submission.")]
-OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.")]
-PredictorOpt = Annotated[Optional[str], typer.Option(help="Predicted output lengths for every request: noisy (calibrated log-normal error), noisy:MU:SIGMA or oracle. EcoServe predicts unpredicted requests itself (noisy).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")]
+ModelOpt = Annotated[str, typer.Option(help="Model (see `infermax models`).", rich_help_panel=COST_PANEL)]
+GpuOpt = Annotated[str, typer.Option(help="GPU whose profile times the batches.", rich_help_panel=COST_PANEL)]
+TpOpt = Annotated[int, typer.Option(help="Tensor-parallel degree.", callback=at_least(1), rich_help_panel=COST_PANEL)]
+CostModelKindOpt = Annotated[str, typer.Option("--cost-model", help="Cost-model family: auto (the more accurate fit of the profile), linear (the paper's), piecewise (convex piecewise-linear) or roofline (datasheet estimate, no profile needed).", rich_help_panel=COST_PANEL)]
+CostModelPathOpt = Annotated[Optional[Path], typer.Option("--cost-model-file", help="Explicit cost-model JSON (overrides --gpu/--model/--tp).", callback=_existing_file, rich_help_panel=COST_PANEL)]
+IOpt = Annotated[int, typer.Option("--I", help="Prompt tokens per request (fixed workload).", callback=at_least(1), rich_help_panel=WORKLOAD_PANEL)]
+OOpt = Annotated[int, typer.Option("--O", help="Output tokens per request (fixed workload).", callback=at_least(1), rich_help_panel=WORKLOAD_PANEL)]
+BOpt = Annotated[int, typer.Option("--B", help="Number of requests (fixed, mix or sampled workload).", callback=at_least(1), rich_help_panel=WORKLOAD_PANEL)]
+MixOpt = Annotated[Optional[str], typer.Option(help="Heterogeneous mix of SISO/SILO/LISO/LILO groups, e.g. LILO+SILO.", rich_help_panel=WORKLOAD_PANEL)]
+DatasetOpt = Annotated[Optional[str], typer.Option(help="ShareGPT-, HumanEval- or LongBench-like lengths: sharegpt | humaneval | longbench.", rich_help_panel=WORKLOAD_PANEL)]
+SloOpt = Annotated[Optional[str], typer.Option(help="Latency targets of a dataset (Apt-Serve's Table 3): sharegpt | humaneval | longbench.", rich_help_panel=SLO_PANEL)]
+SloTtftOpt = Annotated[Optional[float], typer.Option("--slo-ttft", help="TTFT target in seconds (overrides --slo).", rich_help_panel=SLO_PANEL)]
+SloTbtOpt = Annotated[Optional[float], typer.Option("--slo-tbt", help="P99 time-between-tokens target in seconds (overrides --slo).", rich_help_panel=SLO_PANEL)]
+InputDistOpt = Annotated[Optional[str], typer.Option(help="Prompt length distribution, e.g. uniform:16:1024, lognormal:512:1.0.", callback=_length_dist, rich_help_panel=WORKLOAD_PANEL)]
+OutputDistOpt = Annotated[Optional[str], typer.Option(help="Output length distribution (same forms).", callback=_length_dist, rich_help_panel=WORKLOAD_PANEL)]
+TraceOpt = Annotated[Optional[str], typer.Option(help="Trace CSV with columns num_prefill_tokens and num_decode_tokens, optionally arrived_at (seconds; other columns are ignored), or azure-code / azure-conv. A trace without arrived_at needs --arrival.", rich_help_panel=WORKLOAD_PANEL)]
+TraceLimitOpt = Annotated[Optional[int], typer.Option(help="Use only the trace's first N requests.", callback=at_least(1), rich_help_panel=WORKLOAD_PANEL)]
+ArrivalOpt = Annotated[Optional[str], typer.Option(help="offline | poisson | gamma | trace (default: trace for a --trace with arrived_at, else offline).", rich_help_panel=ARRIVAL_PANEL)]
+RateOpt = Annotated[Optional[float], typer.Option(help="Arrival rate (requests/s) for poisson and gamma.", rich_help_panel=ARRIVAL_PANEL)]
+CvOpt = Annotated[Optional[float], typer.Option(help="Coefficient of variation of gamma inter-arrivals.", rich_help_panel=ARRIVAL_PANEL)]
+TimeScaleOpt = Annotated[float, typer.Option(help="Multiply trace timestamps (0.5 = twice as fast).", rich_help_panel=ARRIVAL_PANEL)]
+COpt = Annotated[int, typer.Option("--C", help="Token budget per batch.", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
+POpt = Annotated[Optional[int], typer.Option("--P", help="Prefill tokens per batch (default: the scheduler's, else C).", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
+MOpt = Annotated[Optional[int], typer.Option("--M", help="KV-cache capacity in tokens (default 100000 unless --gpu-mem-util).", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
+GpuMemUtilOpt = Annotated[Optional[float], typer.Option(help="Derive M from GPU memory x this fraction minus the weights.", rich_help_panel=LIMITS_PANEL)]
+RmaxOpt = Annotated[Optional[int], typer.Option("--Rmax", help="Max requests holding KV (default unlimited).", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
+BlockSizeOpt = Annotated[int, typer.Option(help="KV block size in tokens (1 = the paper's accounting, 16 = vLLM paging).", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
+SeedOpt = Annotated[int, typer.Option(help="Seed for generated workloads and arrivals.", callback=at_least(0), rich_help_panel=WORKLOAD_PANEL)]
+RtDatasetOpt = Annotated[Optional[str], typer.Option(help="Hybrid RT/BE workload (BROS): RT lengths like sharegpt | lmsys (BROS Table 2), with closed-loop BE batches.", rich_help_panel=HYBRID_PANEL)]
+RtRateOpt = Annotated[Optional[float], typer.Option(help="Hybrid workload: RT Poisson arrival rate (requests/s).", rich_help_panel=HYBRID_PANEL)]
+BeBatchOpt = Annotated[int, typer.Option(help="Hybrid workload: BE requests per closed-loop batch.", callback=at_least(1), rich_help_panel=HYBRID_PANEL)]
+DurationOpt = Annotated[float, typer.Option("--duration", help="Hybrid workload: seconds of RT arrivals and BE submission.", rich_help_panel=HYBRID_PANEL)]
+OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.", rich_help_panel=OUTPUT_PANEL)]
+PredictorOpt = Annotated[Optional[str], typer.Option(help="Predicted output lengths for every request: noisy (calibrated log-normal error), noisy:MU:SIGMA or oracle. EcoServe predicts unpredicted requests itself (noisy).", rich_help_panel=WORKLOAD_PANEL)]
+JsonOpt = Annotated[bool, flag("--json", help="Print the summary as JSON instead of a table.", panel=OUTPUT_PANEL)]
+ProgressOpt = Annotated[bool, flag("--progress/--no-progress", help="Show a progress bar.", panel=OUTPUT_PANEL)]
 
 
 def run_config(scheduler: str, **options) -> RunConfig:

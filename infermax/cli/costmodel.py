@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail
+from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail, flag
 
 costmodel_app = typer.Typer(no_args_is_help=True, help="Inspect fitted cost models.")
 app.add_typer(costmodel_app, name="costmodel")
 
 
 def _error_table(errors: dict, title: str) -> Table:
+    """Held-out MAPE (%) per group and family (rows) and token range (columns), readable at 80 columns:
+    a group's name is a row of its own above its families, and on a narrow terminal a range's header splits at
+    its dash."""
     from ..costmodel.fitting import TOKEN_RANGES
 
     ranges = ["all"] + [f"{lo}-{hi}" for lo, hi in TOKEN_RANGES]
-    table = Table(title=title)
-    for col in ["group", "family"] + ranges:
-        table.add_column(col, justify="left" if col in ("group", "family") else "right")
+    table = Table(title=title, show_edge=False)
+    table.add_column("group / family", overflow="fold")
+    for r in ranges:
+        table.add_column(r.replace("-", "-\n") if console.width < 100 else r, justify="right", overflow="fold")
     for group, families in errors.items():
+        table.add_row(group, *[""] * len(ranges), style="bold")
         for family, cells in families.items():
             values = [cells.get(r, {}).get("mape_pct") for r in ranges]
-            table.add_row(group, family, *("-" if v is None else f"{v:.1f}%" for v in values))
+            table.add_row(f"  {family}", *("-" if v is None else f"{v:.1f}" for v in values))
     return table
 
 
@@ -37,7 +42,7 @@ def fit(
     model: Optional[str] = typer.Option(None, help="Model name for a Vidur folder (default: matched by shape)."),
     tp: Optional[int] = typer.Option(None, help="Only this TP degree of a Vidur folder."),
     num_layers: Optional[int] = typer.Option(None, help="Layers of a model `infermax models` does not know."),
-    plots: bool = typer.Option(True, help="Write one PNG per operator group."),
+    plots: Annotated[bool, flag("--plots/--no-plots", help="Write one PNG per operator group.")] = True,
 ) -> None:
     """Fit the linear and piecewise cost models to a profile; write their JSONs, plots and error table."""
     from ..costmodel.fitting import fit_profile
@@ -48,7 +53,7 @@ def fit(
             if (profile_dir / "mlp.csv").is_file() else prepare(profile_dir, out)
         for folder in folders:
             doc = fit_profile(folder, plots=plots)
-            console.print(_error_table(doc["heldout_error"], f"{folder}: held-out MAPE (auto = {doc['auto']})"))
+            console.print(_error_table(doc["heldout_error"], f"{folder}: held-out MAPE % (auto = {doc['auto']})"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         fail(str(exc))
 
@@ -79,26 +84,26 @@ def show(model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, co
         cost = load_cost_model(gpu, model, tp, path=costmodel, kind=cost_model)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
-    terms = Table(title=f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)",
-                  caption="n_tokens_pad<q> = n_tokens rounded up to a multiple of q; "
-                          "decode_kv_max_cap<K> = min(longest decode KV read, K); "
-                          "prefill_ctx_cap<K> = Σ over prefill chunks of c·min(m, K); "
-                          "steps 'n_tokens > t': the height added when n_tokens exceeds t")
-    for col in ("term", "active if > 0", "piece", "intercept_s"):
-        terms.add_column(col, overflow="fold")
-    terms.add_column("coefficients (s per unit)", overflow="fold", min_width=30)
+    # One small table per term (its pieces as rows), so the coefficients get most of an 80-column terminal.
+    console.print(f"{cost.name}: batch time = sum of terms, each the max of its pieces (seconds)",
+                  highlight=False, soft_wrap=False)
     for term in cost.milp_terms():
+        terms = Table(title=f"{term.name} (active if {term.active_if} > 0)", title_justify="left", show_edge=False)
+        terms.add_column("piece", justify="right")
+        terms.add_column("intercept_s", justify="right")
+        terms.add_column("coefficients (s per unit)", overflow="fold", ratio=1)
         for i, piece in enumerate(term.pieces):
-            coefs = _coefficient_lines(piece.coef_s) or "-"
-            terms.add_row(term.name if i == 0 else "", term.active_if if i == 0 else "", str(i + 1),
-                          f"{piece.intercept_s:.4g}", coefs)
-    console.print(terms)
+            terms.add_row(str(i + 1), f"{piece.intercept_s:.4g}", _coefficient_lines(piece.coef_s) or "-")
+        console.print(terms)
+    console.print("n_tokens_pad<q> = n_tokens rounded up to a multiple of q; decode_kv_max_cap<K> = min(longest "
+                  "decode KV read, K); prefill_ctx_cap<K> = Σ over prefill chunks of c·min(m, K); steps "
+                  "'n_tokens > t': the height added when n_tokens exceeds t", highlight=False)
     if costmodel is not None:
         errors = getattr(cost, "doc", {}).get("fit", {}).get("heldout_error")
     else:
         profile = profile_folder(gpu, model, tp) / "profile.json"
         errors = read_json(profile).get("heldout_error") if profile.is_file() else None
     if errors:
-        console.print(_error_table(errors, "held-out MAPE by token range (roofline: error against measured rows)"))
+        console.print(_error_table(errors, "held-out MAPE % by token range (roofline: error against measured rows)"))
     else:
         console.print("no error table: this model has no fitted profile (roofline error is in profiles/README.md)")

@@ -28,15 +28,15 @@ def models() -> None:
 
     table = Table(title="models")
     table.add_column("name", no_wrap=True)
-    for col in ("layers", "hidden", "heads", "kv heads", "ffn", "params (B)", "KV KiB/token"):
-        table.add_column(col)
+    for col in ("layers", "hidden", "heads", "kv heads", "ffn", "params (B)", "KV KiB per token"):
+        table.add_column(col, justify="right", overflow="fold")
     for m in MODELS.values():
         table.add_row(m.name, str(m.num_layers), str(m.hidden_size), str(m.num_heads), str(m.num_kv_heads),
                       str(m.ffn_size), f"{m.num_params / 1e9:.2f}", f"{m.kv_bytes_per_token() / 1024:.0f}")
     console.print(table)
     gpus = Table(title="GPUs")
     for col in ("name", "memory GiB", "fp16 TFLOP/s", "GB/s"):
-        gpus.add_column(col)
+        gpus.add_column(col, overflow="fold")
     for g in GPUS.values():
         gpus.add_row(g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.peak_fp16_tflops:g}", f"{g.memory_bandwidth_gbps:g}")
     console.print(gpus)

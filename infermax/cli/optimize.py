@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from ..jsonio import nan_to_null
 from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RateOpt,
-                     RmaxOpt, SeedOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, console,
-                     err_console, fail, run_config, summary_table)
+                     RmaxOpt, SeedOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, at_least, config_header,
+                     console, err_console, fail, flag, run_config, scheduler_name, summary_table)
 
 _RUN_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mix", "input_dist", "output_dist", "trace",
              "trace_limit", "arrival", "rate", "cv", "time_scale", "C", "P", "M", "gpu_mem_util", "Rmax", "block_size",
@@ -23,10 +23,10 @@ ObjectiveOpt = typer.Option("makespan", help="makespan (total latency) | latency
 SolverOpt = typer.Option("highs", help="highs | cbc | gurobi")
 TimeLimitOpt = typer.Option(60.0, help="Time limit in seconds for the whole command after the workload is built: bound, search, model building and solving.")
 GapOpt = typer.Option(1e-6, help="Relative MIP gap at which the solver stops.")
-ThreadsOpt = typer.Option(None, help="Solver threads (default: the solver's).")
-NoHybridOpt = typer.Option(False, "--no-hybrid", help="Force: no batch mixes prefill and decode items.")
-NoChunkOpt = typer.Option(False, "--no-chunked-prefill", help="Force: every prefill completes in one batch.")
-EvictionFreeOpt = typer.Option(False, "--eviction-free", help="Force: no evictions.")
+ThreadsOpt = typer.Option(None, help="Solver threads (default: the solver's).", callback=at_least(1))
+NoHybridOpt = Annotated[bool, flag("--no-hybrid", help="Force: no batch mixes prefill and decode items.")]
+NoChunkOpt = Annotated[bool, flag("--no-chunked-prefill", help="Force: every prefill completes in one batch.")]
+EvictionFreeOpt = Annotated[bool, flag("--eviction-free", help="Force: no evictions.")]
 
 
 def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limit: float, gap: float,
@@ -83,8 +83,8 @@ def optimize(
     time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
     gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
     objective: str = ObjectiveOpt, solver: str = SolverOpt, time_limit: float = TimeLimitOpt, gap: float = GapOpt,
-    threads: Optional[int] = ThreadsOpt, no_hybrid: bool = NoHybridOpt, no_chunked_prefill: bool = NoChunkOpt,
-    eviction_free: bool = EvictionFreeOpt,
+    threads: Optional[int] = ThreadsOpt, no_hybrid: NoHybridOpt = False, no_chunked_prefill: NoChunkOpt = False,
+    eviction_free: EvictionFreeOpt = False,
     warm_start: str = typer.Option("vllm", help="Scheduler whose schedule seeds the solver and bounds the slots ('none': no seed)."),
     slots: Optional[int] = typer.Option(None, help="Batch slots (default: the bound derived from the warm start)."),
     out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here."),
@@ -119,7 +119,7 @@ def optimize(
 
 @app.command()
 def better(
-    scheduler: str = typer.Option("vllm", "--scheduler", "-s", help="The scheduler to beat."),
+    scheduler: str = typer.Option("vllm", "--scheduler", "-s", help="The scheduler to beat.", callback=scheduler_name),
     margin: float = typer.Option(0.1, help="Required improvement: a schedule with objective <= (1 - margin) x the scheduler's."),
     model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
     costmodel: CostModelPathOpt = None, I: IOpt = 16, O: OOpt = 4, B: BOpt = 4, mix: MixOpt = None,
@@ -128,8 +128,8 @@ def better(
     time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
     gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
     objective: str = ObjectiveOpt, solver: str = SolverOpt, time_limit: float = TimeLimitOpt, gap: float = GapOpt,
-    threads: Optional[int] = ThreadsOpt, no_hybrid: bool = NoHybridOpt, no_chunked_prefill: bool = NoChunkOpt,
-    eviction_free: bool = EvictionFreeOpt,
+    threads: Optional[int] = ThreadsOpt, no_hybrid: NoHybridOpt = False, no_chunked_prefill: NoChunkOpt = False,
+    eviction_free: EvictionFreeOpt = False,
     out: Optional[Path] = typer.Option(None, help="Write the better schedule (if found) and the answer here."),
     as_json: JsonOpt = False,
 ) -> None:

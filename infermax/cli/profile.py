@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, TpOpt, app, console, fail
+from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, ProgressOpt, TpOpt, app, at_least, console, fail, flag
 
 DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda when PyTorch sees a GPU).")
 DtypeOpt = typer.Option("bf16", help="bf16, fp16 or fp32.")
-TinyOpt = typer.Option(False, "--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).")
+TinyOpt = Annotated[bool, flag("--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).")]
 
 
 @app.command()
@@ -20,9 +20,9 @@ def profile(
     model: ModelOpt = "llama-2-7b", tp: TpOpt = 1, dtype: str = DtypeOpt,
     out: Path = typer.Option(..., help="Model folder, e.g. profiles/h100/llama-2-7b; writes OUT/tp<N>/."),
     grid: str = typer.Option("full", help="Sizes to time: full, small or tiny (for --tiny on a CPU)."),
-    tiny: bool = TinyOpt, device: Optional[str] = DeviceOpt,
+    tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
     gpu: Optional[str] = typer.Option(None, help="GPU name recorded in profile.json (default: from the device name)."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    progress: ProgressOpt = True,
 ) -> None:
     """Time every operator of one TP shard of MODEL at its real shapes; write a profile `infermax fit` reads."""
     try:
@@ -39,10 +39,10 @@ def profile(
 def gpu_replay(
     schedule: Path = typer.Argument(..., help="Schedule JSON (as written by `simulate --out` or `optimize`)."),
     model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
-    costmodel: CostModelPathOpt = None, dtype: str = DtypeOpt, tiny: bool = TinyOpt, device: Optional[str] = DeviceOpt,
-    warmup: int = typer.Option(8, help="Batches run once untimed before the timed run."),
+    costmodel: CostModelPathOpt = None, dtype: str = DtypeOpt, tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
+    warmup: int = typer.Option(8, help="Batches run once untimed before the timed run.", callback=at_least(0)),
     out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    progress: ProgressOpt = True,
 ) -> None:
     """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction."""
     from ..costmodel import load_cost_model

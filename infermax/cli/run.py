@@ -9,13 +9,13 @@ import typer
 
 from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
-                     RateOpt, RmaxOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
+                     ProgressOpt, RateOpt, RmaxOpt, SchedulerOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config)
 
 
 @app.command()
 def simulate(
-    scheduler: str = typer.Option("vllm", "--scheduler", "-s", help="Registered scheduler (see `infermax schedulers`)."),
+    scheduler: SchedulerOpt = "vllm",
     model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
     costmodel: CostModelPathOpt = None, I: IOpt = 512, O: OOpt = 128, B: BOpt = 1024, mix: MixOpt = None,
     dataset: DatasetOpt = None, input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None, trace: TraceOpt = None,
@@ -25,7 +25,7 @@ def simulate(
     slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
     rt_dataset: RtDatasetOpt = None, rt_rate: RtRateOpt = None, be_batch: BeBatchOpt = 256, duration: DurationOpt = 60.0,
     predictor: PredictorOpt = None,
-    out: OutOpt = None, progress: bool = typer.Option(True, help="Show a progress bar."),
+    out: OutOpt = None, progress: ProgressOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate a workload through a scheduler and print the summary."""

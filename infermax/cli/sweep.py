@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from .common import app, console, fail
+from .common import ProgressOpt, app, at_least, console, err_console, fail, flag
 
 
 @app.command()
@@ -17,10 +17,11 @@ def sweep(
     out: Optional[Path] = typer.Option(None, help="Results directory (default: results/<name> next to the spec)."),
     backend: str = typer.Option("local", help="local (processes on this machine) or ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (ray backend; default: a local instance)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel workers (default: every core)."),
-    plots: bool = typer.Option(True, help="Draw the spec's plot figures into <out>/figures."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and count its points; run nothing."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel workers (default: every core).",
+                                       callback=at_least(1)),
+    plots: Annotated[bool, flag("--plots/--no-plots", help="Draw the spec's plot figures into <out>/figures.")] = True,
+    dry_run: Annotated[bool, flag("--dry-run", help="Validate the spec and count its points; run nothing.")] = False,
+    progress: ProgressOpt = True,
 ) -> None:
     """Run every point of a sweep spec; rerun to resume (finished points are kept, never recomputed)."""
     from ..sweep import SpecError, load_spec, run_sweep
@@ -39,6 +40,10 @@ def sweep(
         report = run_sweep(parsed, out_dir, backend=backend, jobs=jobs, address=address, progress=progress)
     except (ValueError, RuntimeError) as exc:
         fail(str(exc))
+    except KeyboardInterrupt:
+        # Finished points are already stored; a rerun skips them (the store is per point).
+        err_console.print("interrupted; rerun the same command to resume", highlight=False)
+        raise typer.Exit(130) from None
     console.print(f"{parsed.name}: {report.points} points ({report.cached} already done, {report.computed} computed, "
                   f"{report.errors} errors) in {report.wall_s:.1f} s wall, {report.compute_s:.1f} s of point compute; "
                   f"table {report.table}", highlight=False, soft_wrap=True)

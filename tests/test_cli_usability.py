@@ -1,0 +1,121 @@
+"""The command line as a user meets it (issues 17 and 18): what a command imports, errors that name the
+option typed, help grouped into panels, tables readable at 80 columns, Ctrl-C in a sweep, workloads
+that cannot fit in memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from infermax import workload
+from infermax.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+# Modules a plain `simulate` must not pay for: fitting, plotting, MILP and GPU/cluster stacks.
+HEAVY = ("scipy", "sklearn", "matplotlib", "pulp", "highspy", "torch", "ray")
+
+
+def run_cli(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    """``python -m infermax ARGS`` in a fresh process (this tree first on the path, a neutral directory)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run([sys.executable, "-m", "infermax", *args], capture_output=True, text=True, env=env,
+                          cwd=Path(os.sep), timeout=300)
+
+
+def test_simulate_imports_no_heavy_module():
+    """The whole `infermax simulate` process, run as the console script runs it, then its sys.modules."""
+    script = ("import runpy, sys, json\n"
+              "sys.argv = ['infermax', 'simulate', '--I', '1', '--O', '1', '--B', '1', '--json']\n"
+              "try:\n    runpy.run_module('infermax', run_name='__main__')\n"
+              "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(os.sep),
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary, imported = done.stdout.strip().splitlines()
+    assert json.loads(summary)["generated_tokens"] == 1
+    assert json.loads(imported) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["simulate", "-s", "sarath"], "--scheduler: unknown scheduler 'sarath'; did you mean sarathi"),
+    (["simulate", "-s", "vlm"], "did you mean vllm"),
+    (["better", "-s", "sarath"], "did you mean sarathi"),
+    (["optimize", "--threads", "0"], "--threads must be an integer >= 1, got 0"),
+    (["capacity", "--seeds", "0"], "--seeds must be an integer >= 1, got 0"),
+    (["simulate", "--input-dist", "lognormal:abc", "--output-dist", "const:4"], "--input-dist: bad length"),
+    (["validate", "x.json", "--cost-model-file", "/missing.json"], "--cost-model-file /missing.json: no such file"),
+    (["costmodel", "show", "--cost-model-file", "/missing.json"], "--cost-model-file /missing.json: no such file"),
+])
+def test_errors_name_the_option_on_one_line(args, message):
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert res.output.count("\n") == 1 and "Traceback" not in res.output
+
+
+def test_a_distribution_alone_is_still_an_error_after_it_parses():
+    res = runner.invoke(app, ["simulate", "--input-dist", "const:4"])
+    assert res.exit_code == 2 and "--input-dist and --output-dist go together" in res.output
+
+
+def test_sweep_interrupted_tells_how_to_resume(tmp_path, monkeypatch):
+    import infermax.sweep
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(infermax.sweep, "run_sweep", interrupted)
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "s"\n[base]\nB = 2\n[axes]\nI = [4, 8]\n')
+    res = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 130
+    assert "interrupted; rerun the same command to resume" in res.output
+
+
+def test_a_workload_larger_than_memory_is_refused_before_allocating():
+    res = runner.invoke(app, ["simulate", "--B", "10000000000"])
+    assert res.exit_code == 2, res.output
+    assert "B (--B) = 10,000,000,000 requests need about" in res.output and "physical memory" in res.output
+
+
+def test_memory_check_compares_the_estimate_with_physical_memory(monkeypatch):
+    monkeypatch.setattr(workload, "physical_memory_bytes", lambda: 100 * workload.BYTES_PER_REQUEST)
+    workload.check_fits_in_memory(100)
+    with pytest.raises(ValueError, match="101 requests need about .* GiB of physical memory"):
+        workload.fixed(1, 1, 101)
+    with pytest.raises(ValueError, match="num_requests = 101"):
+        workload.sampled(101, "const:1", "const:1")
+
+
+def test_simulate_help_groups_options_into_panels_and_flags_are_plain():
+    out = run_cli("simulate", "--help", columns=100).stdout
+    for panel in ("Cost model", "Workload", "Arrivals", "Limits", "Latency targets", "Output"):
+        assert f"─ {panel} ─" in out, panel
+    flags = [line for line in out.splitlines() if "--no-progress" in line or "--json" in line]
+    assert flags and not any("<bool>" in line for line in flags)
+    assert "<int>" in out  # value options keep their type
+
+
+@pytest.mark.parametrize("args", [
+    ["costmodel", "show"],
+    ["costmodel", "show", "--cost-model", "linear"],
+    ["costmodel", "show", "--gpu", "h100", "--model", "llama-2-70b", "--tp", "4"],
+    ["models"],
+    ["schedulers"],
+])
+def test_tables_are_whole_at_80_columns(args):
+    done = run_cli(*args, columns=80)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
