@@ -103,7 +103,10 @@ def simulate(
             generated = rp.last_generated
             if fast_forward and rp.last_full_decode and scheduler.repeats_full_decode(batch):
                 stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
-                generated += generated * rp.repeat_full_decode(batch, stop)
+                copies = rp.repeat_full_decode(batch, stop)
+                if copies:
+                    scheduler.repeated_full_decode(batch, copies)
+                generated += generated * copies
             now = rp.clock_s
             batches_without_token = 0 if generated else batches_without_token + 1
             if batches_without_token > total_tokens:

@@ -123,6 +123,10 @@ class Replayer:
         self.last_full_decode = False
         self.batch_rows: list[tuple] = []
         self.batches: list[ScheduledBatch] = []
+        # Ids of "plain decoders": unfinished requests in decode phase (m ≥ Icur > 0) holding their whole
+        # cache on the GPU in KV form, without token timestamps to keep. `apply` checks such an item
+        # with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
+        self._plain: set[int] = set()
 
     def add_request(self, r: Request) -> RequestState:
         """Add a request (the engine submits closed-loop requests when they are released)."""
@@ -164,7 +168,30 @@ class Replayer:
         kv, holders = self.kv_tokens, self.holders
         generators: list[RequestState] = []
         seen: set[int] = set()
+        # A plain decoder (see __init__) was processed in an earlier batch (so it has arrived), is not
+        # finished, not evicted in this batch (eviction drops it from the set), has no cache in host
+        # memory and is in KV form; only the duplicate, c = 1 and hidden-list checks remain, the last
+        # done per batch. Its arithmetic is the slow path's decode branch.
+        plain = self._plain if not hidden_ids else ()
+        block = lim.block_size
+        now_plain: list[RequestState] = []  # checked the slow way; plain after the batch unless finished
         for rid, c in batch.items:
+            if rid in plain and c == 1 and rid not in seen:
+                seen.add(rid)
+                s = states[rid]
+                m0 = s.m
+                n_tokens += 1
+                decode_kv += m0 + 1
+                if m0 >= decode_max:
+                    decode_max = m0 + 1
+                n_decode += 1
+                generators.append(s)
+                if unit_blocks:
+                    kv += 1
+                elif not m0 % block:
+                    kv += block
+                s.m = m0 + 1
+                continue
             s = states.get(rid)
             if s is None or s.finish_s is not None:
                 self._state(j, rid)  # raises the matching violation
@@ -198,6 +225,8 @@ class Replayer:
                 s.prefill_processed += c
                 if m0 + c == icur:
                     generators.append(s)
+                    if s.token_times is None and not s.hidden and rid not in hidden_ids:
+                        now_plain.append(s)
             else:
                 if c != 1:
                     raise ScheduleViolation(j, rid, "decode", f"decode phase processes exactly 1 token, got c={c}")
@@ -207,6 +236,8 @@ class Replayer:
                     decode_max = m0 + 1
                 n_decode += 1
                 generators.append(s)
+                if s.token_times is None and not s.hidden and rid not in hidden_ids:
+                    now_plain.append(s)
             if m0 == 0:
                 holders += 1
                 if hidden_ids:
@@ -260,6 +291,9 @@ class Replayer:
                 self._release(s)
                 finished.append(s)
         self.unfinished -= len(finished)
+        for s in now_plain:
+            if s.finish_s is None:
+                self._plain.add(s.id)
         self.clock_s = end
         self.last_generated = len(generators)
         # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
@@ -297,6 +331,7 @@ class Replayer:
                     raise ScheduleViolation(j, rid, direction, f"moves {n} tokens; it has {room} {where}")
                 before = s.gpu_tokens
                 if direction == "swap-out":
+                    self._plain.discard(rid)
                     s.cpu_tokens += n
                     s.swapped_out_tokens += n
                 else:
@@ -359,6 +394,7 @@ class Replayer:
     def _release(self, s: RequestState) -> None:
         """Free a request's cache, on the GPU and in host memory (eviction or finish)."""
         gpu = s.gpu_tokens
+        self._plain.discard(s.id)
         self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
         self.holders -= gpu > 0
         s.m = s.cpu_tokens = 0

@@ -44,6 +44,11 @@ class Scheduler(ABC):
         False, makes the engine ask for every batch."""
         return False
 
+    def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
+        """Called after the engine applied ``copies`` further copies of ``batch`` on the strength of
+        `repeats_full_decode` (without `next_batch` / `batch_done` for them): a scheduler that keeps
+        totals of its requests' state (such as KV in use) brings them up to date. Default: nothing."""
+
     def __init__(self, limits: Limits, cost_model: CostModel | None = None):
         self.limits = limits
         self.cost_model = cost_model
