@@ -8,6 +8,7 @@ with the same code.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Iterable
 
 from .costmodel.base import BatchFeatures, CostModel
@@ -32,7 +33,7 @@ class RequestState:
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
         "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
-        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens",
+        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m",
     )
 
     def __init__(self, req: Request):
@@ -50,6 +51,7 @@ class RequestState:
         self.cpu_tokens = 0  # of the m cached tokens, those whose KV is in host memory (swapped out)
         self.swapped_out_tokens = 0
         self.swapped_in_tokens = 0
+        self.last_decode_m = req.prompt_tokens + req.output_tokens - 2  # m before the decode of the last token
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
         self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
@@ -88,6 +90,9 @@ BATCH_COLUMNS = (
     "kv_tokens_peak", "kv_tokens", "running_peak", "running", "hidden_seqs",
     "compute_s", "swap_out_tokens", "swap_in_tokens",
 )
+
+
+_cached_tokens = attrgetter("m")
 
 
 class Replayer:
@@ -157,7 +162,7 @@ class Replayer:
                 s.input_tokens = s.req.prompt_tokens + s.generated
             self._release(s)
             s.evictions += 1
-        swapped_out, swapped_in = self._swap(j, batch, evicted)
+        swapped_out, swapped_in = self._swap(j, batch, evicted) if batch.swap_out or batch.swap_in else (0, 0)
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
@@ -168,30 +173,37 @@ class Replayer:
         kv, holders = self.kv_tokens, self.holders
         generators: list[RequestState] = []
         seen: set[int] = set()
-        # A plain decoder (see __init__) was processed in an earlier batch (so it has arrived), is not
-        # finished, not evicted in this batch (eviction drops it from the set), has no cache in host
-        # memory and is in KV form; only the duplicate, c = 1 and hidden-list checks remain, the last
-        # done per batch. Its arithmetic is the slow path's decode branch.
-        plain = self._plain if not hidden_ids else ()
-        block = lim.block_size
-        now_plain: list[RequestState] = []  # checked the slow way; plain after the batch unless finished
-        for rid, c in batch.items:
-            if rid in plain and c == 1 and rid not in seen:
-                seen.add(rid)
-                s = states[rid]
-                m0 = s.m
-                n_tokens += 1
-                decode_kv += m0 + 1
-                if m0 >= decode_max:
-                    decode_max = m0 + 1
-                n_decode += 1
-                generators.append(s)
-                if unit_blocks:
-                    kv += 1
-                elif not m0 % block:
-                    kv += block
-                s.m = m0 + 1
-                continue
+        # Plain decoders (see __init__) are applied in bulk: each was processed in an earlier batch (so
+        # it has arrived), is unfinished, not evicted in this batch (eviction drops it from the set), holds
+        # all its cache on the GPU in KV form and is in decode phase, so of the per-item rules only
+        # "no duplicate" and "c = 1" remain; a batch failing either, or listing hidden items, takes the
+        # item-by-item path for all items (which then raises the first violation in item order). Their
+        # arithmetic is the decode branch below, summed with C-level builtins.
+        items = batch.items
+        fast: list[RequestState] = []
+        fast_ids: set[int] = set()
+        if self._plain and not hidden_ids:
+            by_id = dict(items)
+            if len(by_id) == len(items):
+                fast_ids = self._plain.intersection(by_id)
+                if fast_ids and set(map(by_id.__getitem__, fast_ids)) == {1}:
+                    fast = list(map(states.__getitem__, fast_ids))
+                    if len(fast) == len(items):
+                        items = ()
+                    else:  # the others, in item order
+                        order = list(by_id)
+                        items = sorted(((rid, by_id[rid]) for rid in by_id.keys() - fast_ids), key=lambda it: order.index(it[0]))
+        if fast:
+            ms = list(map(_cached_tokens, fast))
+            nf = len(fast)
+            n_tokens += nf
+            n_decode += nf
+            decode_kv += sum(ms) + nf
+            decode_max = max(ms) + 1
+            block = lim.block_size  # a decode from m to m + 1 opens a block when m % block == 0
+            kv += nf if unit_blocks else block * list(map(block.__rmod__, ms)).count(0)
+        now_plain: list[RequestState] = []  # checked item by item; plain after the batch unless finished
+        for rid, c in items:
             s = states.get(rid)
             if s is None or s.finish_s is not None:
                 self._state(j, rid)  # raises the matching violation
@@ -290,19 +302,36 @@ class Replayer:
                 s.finish_s = end
                 self._release(s)
                 finished.append(s)
+        if fast:  # plain decoders: first token long emitted, no timestamps kept
+            fast_done = []
+            for s in fast:
+                m = s.m
+                s.m = m + 1
+                s.generated += 1
+                s.last_token_s = end
+                if m == s.last_decode_m:  # its last token: m + 1 = I + O − 1, evicted or not
+                    fast_done.append(s)
+            for s in fast_done:
+                s.finish_s = end
+                self._release(s)
+            if fast_done:  # report finishes in item order, as the item-by-item path does
+                finished += fast_done
+                if len(finished) > 1:
+                    order = {rid: i for i, (rid, _) in enumerate(batch.items)}
+                    finished.sort(key=lambda s: order[s.id])
         self.unfinished -= len(finished)
         for s in now_plain:
             if s.finish_s is None:
                 self._plain.add(s.id)
         self.clock_s = end
-        self.last_generated = len(generators)
+        self.last_generated = len(generators) + len(fast)
         # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
         self.last_full_decode = (not feats.n_prefill_seqs and not finished and not hidden_ids
                                  and not swapped_out and not swapped_in and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
             j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
-            feats.prefill_tokens, feats.n_decode_seqs, len(generators), len(batch.evict),
+            feats.prefill_tokens, feats.n_decode_seqs, self.last_generated, len(batch.evict),
             kv_peak, self.kv_tokens, holders_peak, self.holders, len(hidden_ids),
             compute, swapped_out, swapped_in,
         ))
