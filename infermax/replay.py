@@ -8,7 +8,6 @@ with the same code.
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Iterable
 
 from .costmodel.base import BatchFeatures, CostModel
@@ -92,9 +91,6 @@ BATCH_COLUMNS = (
 )
 
 
-_cached_tokens = attrgetter("m")
-
-
 class Replayer:
     """Applies batches to request states under limits, timing each with a cost model.
 
@@ -173,37 +169,29 @@ class Replayer:
         kv, holders = self.kv_tokens, self.holders
         generators: list[RequestState] = []
         seen: set[int] = set()
-        # Plain decoders (see __init__) are applied in bulk: each was processed in an earlier batch (so
-        # it has arrived), is unfinished, not evicted in this batch (eviction drops it from the set), holds
+        # Plain decoders (see __init__) take a short path: each was processed in an earlier batch (so it
+        # has arrived), is unfinished, not evicted in this batch (eviction drops it from the set), holds
         # all its cache on the GPU in KV form and is in decode phase, so of the per-item rules only
-        # "no duplicate" and "c = 1" remain; a batch failing either, or listing hidden items, takes the
-        # item-by-item path for all items (which then raises the first violation in item order). Their
-        # arithmetic is the decode branch below, summed with C-level builtins.
-        items = batch.items
+        # "no duplicate", "c = 1" and (per batch) "no hidden items" remain; its arithmetic is the decode
+        # branch below. Its generation is applied after timing, like every generator's.
+        plain = self._plain if not hidden_ids else ()
+        block = lim.block_size
         fast: list[RequestState] = []
-        fast_ids: set[int] = set()
-        if self._plain and not hidden_ids:
-            by_id = dict(items)
-            if len(by_id) == len(items):
-                fast_ids = self._plain.intersection(by_id)
-                if fast_ids and set(map(by_id.__getitem__, fast_ids)) == {1}:
-                    fast = list(map(states.__getitem__, fast_ids))
-                    if len(fast) == len(items):
-                        items = ()
-                    else:  # the others, in item order
-                        order = list(by_id)
-                        items = sorted(((rid, by_id[rid]) for rid in by_id.keys() - fast_ids), key=lambda it: order.index(it[0]))
-        if fast:
-            ms = list(map(_cached_tokens, fast))
-            nf = len(fast)
-            n_tokens += nf
-            n_decode += nf
-            decode_kv += sum(ms) + nf
-            decode_max = max(ms) + 1
-            block = lim.block_size  # a decode from m to m + 1 opens a block when m % block == 0
-            kv += nf if unit_blocks else block * list(map(block.__rmod__, ms)).count(0)
         now_plain: list[RequestState] = []  # checked item by item; plain after the batch unless finished
-        for rid, c in items:
+        for rid, c in batch.items:
+            if rid in plain and c == 1 and rid not in seen:
+                seen.add(rid)
+                s = states[rid]
+                m0 = s.m
+                decode_kv += m0 + 1
+                if m0 >= decode_max:
+                    decode_max = m0 + 1
+                fast.append(s)
+                if unit_blocks:
+                    kv += 1
+                elif not m0 % block:
+                    kv += block
+                continue
             s = states.get(rid)
             if s is None or s.finish_s is not None:
                 self._state(j, rid)  # raises the matching violation
@@ -267,6 +255,9 @@ class Replayer:
         if hidden_ids and not hidden_ids <= seen:
             rid = min(hidden_ids - seen)
             raise ScheduleViolation(j, rid, "hidden-not-item", "listed as hidden but not processed in the batch")
+        if fast:
+            n_tokens += len(fast)
+            n_decode += len(fast)
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
