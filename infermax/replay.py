@@ -177,20 +177,20 @@ class Replayer:
         plain = self._plain if not hidden_ids else ()
         block = lim.block_size
         fast: list[RequestState] = []
+        fast_append, seen_add = fast.append, seen.add
+        openers = 0  # plain decoders whose token opens a KV block (m % block_size == 0)
         now_plain: list[RequestState] = []  # checked item by item; plain after the batch unless finished
         for rid, c in batch.items:
             if rid in plain and c == 1 and rid not in seen:
-                seen.add(rid)
+                seen_add(rid)
                 s = states[rid]
                 m0 = s.m
-                decode_kv += m0 + 1
+                decode_kv += m0
                 if m0 >= decode_max:
                     decode_max = m0 + 1
-                fast.append(s)
-                if unit_blocks:
-                    kv += 1
-                elif not m0 % block:
-                    kv += block
+                fast_append(s)
+                if not m0 % block:
+                    openers += 1
                 continue
             s = states.get(rid)
             if s is None or s.finish_s is not None:
@@ -258,6 +258,8 @@ class Replayer:
         if fast:
             n_tokens += len(fast)
             n_decode += len(fast)
+            decode_kv += len(fast)
+            kv += block * openers
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
