@@ -8,6 +8,7 @@ with the same code.
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
 from typing import Iterable
 
 from .costmodel.base import BatchFeatures, CostModel
@@ -32,7 +33,7 @@ class RequestState:
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
         "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
-        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m",
+        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m", "e0",
     )
 
     def __init__(self, req: Request):
@@ -51,6 +52,7 @@ class RequestState:
         self.swapped_out_tokens = 0
         self.swapped_in_tokens = 0
         self.last_decode_m = req.prompt_tokens + req.output_tokens - 2  # m before the decode of the last token
+        self.e0 = 0  # the replayer's cohort epoch when m, generated, last_token_s were last brought up to date
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
         self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
@@ -109,7 +111,7 @@ class Replayer:
     """
 
     def __init__(self, requests: Iterable[Request], limits: Limits, cost_model: CostModel,
-                 swap_cost: SwapCost | None = None):
+                 swap_cost: SwapCost | None = None, lazy_decoders: bool = False):
         self.limits = limits
         self.cost_model = cost_model
         self.swap_cost = swap_cost
@@ -128,6 +130,17 @@ class Replayer:
         # cache on the GPU in KV form, without token timestamps to keep. `apply` checks such an item
         # with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
         self._plain: set[int] = set()
+        # The lazy decode cohort (``lazy_decoders``; see `_cohort_batch`): plain decoders that the last
+        # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
+        self.lazy_decoders = lazy_decoders
+        self._epoch = 0  # batches applied to the whole cohort at once
+        self._cohort_end_s = 0.0  # end of the last such batch
+        self._cohort: list[tuple[int, int]] = []  # (id, 1) per member, in item order
+        self._cohort_ids: set[int] = set()
+        self._cohort_key_sum = 0  # Σ key over members, key = m − e0 (true m = key + _epoch)
+        self._cohort_max: list[tuple[int, int]] = []  # heap of (−key, id); stale entries skipped
+        self._cohort_hist = [0] * limits.block_size  # members by key mod block_size
+        self._finish_at: dict[int, list[RequestState]] = {}  # epoch → members decoding their last token then
 
     def add_request(self, r: Request) -> RequestState:
         """Add a request (the engine submits closed-loop requests when they are released)."""
@@ -143,6 +156,7 @@ class Replayer:
         lim, states, blocks = self.limits, self.states, self.limits.blocks
         if not batch.items:
             raise ScheduleViolation(j, None, "empty", "a batch must process at least one token")
+        lazy = self._cohort_batch(batch) if self._cohort_ids else 0
         evicted = set()
         for rid in batch.evict:
             s = self._state(j, rid)
@@ -180,7 +194,8 @@ class Replayer:
         fast_append, seen_add = fast.append, seen.add
         openers = 0  # plain decoders whose token opens a KV block (m % block_size == 0)
         now_plain: list[RequestState] = []  # checked item by item; plain after the batch unless finished
-        for rid, c in batch.items:
+        todo = batch.items if not lazy else batch.items[lazy:]
+        for rid, c in todo:
             if rid in plain and c == 1 and rid not in seen:
                 seen_add(rid)
                 s = states[rid]
@@ -260,6 +275,15 @@ class Replayer:
             n_decode += len(fast)
             decode_kv += len(fast)
             kv += block * openers
+        if lazy:  # the cohort's decodes, from its running sums (true m = key + epoch)
+            e = self._epoch
+            n_tokens += lazy
+            n_decode += lazy
+            decode_kv += self._cohort_key_sum + lazy * (e + 1)
+            top = self._cohort_max_key() + e + 1
+            if top > decode_max:
+                decode_max = top
+            kv += lazy if block == 1 else block * self._cohort_hist[-e % block]
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
@@ -307,17 +331,30 @@ class Replayer:
             for s in fast_done:
                 s.finish_s = end
                 self._release(s)
-            if fast_done:  # report finishes in item order, as the item-by-item path does
-                finished += fast_done
-                if len(finished) > 1:
-                    order = {rid: i for i, (rid, _) in enumerate(batch.items)}
-                    finished.sort(key=lambda s: order[s.id])
+            finished += fast_done
+        if lazy:
+            e = self._epoch
+            self._epoch, self._cohort_end_s = e + 1, end
+            for s in self._finish_at.pop(e, ()):
+                if s.id in self._cohort_ids and s.last_decode_m - (s.m - s.e0) == e:  # not a stale entry
+                    self._leave_cohort(s)
+                    s.finish_s = end
+                    self._release(s)
+                    finished.append(s)
+        if len(finished) > 1:  # report finishes in item order, as the item-by-item path does
+            order = {rid: i for i, (rid, _) in enumerate(batch.items)}
+            finished.sort(key=lambda s: order[s.id])
         self.unfinished -= len(finished)
         for s in now_plain:
             if s.finish_s is None:
                 self._plain.add(s.id)
+        if self.lazy_decoders and not hidden_ids:  # plain decoders of the batch (re)join the cohort
+            plain_now = self._plain
+            for rid, _ in todo:
+                if rid in plain_now:
+                    self._join_cohort(states[rid])
         self.clock_s = end
-        self.last_generated = len(generators) + len(fast)
+        self.last_generated = len(generators) + len(fast) + lazy
         # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
         self.last_full_decode = (not feats.n_prefill_seqs and not finished and not hidden_ids
                                  and not swapped_out and not swapped_in and len(batch.items) == self.holders)
@@ -377,6 +414,7 @@ class Replayer:
         """
         if not self.last_full_decode or batch is not self.batches[-1]:
             raise ValueError("repeat_full_decode needs the last applied batch, a full decode-only batch")
+        self.materialize()
         sts = [self.states[rid] for rid, _ in batch.items]
         n, b, M = len(sts), self.limits.block_size, self.limits.M
         copies = min(s.req.output_tokens - s.generated for s in sts) - 1
@@ -415,12 +453,96 @@ class Replayer:
 
     def _release(self, s: RequestState) -> None:
         """Free a request's cache, on the GPU and in host memory (eviction or finish)."""
+        if s.id in self._cohort_ids:
+            self._leave_cohort(s)
         gpu = s.gpu_tokens
         self._plain.discard(s.id)
         self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
         self.holders -= gpu > 0
         s.m = s.cpu_tokens = 0
         s.hidden = False
+
+    # The lazy decode cohort. A batch that lists exactly the cohort's items first (same ids, c = 1, same
+    # order; C-level list equality), evicts and swaps none of them, lists none of them again and has
+    # no hidden items applies to every member what `apply`'s plain-decoder path would: one decode from
+    # m to m + 1 (the members are plain decoders, so no other rule can fail). Instead of touching each
+    # member it advances ``_epoch``: Σ(m + 1), max(m + 1) and the blocks opened (members with
+    # m % block_size == 0) come from running sums over ``key = m − e0``, and members whose last token
+    # falls in the batch (``m = I + O − 2``) are found by epoch. Any other batch, and anything that
+    # reads the members (`repeat_full_decode`, `materialize`, a scheduler's `sync_states`), first
+    # brings them up to date. Item-for-item the same arithmetic, so results are identical (tests).
+
+    def _cohort_batch(self, batch: ScheduledBatch) -> int:
+        """The number of leading items applied as a cohort batch (0: the cohort was materialised)."""
+        k, items = len(self._cohort), batch.items
+        if (not batch.hidden and not batch.swap_out and not batch.swap_in and items[:k] == self._cohort
+                and self._cohort_ids.isdisjoint(batch.evict)
+                and self._cohort_ids.isdisjoint([it[0] for it in items[k:]])):
+            return k
+        self.materialize()
+        return 0
+
+    def _cohort_max_key(self) -> int:
+        heap, states, ids = self._cohort_max, self.states, self._cohort_ids
+        while True:
+            key, rid = -heap[0][0], heap[0][1]
+            s = states[rid]
+            if rid in ids and s.m - s.e0 == key:
+                return key
+            heappop(heap)
+
+    def _join_cohort(self, s: RequestState) -> None:
+        e = self._epoch
+        s.e0 = e
+        key = s.m - e
+        self._cohort.append((s.id, 1))
+        self._cohort_ids.add(s.id)
+        self._cohort_key_sum += key
+        heappush(self._cohort_max, (-key, s.id))
+        self._cohort_hist[key % self.limits.block_size] += 1
+        self._finish_at.setdefault(s.last_decode_m - key, []).append(s)
+
+    def _bring_up_to_date(self, s: RequestState) -> int:
+        """Apply a member's lagging decodes to its fields; return its key."""
+        key = s.m - s.e0
+        lag = self._epoch - s.e0
+        if lag:
+            s.m += lag
+            s.generated += lag
+            s.last_token_s = self._cohort_end_s
+            s.e0 = self._epoch
+        return key
+
+    def _leave_cohort(self, s: RequestState) -> None:
+        key = self._bring_up_to_date(s)
+        self._cohort_ids.discard(s.id)
+        self._cohort.remove((s.id, 1))
+        self._cohort_key_sum -= key
+        self._cohort_hist[key % self.limits.block_size] -= 1
+
+    def materialize(self) -> None:
+        """Bring every cohort member's ``m``, ``generated`` and ``last_token_s`` up to date and dissolve
+        the cohort (members rejoin after their next batch)."""
+        if not self._cohort_ids:
+            return
+        states = self.states
+        for rid in self._cohort_ids:
+            self._bring_up_to_date(states[rid])
+        self._cohort, self._cohort_ids, self._cohort_key_sum = [], set(), 0
+        self._cohort_max, self._finish_at = [], {}
+        self._cohort_hist = [0] * self.limits.block_size
+
+    def cached_tokens(self, s: RequestState) -> int:
+        """A request's true ``m`` (a cohort member's field may lag)."""
+        return s.m + self._epoch - s.e0 if s.id in self._cohort_ids else s.m
+
+    def cohort_block_openers(self, items: list) -> int | None:
+        """How many of ``items`` open a KV block by decoding one token, if ``items`` are the cohort's
+        items in order (O(1) after a C-level list comparison); None otherwise."""
+        if not self._cohort or items != self._cohort:
+            return None
+        b = self.limits.block_size
+        return len(items) if b == 1 else self._cohort_hist[-self._epoch % b]
 
     def _state(self, j: int, rid: int) -> RequestState:
         s = self.states.get(rid)
@@ -432,6 +554,7 @@ class Replayer:
 
     def check_complete(self) -> None:
         """Raise unless every request generated all its output tokens."""
+        self.materialize()
         if self.unfinished:
             left = [s for s in self.states.values() if s.finish_s is None]
             s = left[0]
@@ -451,7 +574,7 @@ def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = No
 
     if swap_cost is None and "swap_cost" in schedule.meta:
         swap_cost = SwapCost(**schedule.meta["swap_cost"])
-    rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost)
+    rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost, lazy_decoders=True)
     for batch in schedule.batches:
         rp.apply(batch)
     rp.check_complete()

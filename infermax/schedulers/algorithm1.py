@@ -111,6 +111,11 @@ class Algorithm1Scheduler(Scheduler):
         self._prefilling: list[RequestState] = []  # running requests in prefill phase, by priority
         self._kv_used = 0  # Σ blocks(m) over the running requests (not kept for eviction-free variants)
         self._planned: tuple | None = None  # (batch, admitted states, KV used after it) of the last plan
+        # Decoders' state is read only where `sync_states` / `cached_tokens` / `cohort_block_openers` is
+        # used (below). The FCFS groupings plan from the decode list, which the replayer's lazy cohort
+        # matches; a ranking (or a subclass's own grouping) reads every candidate each batch, so it
+        # gets current states instead.
+        self.lazy_decode_ok = type(self) is Algorithm1Scheduler and policy.grouping != "rank"
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -160,7 +165,11 @@ class Algorithm1Scheduler(Scheduler):
                         need = n
                     else:  # a decode from m to m + 1 opens a block when m % b == 0
                         b = lim.block_size
-                        need = b * sum(1 for s in candidates if not s.m % b)
+                        openers = self.cohort_block_openers(self._decode_items)
+                        if openers is None:
+                            self.sync_states()
+                            openers = sum(1 for s in candidates if not s.m % b)
+                        need = b * openers
                     if need <= kv_free:
                         items += self._decode_items
                         tokens_left -= n
@@ -171,6 +180,8 @@ class Algorithm1Scheduler(Scheduler):
             elif (not pol.hybrid and batch_is_prefill is False
                   and (candidates is self.waiting or candidates is self._prefilling)):
                 continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
+            if candidates is not self.waiting and candidates is not self._prefilling:
+                self.sync_states()  # running decoders' m is read below (and victims are running requests)
             for s in candidates:
                 if s.id in taken:
                     continue
@@ -322,6 +333,7 @@ class Algorithm1Scheduler(Scheduler):
 
     def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
         if not self.policy.eviction_free:  # every running request decoded ``copies`` more tokens
+            self.sync_states()
             blocks = self.limits.blocks
             self._kv_used = sum(blocks(s.m) for s in self.running)
 
@@ -343,6 +355,7 @@ class Algorithm1Scheduler(Scheduler):
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
         if not batch.evict:
             return True
+        self.sync_states()
         pol, lim = self.policy, self.limits
         if pol.grouping == "rank":
             return False
@@ -362,6 +375,7 @@ class Algorithm1Scheduler(Scheduler):
         return failure is not None
 
     def describe_state(self) -> str:
+        self.sync_states()
         lim = self.limits
         used = self._reserved_total if self.policy.eviction_free else sum(lim.blocks(s.m) for s in self.running)
         return f"waiting={len(self.waiting)}, running={len(self.running)}, KV {'reserved' if self.policy.eviction_free else 'used'}={used}/{lim.M}"
