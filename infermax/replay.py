@@ -331,19 +331,24 @@ class Replayer:
             for s in fast_done:
                 s.finish_s = end
                 self._release(s)
-            finished += fast_done
+            if fast_done and finished:  # report finishes in item order, as the item-by-item path does
+                order = {rid: i for i, (rid, _) in enumerate(todo)}
+                finished += fast_done
+                finished.sort(key=lambda s: order[s.id])
+            else:
+                finished += fast_done
         if lazy:
             e = self._epoch
             self._epoch, self._cohort_end_s = e + 1, end
+            cohort_done = []  # in cohort order (the epoch index keeps join order), i.e. item order
             for s in self._finish_at.pop(e, ()):
                 if s.id in self._cohort_ids and s.last_decode_m - (s.m - s.e0) == e:  # not a stale entry
                     self._leave_cohort(s)
                     s.finish_s = end
                     self._release(s)
-                    finished.append(s)
-        if len(finished) > 1:  # report finishes in item order, as the item-by-item path does
-            order = {rid: i for i, (rid, _) in enumerate(batch.items)}
-            finished.sort(key=lambda s: order[s.id])
+                    cohort_done.append(s)
+            if cohort_done:  # the cohort's items come first
+                finished = cohort_done + finished
         self.unfinished -= len(finished)
         for s in now_plain:
             if s.finish_s is None:

@@ -42,6 +42,8 @@ def item_by_item(monkeypatch):
 
         def groups_copied(self):
             gs, priority = groups(self)
+            if priority is None:  # decode_first: the decode list then the prefill list
+                priority = self._decoding + self._prefilling
             return [(list(c), stop) for c, stop in gs], list(priority)
 
         def plan_forgotten(self, now_s):

@@ -128,9 +128,8 @@ class Algorithm1Scheduler(Scheduler):
         if g == "prefill_first":
             # Without running prefills the running list is the decode list (same requests, same order).
             return [(self.waiting, True), (self.running if self._prefilling else self._decoding, True)], self.running
-        if g == "decode_first":
-            return ([(self._decoding, True), (self._prefilling, True), (self.waiting, True)],
-                    self._decoding + self._prefilling)
+        if g == "decode_first":  # (priority None: the decode list then the prefill list, built if needed)
+            return [(self._decoding, True), (self._prefilling, True), (self.waiting, True)], None
         ranked = sorted([*self.running, *self.waiting], key=_RANK_KEY[self.policy.rank_by])
         return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
 
@@ -139,7 +138,7 @@ class Algorithm1Scheduler(Scheduler):
         blocks = lim.blocks
         groups, priority = self._groups()
         position: dict[int, int] | None = None  # built on the first eviction only
-        victim_ptr = len(priority) - 1
+        victim_ptr = None  # into priority, set at the first eviction
         tokens_left, prefill_left = lim.C, lim.prefill_budget
         unit_blocks = lim.block_size == 1
         kv_free = lim.M - (self._reserved_total if pol.eviction_free else self._kv_used)
@@ -218,7 +217,10 @@ class Algorithm1Scheduler(Scheduler):
                     if failure != "M" or not self._may_evict(s, is_prefill):
                         break
                     if position is None:
+                        if priority is None:
+                            priority = self._decoding + self._prefilling
                         position = {r.id: i for i, r in enumerate(priority)}
+                        victim_ptr = len(priority) - 1
                         taken.update(rid for rid, _ in items)
                     victim = None
                     while victim_ptr > position[s.id]:
