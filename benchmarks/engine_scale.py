@@ -7,10 +7,12 @@ Run (quick): ``python benchmarks/engine_scale.py --out /tmp/engine_scale --sched
 - ``azure-conv``: the full bundled Azure conversation trace (19,366 requests, own arrival times);
 - ``azure-code``: the full bundled Azure code trace (8,819 requests, own arrival times);
 - ``long-prompt``: 2,000 requests, ``sampled(2000, "lognormal:2500:0.3:4000", "lognormal:200:1.0:3900")``
-  with Poisson arrivals at 2 req/s (seed 0).
+  with Poisson arrivals at 2 req/s (seed 0);
+- ``offline-512-128`` (only when named in ``--workloads``): 1,024 requests, I=512, O=128, all at 0,
+  with ``C = P = 512``, ``M = 483,328``, ``Rmax = 128``, block size 16 (issue 17's first target).
 
-Limits for all: ``M = 475,136`` tokens, ``Rmax = 512``, block size 1, ``C = 4096`` (P: the scheduler's
-default). A scheduler that does not chunk prefills cannot run a request whose prefill (or refill,
+Limits for the first three: ``M = 475,136`` tokens, ``Rmax = 512``, block size 1, ``C = 4096`` (P: the
+scheduler's default; issue 17's second target is azure-conv with sarathi). A scheduler that does not chunk prefills cannot run a request whose prefill (or refill,
 up to ``I + O − 1``) exceeds ``min(C, P)``; when a run raises that, it is repeated with ``C`` = the
 workload's largest ``I + O − 1`` and the table says so (old and new get the same rule).
 
@@ -37,7 +39,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 WORKLOADS = ("azure-conv", "azure-code", "long-prompt")
-LIMITS = {"M": 475_136, "Rmax": 512, "C": 4096}
+EXTRA_WORKLOADS = ("offline-512-128",)
+LIMITS = {"M": 475_136, "Rmax": 512, "C": 4096, "P": 0, "block_size": 1}  # P 0: the scheduler's default
+WORKLOAD_LIMITS = {"offline-512-128": {"M": 483_328, "Rmax": 128, "C": 512, "P": 512, "block_size": 16}}
 
 # The child: builds the workload, runs simulate() once, prints one JSON line. It uses only APIs the
 # old tree has too.
@@ -47,10 +51,13 @@ from infermax.costmodel import load_cost_model
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.schedulers import InfeasibleRequestError
-from infermax.workload import load_trace, sampled, with_arrivals
+from infermax.workload import fixed, load_trace, sampled, with_arrivals
 
-workload, scheduler, M, Rmax, C = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-if workload == "long-prompt":
+workload, scheduler = sys.argv[1], sys.argv[2]
+M, Rmax, C, P, block = (int(x) for x in sys.argv[3:8])
+if workload == "offline-512-128":
+    requests = fixed(512, 128, 1024)
+elif workload == "long-prompt":
     requests = with_arrivals(sampled(2000, "lognormal:2500:0.3:4000", "lognormal:200:1.0:3900", seed=0),
                              "poisson", rate_per_s=2.0, seed=0)
 else:
@@ -58,7 +65,7 @@ else:
 cost = load_cost_model()
 def run(C):
     t, c = time.perf_counter(), time.process_time()
-    result = simulate(requests, scheduler, Limits(C=C, M=M, Rmax=Rmax), cost)
+    result = simulate(requests, scheduler, Limits(C=C, P=P or None, M=M, Rmax=Rmax, block_size=block), cost)
     return result, time.perf_counter() - t, time.process_time() - c
 try:
     result, wall, cpu = run(C)
@@ -74,7 +81,9 @@ print(json.dumps({"loop_s": wall, "loop_cpu_s": cpu, "batches": len(result.batch
 
 def run_once(tree: Path, workload: str, scheduler: str, timeout_s: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    args = [sys.executable, "-c", CHILD, workload, scheduler, str(LIMITS["M"]), str(LIMITS["Rmax"]), str(LIMITS["C"])]
+    lim = WORKLOAD_LIMITS.get(workload, LIMITS)
+    args = [sys.executable, "-c", CHILD, workload, scheduler,
+            *(str(lim[k]) for k in ("M", "Rmax", "C", "P", "block_size"))]
     start = time.perf_counter()
     try:
         proc = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -149,7 +158,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="output path without suffix: writes OUT.md and OUT.json")
     parser.add_argument("--old", default="/work/wt/old", help="the old tree (default /work/wt/old)")
     parser.add_argument("--schedulers", default=None, help="comma-separated (default: every registered one)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated of {', '.join(WORKLOADS)}")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated of {', '.join(WORKLOADS + EXTRA_WORKLOADS)}")
     parser.add_argument("--repeats", type=int, default=1, help="runs per tree and case (the table shows the minimum)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default 600)")
     parser.add_argument("--force", action="store_true", help="allow overwriting files git tracks")
@@ -161,7 +171,7 @@ def main() -> None:
     schedulers = args.schedulers.split(",") if args.schedulers else available()
     unknown = [s for s in schedulers if s not in available()]
     workloads = args.workloads.split(",")
-    bad = [w for w in workloads if w not in WORKLOADS]
+    bad = [w for w in workloads if w not in WORKLOADS + EXTRA_WORKLOADS]
     if unknown or bad:
         parser.error(f"unknown scheduler(s) {unknown} / workload(s) {bad}")
     if args.repeats < 1 or args.timeout <= 0:
@@ -182,14 +192,15 @@ def main() -> None:
                       f"loop {run.get('loop_s', float('nan')):.3f}s process {run['process_s']:.2f}s", flush=True)
     for row in rows:
         row["summaries"] = same_summaries(row["old"], row["new"])
-    header = (f"Engine scale: new = {HERE}, old = {old}; limits {LIMITS} (see benchmarks/engine_scale.py); "
+    header = (f"Engine scale: new = {HERE}, old = {old}; limits {LIMITS}, {WORKLOAD_LIMITS} (see benchmarks/engine_scale.py); "
               f"minimum of {args.repeats} run(s) per cell; python {sys.version.split()[0]}, {os.cpu_count()} CPUs.\n\n")
     md.write_text(header + table(rows) + "\n")
     for row in rows:  # keep the JSON small: one summary per tree
         for label in ("old", "new"):
             for r in row[label][1:]:
                 r.pop("summary", None)
-    js.write_text(json.dumps({"new": str(HERE), "old": str(old), "limits": LIMITS, "repeats": args.repeats,
+    js.write_text(json.dumps({"new": str(HERE), "old": str(old), "limits": LIMITS, "workload_limits": WORKLOAD_LIMITS,
+                              "repeats": args.repeats,
                               "rows": rows}, indent=1))
     print(header + table(rows))
     print(f"wrote {md} and {js}")

@@ -473,17 +473,19 @@ class Replayer:
     # m to m + 1 (the members are plain decoders, so no other rule can fail). Instead of touching each
     # member it advances ``_epoch``: Σ(m + 1), max(m + 1) and the blocks opened (members with
     # m % block_size == 0) come from running sums over ``key = m − e0``, and members whose last token
-    # falls in the batch (``m = I + O − 2``) are found by epoch. Any other batch, and anything that
+    # falls in the batch (``m = I + O − 2``) are found by epoch. A batch that touches no member leaves
+    # the cohort as it is (its lag is unchanged). Any other batch, and anything that
     # reads the members (`repeat_full_decode`, `materialize`, a scheduler's `sync_states`), first
     # brings them up to date. Item-for-item the same arithmetic, so results are identical (tests).
 
     def _cohort_batch(self, batch: ScheduledBatch) -> int:
         """The number of leading items applied as a cohort batch (0: the cohort was materialised)."""
-        k, items = len(self._cohort), batch.items
-        if (not batch.hidden and not batch.swap_out and not batch.swap_in and items[:k] == self._cohort
-                and self._cohort_ids.isdisjoint(batch.evict)
-                and self._cohort_ids.isdisjoint([it[0] for it in items[k:]])):
-            return k
+        k, items, ids = len(self._cohort), batch.items, self._cohort_ids
+        if not batch.hidden and not batch.swap_out and not batch.swap_in and ids.isdisjoint(batch.evict):
+            if items[:k] == self._cohort and ids.isdisjoint([it[0] for it in items[k:]]):
+                return k
+            if ids.isdisjoint([it[0] for it in items]):
+                return 0  # touches no member (a prefill-only batch): the cohort waits, up to date as it is
         self.materialize()
         return 0
 
