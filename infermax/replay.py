@@ -419,6 +419,8 @@ class Replayer:
         """
         if not self.last_full_decode or batch is not self.batches[-1]:
             raise ValueError("repeat_full_decode needs the last applied batch, a full decode-only batch")
+        if stop_at_s is not None and stop_at_s <= self.clock_s:
+            return 0  # the next batch starts at an arrival: no copy (and nothing to bring up to date)
         self.materialize()
         sts = [self.states[rid] for rid, _ in batch.items]
         n, b, M = len(sts), self.limits.block_size, self.limits.M
