@@ -67,7 +67,10 @@ def simulate(
     check_fits(requests, limits)
     scheduler.swap_cost = swap_cost
     loop = ClosedLoop(requests, closed_loop_until_s)
-    rp = Replayer(loop.open_requests, limits, cost_model, swap_cost)
+    rp = Replayer(loop.open_requests, limits, cost_model, swap_cost, lazy_decoders=scheduler.lazy_decode_ok)
+    if scheduler.lazy_decode_ok:
+        scheduler.cached_tokens, scheduler.sync_states = rp.cached_tokens, rp.materialize
+        scheduler.cohort_block_openers = rp.cohort_block_openers
     arrivals = sorted(rp.states.values(), key=_arrival_order)
     next_arrival = 0
     now = arrivals[0].req.arrival_s
@@ -103,7 +106,10 @@ def simulate(
             generated = rp.last_generated
             if fast_forward and rp.last_full_decode and scheduler.repeats_full_decode(batch):
                 stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
-                generated += generated * rp.repeat_full_decode(batch, stop)
+                copies = rp.repeat_full_decode(batch, stop)
+                if copies:
+                    scheduler.repeated_full_decode(batch, copies)
+                generated += generated * copies
             now = rp.clock_s
             batches_without_token = 0 if generated else batches_without_token + 1
             if batches_without_token > total_tokens:
@@ -116,7 +122,7 @@ def simulate(
                 **({"swap_cost": swap_cost.to_dict()} if swap_cost is not None else {}), **(meta or {})}
     if loop.groups:
         run_meta.update(closed_loop_until_s=closed_loop_until_s, unreleased_requests=loop.unreleased)
-    result = SimResult.from_replayer(rp, meta=run_meta)
+    result = SimResult.from_replayer(rp, meta=run_meta)  # (brings lazily advanced requests up to date)
     extra = scheduler.run_summary(result)
     if extra:
         result.meta["scheduler_summary"] = extra

@@ -57,6 +57,7 @@ class SimResult:
     def from_replayer(cls, rp, meta: dict | None = None) -> "SimResult":
         from .replay import BATCH_COLUMNS
 
+        rp.materialize()  # lazy decode-cohort members' progress
         rows = []
         for s in rp.states.values():
             r = s.req

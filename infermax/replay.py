@@ -8,6 +8,7 @@ with the same code.
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
 from typing import Iterable
 
 from .costmodel.base import BatchFeatures, CostModel
@@ -32,7 +33,7 @@ class RequestState:
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
         "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
-        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens",
+        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m", "e0",
     )
 
     def __init__(self, req: Request):
@@ -50,6 +51,8 @@ class RequestState:
         self.cpu_tokens = 0  # of the m cached tokens, those whose KV is in host memory (swapped out)
         self.swapped_out_tokens = 0
         self.swapped_in_tokens = 0
+        self.last_decode_m = req.prompt_tokens + req.output_tokens - 2  # m before the decode of the last token
+        self.e0 = 0  # the replayer's cohort epoch when m, generated, last_token_s were last brought up to date
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
         self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
@@ -108,7 +111,7 @@ class Replayer:
     """
 
     def __init__(self, requests: Iterable[Request], limits: Limits, cost_model: CostModel,
-                 swap_cost: SwapCost | None = None):
+                 swap_cost: SwapCost | None = None, lazy_decoders: bool = False):
         self.limits = limits
         self.cost_model = cost_model
         self.swap_cost = swap_cost
@@ -123,6 +126,21 @@ class Replayer:
         self.last_full_decode = False
         self.batch_rows: list[tuple] = []
         self.batches: list[ScheduledBatch] = []
+        # Ids of "plain decoders": unfinished requests in decode phase (m ≥ Icur > 0) holding their whole
+        # cache on the GPU in KV form, without token timestamps to keep. `apply` checks such an item
+        # with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
+        self._plain: set[int] = set()
+        # The lazy decode cohort (``lazy_decoders``; see `_cohort_batch`): plain decoders that the last
+        # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
+        self.lazy_decoders = lazy_decoders
+        self._epoch = 0  # batches applied to the whole cohort at once
+        self._cohort_end_s = 0.0  # end of the last such batch
+        self._cohort: list[tuple[int, int]] = []  # (id, 1) per member, in item order
+        self._cohort_ids: set[int] = set()
+        self._cohort_key_sum = 0  # Σ key over members, key = m − e0 (true m = key + _epoch)
+        self._cohort_max: list[tuple[int, int]] = []  # heap of (−key, id); stale entries skipped
+        self._cohort_hist = [0] * limits.block_size  # members by key mod block_size
+        self._finish_at: dict[int, list[RequestState]] = {}  # epoch → members decoding their last token then
 
     def add_request(self, r: Request) -> RequestState:
         """Add a request (the engine submits closed-loop requests when they are released)."""
@@ -138,6 +156,7 @@ class Replayer:
         lim, states, blocks = self.limits, self.states, self.limits.blocks
         if not batch.items:
             raise ScheduleViolation(j, None, "empty", "a batch must process at least one token")
+        lazy = self._cohort_batch(batch) if self._cohort_ids else 0
         evicted = set()
         for rid in batch.evict:
             s = self._state(j, rid)
@@ -153,7 +172,7 @@ class Replayer:
                 s.input_tokens = s.req.prompt_tokens + s.generated
             self._release(s)
             s.evictions += 1
-        swapped_out, swapped_in = self._swap(j, batch, evicted)
+        swapped_out, swapped_in = self._swap(j, batch, evicted) if batch.swap_out or batch.swap_in else (0, 0)
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
@@ -164,7 +183,30 @@ class Replayer:
         kv, holders = self.kv_tokens, self.holders
         generators: list[RequestState] = []
         seen: set[int] = set()
-        for rid, c in batch.items:
+        # Plain decoders (see __init__) take a short path: each was processed in an earlier batch (so it
+        # has arrived), is unfinished, not evicted in this batch (eviction drops it from the set), holds
+        # all its cache on the GPU in KV form and is in decode phase, so of the per-item rules only
+        # "no duplicate", "c = 1" and (per batch) "no hidden items" remain; its arithmetic is the decode
+        # branch below. Its generation is applied after timing, like every generator's.
+        plain = self._plain if not hidden_ids else ()
+        block = lim.block_size
+        fast: list[RequestState] = []
+        fast_append, seen_add = fast.append, seen.add
+        openers = 0  # plain decoders whose token opens a KV block (m % block_size == 0)
+        now_plain: list[RequestState] = []  # checked item by item; plain after the batch unless finished
+        todo = batch.items if not lazy else batch.items[lazy:]
+        for rid, c in todo:
+            if rid in plain and c == 1 and rid not in seen:
+                seen_add(rid)
+                s = states[rid]
+                m0 = s.m
+                decode_kv += m0
+                if m0 >= decode_max:
+                    decode_max = m0 + 1
+                fast_append(s)
+                if not m0 % block:
+                    openers += 1
+                continue
             s = states.get(rid)
             if s is None or s.finish_s is not None:
                 self._state(j, rid)  # raises the matching violation
@@ -198,6 +240,8 @@ class Replayer:
                 s.prefill_processed += c
                 if m0 + c == icur:
                     generators.append(s)
+                    if s.token_times is None and not s.hidden and rid not in hidden_ids:
+                        now_plain.append(s)
             else:
                 if c != 1:
                     raise ScheduleViolation(j, rid, "decode", f"decode phase processes exactly 1 token, got c={c}")
@@ -207,6 +251,8 @@ class Replayer:
                     decode_max = m0 + 1
                 n_decode += 1
                 generators.append(s)
+                if s.token_times is None and not s.hidden and rid not in hidden_ids:
+                    now_plain.append(s)
             if m0 == 0:
                 holders += 1
                 if hidden_ids:
@@ -224,6 +270,20 @@ class Replayer:
         if hidden_ids and not hidden_ids <= seen:
             rid = min(hidden_ids - seen)
             raise ScheduleViolation(j, rid, "hidden-not-item", "listed as hidden but not processed in the batch")
+        if fast:
+            n_tokens += len(fast)
+            n_decode += len(fast)
+            decode_kv += len(fast)
+            kv += block * openers
+        if lazy:  # the cohort's decodes, from its running sums (true m = key + epoch)
+            e = self._epoch
+            n_tokens += lazy
+            n_decode += lazy
+            decode_kv += self._cohort_key_sum + lazy * (e + 1)
+            top = self._cohort_max_key() + e + 1
+            if top > decode_max:
+                decode_max = top
+            kv += lazy if block == 1 else block * self._cohort_hist[-e % block]
         self.kv_tokens, self.holders = kv, holders
         feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
                               prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
@@ -259,16 +319,54 @@ class Replayer:
                 s.finish_s = end
                 self._release(s)
                 finished.append(s)
+        if fast:  # plain decoders: first token long emitted, no timestamps kept
+            fast_done = []
+            for s in fast:
+                m = s.m
+                s.m = m + 1
+                s.generated += 1
+                s.last_token_s = end
+                if m == s.last_decode_m:  # its last token: m + 1 = I + O − 1, evicted or not
+                    fast_done.append(s)
+            for s in fast_done:
+                s.finish_s = end
+                self._release(s)
+            if fast_done and finished:  # report finishes in item order, as the item-by-item path does
+                order = {rid: i for i, (rid, _) in enumerate(todo)}
+                finished += fast_done
+                finished.sort(key=lambda s: order[s.id])
+            else:
+                finished += fast_done
+        if lazy:
+            e = self._epoch
+            self._epoch, self._cohort_end_s = e + 1, end
+            cohort_done = []  # in cohort order (the epoch index keeps join order), i.e. item order
+            for s in self._finish_at.pop(e, ()):
+                if s.id in self._cohort_ids and s.last_decode_m - (s.m - s.e0) == e:  # not a stale entry
+                    self._leave_cohort(s)
+                    s.finish_s = end
+                    self._release(s)
+                    cohort_done.append(s)
+            if cohort_done:  # the cohort's items come first
+                finished = cohort_done + finished
         self.unfinished -= len(finished)
+        for s in now_plain:
+            if s.finish_s is None:
+                self._plain.add(s.id)
+        if self.lazy_decoders and not hidden_ids:  # plain decoders of the batch (re)join the cohort
+            plain_now = self._plain
+            for rid, _ in todo:
+                if rid in plain_now:
+                    self._join_cohort(states[rid])
         self.clock_s = end
-        self.last_generated = len(generators)
+        self.last_generated = len(generators) + len(fast) + lazy
         # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
         self.last_full_decode = (not feats.n_prefill_seqs and not finished and not hidden_ids
                                  and not swapped_out and not swapped_in and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
             j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
-            feats.prefill_tokens, feats.n_decode_seqs, len(generators), len(batch.evict),
+            feats.prefill_tokens, feats.n_decode_seqs, self.last_generated, len(batch.evict),
             kv_peak, self.kv_tokens, holders_peak, self.holders, len(hidden_ids),
             compute, swapped_out, swapped_in,
         ))
@@ -297,6 +395,7 @@ class Replayer:
                     raise ScheduleViolation(j, rid, direction, f"moves {n} tokens; it has {room} {where}")
                 before = s.gpu_tokens
                 if direction == "swap-out":
+                    self._plain.discard(rid)
                     s.cpu_tokens += n
                     s.swapped_out_tokens += n
                 else:
@@ -320,6 +419,9 @@ class Replayer:
         """
         if not self.last_full_decode or batch is not self.batches[-1]:
             raise ValueError("repeat_full_decode needs the last applied batch, a full decode-only batch")
+        if stop_at_s is not None and stop_at_s <= self.clock_s:
+            return 0  # the next batch starts at an arrival: no copy (and nothing to bring up to date)
+        self.materialize()
         sts = [self.states[rid] for rid, _ in batch.items]
         n, b, M = len(sts), self.limits.block_size, self.limits.M
         copies = min(s.req.output_tokens - s.generated for s in sts) - 1
@@ -358,11 +460,98 @@ class Replayer:
 
     def _release(self, s: RequestState) -> None:
         """Free a request's cache, on the GPU and in host memory (eviction or finish)."""
+        if s.id in self._cohort_ids:
+            self._leave_cohort(s)
         gpu = s.gpu_tokens
+        self._plain.discard(s.id)
         self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
         self.holders -= gpu > 0
         s.m = s.cpu_tokens = 0
         s.hidden = False
+
+    # The lazy decode cohort. A batch that lists exactly the cohort's items first (same ids, c = 1, same
+    # order; C-level list equality), evicts and swaps none of them, lists none of them again and has
+    # no hidden items applies to every member what `apply`'s plain-decoder path would: one decode from
+    # m to m + 1 (the members are plain decoders, so no other rule can fail). Instead of touching each
+    # member it advances ``_epoch``: Σ(m + 1), max(m + 1) and the blocks opened (members with
+    # m % block_size == 0) come from running sums over ``key = m − e0``, and members whose last token
+    # falls in the batch (``m = I + O − 2``) are found by epoch. A batch that touches no member leaves
+    # the cohort as it is (its lag is unchanged). Any other batch, and anything that
+    # reads the members (`repeat_full_decode`, `materialize`, a scheduler's `sync_states`), first
+    # brings them up to date. Item-for-item the same arithmetic, so results are identical (tests).
+
+    def _cohort_batch(self, batch: ScheduledBatch) -> int:
+        """The number of leading items applied as a cohort batch (0: the cohort was materialised)."""
+        k, items, ids = len(self._cohort), batch.items, self._cohort_ids
+        if not batch.hidden and not batch.swap_out and not batch.swap_in and ids.isdisjoint(batch.evict):
+            if items[:k] == self._cohort and ids.isdisjoint([it[0] for it in items[k:]]):
+                return k
+            if ids.isdisjoint([it[0] for it in items]):
+                return 0  # touches no member (a prefill-only batch): the cohort waits, up to date as it is
+        self.materialize()
+        return 0
+
+    def _cohort_max_key(self) -> int:
+        heap, states, ids = self._cohort_max, self.states, self._cohort_ids
+        while True:
+            key, rid = -heap[0][0], heap[0][1]
+            s = states[rid]
+            if rid in ids and s.m - s.e0 == key:
+                return key
+            heappop(heap)
+
+    def _join_cohort(self, s: RequestState) -> None:
+        e = self._epoch
+        s.e0 = e
+        key = s.m - e
+        self._cohort.append((s.id, 1))
+        self._cohort_ids.add(s.id)
+        self._cohort_key_sum += key
+        heappush(self._cohort_max, (-key, s.id))
+        self._cohort_hist[key % self.limits.block_size] += 1
+        self._finish_at.setdefault(s.last_decode_m - key, []).append(s)
+
+    def _bring_up_to_date(self, s: RequestState) -> int:
+        """Apply a member's lagging decodes to its fields; return its key."""
+        key = s.m - s.e0
+        lag = self._epoch - s.e0
+        if lag:
+            s.m += lag
+            s.generated += lag
+            s.last_token_s = self._cohort_end_s
+            s.e0 = self._epoch
+        return key
+
+    def _leave_cohort(self, s: RequestState) -> None:
+        key = self._bring_up_to_date(s)
+        self._cohort_ids.discard(s.id)
+        self._cohort.remove((s.id, 1))
+        self._cohort_key_sum -= key
+        self._cohort_hist[key % self.limits.block_size] -= 1
+
+    def materialize(self) -> None:
+        """Bring every cohort member's ``m``, ``generated`` and ``last_token_s`` up to date and dissolve
+        the cohort (members rejoin after their next batch)."""
+        if not self._cohort_ids:
+            return
+        states = self.states
+        for rid in self._cohort_ids:
+            self._bring_up_to_date(states[rid])
+        self._cohort, self._cohort_ids, self._cohort_key_sum = [], set(), 0
+        self._cohort_max, self._finish_at = [], {}
+        self._cohort_hist = [0] * self.limits.block_size
+
+    def cached_tokens(self, s: RequestState) -> int:
+        """A request's true ``m`` (a cohort member's field may lag)."""
+        return s.m + self._epoch - s.e0 if s.id in self._cohort_ids else s.m
+
+    def cohort_block_openers(self, items: list) -> int | None:
+        """How many of ``items`` open a KV block by decoding one token, if ``items`` are the cohort's
+        items in order (O(1) after a C-level list comparison); None otherwise."""
+        if not self._cohort or items != self._cohort:
+            return None
+        b = self.limits.block_size
+        return len(items) if b == 1 else self._cohort_hist[-self._epoch % b]
 
     def _state(self, j: int, rid: int) -> RequestState:
         s = self.states.get(rid)
@@ -374,6 +563,7 @@ class Replayer:
 
     def check_complete(self) -> None:
         """Raise unless every request generated all its output tokens."""
+        self.materialize()
         if self.unfinished:
             left = [s for s in self.states.values() if s.finish_s is None]
             s = left[0]
@@ -393,7 +583,7 @@ def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = No
 
     if swap_cost is None and "swap_cost" in schedule.meta:
         swap_cost = SwapCost(**schedule.meta["swap_cost"])
-    rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost)
+    rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost, lazy_decoders=True)
     for batch in schedule.batches:
         rp.apply(batch)
     rp.check_complete()

@@ -104,6 +104,18 @@ class Algorithm1Scheduler(Scheduler):
         self._by_id: dict[int, RequestState] = {}
         self._reserved: dict[int, int] = {}  # eviction-free reservations (KV tokens)
         self._reserved_total = 0
+        # Kept incrementally by `batch_done` (see "Engine" in docs/design.md), so that a batch costs
+        # O(events) plus C-level list copies rather than Python work per running request:
+        self._decoding: list[RequestState] = []  # running requests in decode phase, by priority
+        self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each of _decoding, same order
+        self._prefilling: list[RequestState] = []  # running requests in prefill phase, by priority
+        self._kv_used = 0  # Σ blocks(m) over the running requests (not kept for eviction-free variants)
+        self._planned: tuple | None = None  # (batch, admitted states, KV used after it) of the last plan
+        # Decoders' state is read only where `sync_states` / `cached_tokens` / `cohort_block_openers` is
+        # used (below). The FCFS groupings plan from the decode list, which the replayer's lazy cohort
+        # matches; a ranking (or a subclass's own grouping) reads every candidate each batch, so it
+        # gets current states instead.
+        self.lazy_decode_ok = type(self) is Algorithm1Scheduler and policy.grouping != "rank"
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -114,12 +126,10 @@ class Algorithm1Scheduler(Scheduler):
     def _groups(self):
         g = self.policy.grouping
         if g == "prefill_first":
-            return [(self.waiting, True), (self.running, True)], self.running
-        if g == "decode_first":
-            decode = [s for s in self.running if s.m >= s.input_tokens]
-            prefill = [s for s in self.running if s.m < s.input_tokens]
-            priority = decode + prefill
-            return [(decode, True), (prefill, True), (self.waiting, True)], priority
+            # Without running prefills the running list is the decode list (same requests, same order).
+            return [(self.waiting, True), (self.running if self._prefilling else self._decoding, True)], self.running
+        if g == "decode_first":  # (priority None: the decode list then the prefill list, built if needed)
+            return [(self._decoding, True), (self._prefilling, True), (self.waiting, True)], None
         ranked = sorted([*self.running, *self.waiting], key=_RANK_KEY[self.policy.rank_by])
         return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
 
@@ -128,20 +138,49 @@ class Algorithm1Scheduler(Scheduler):
         blocks = lim.blocks
         groups, priority = self._groups()
         position: dict[int, int] | None = None  # built on the first eviction only
-        victim_ptr = len(priority) - 1
+        victim_ptr = None  # into priority, set at the first eviction
         tokens_left, prefill_left = lim.C, lim.prefill_budget
         unit_blocks = lim.block_size == 1
-        if pol.eviction_free:
-            kv_free = lim.M - self._reserved_total
-        else:
-            kv_free = lim.M - (sum(s.m for s in self.running) if unit_blocks else sum(blocks(s.m) for s in self.running))
+        kv_free = lim.M - (self._reserved_total if pol.eviction_free else self._kv_used)
         holders = len(self.running)
         items: list[tuple[int, int]] = []
         evict: list[int] = []
-        taken: set[int] = set()
+        taken: set[int] = set()  # ids in the batch or evicted; those taken by the decode fast path join at
+        admitted: list[RequestState] = []  # the first eviction (only victims and later groups could meet them)
         batch_is_prefill = None
 
         for candidates, stop_on_failure in groups:
+            if candidates is self._decoding and not evict:
+                # Every candidate decodes and none is taken. CheckHybridBatching skips all of them in a
+                # non-hybrid prefill batch; otherwise all pass CanAllocate iff the group's tokens fit C
+                # and its KV fits M (needs are ≥ 0, so every prefix fits too), as the loop below finds.
+                if not pol.hybrid and batch_is_prefill:
+                    continue
+                n = len(candidates)
+                if n <= tokens_left:
+                    if pol.eviction_free:
+                        need = 0
+                    elif unit_blocks:
+                        need = n
+                    else:  # a decode from m to m + 1 opens a block when m % b == 0
+                        b = lim.block_size
+                        openers = self.cohort_block_openers(self._decode_items)
+                        if openers is None:
+                            self.sync_states()
+                            openers = sum(1 for s in candidates if not s.m % b)
+                        need = b * openers
+                    if need <= kv_free:
+                        items += self._decode_items
+                        tokens_left -= n
+                        kv_free -= need
+                        if n and batch_is_prefill is None:
+                            batch_is_prefill = False
+                        continue
+            elif (not pol.hybrid and batch_is_prefill is False
+                  and (candidates is self.waiting or candidates is self._prefilling)):
+                continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
+            if candidates is not self.waiting and candidates is not self._prefilling:
+                self.sync_states()  # running decoders' m is read below (and victims are running requests)
             for s in candidates:
                 if s.id in taken:
                     continue
@@ -168,8 +207,9 @@ class Algorithm1Scheduler(Scheduler):
                         tokens_left -= c
                         if is_prefill:
                             prefill_left -= c
-                        if s.m == 0:
+                        if s.m == 0:  # only waiting requests hold no KV
                             holders += 1
+                            admitted.append(s)
                         kv_free -= need
                         if batch_is_prefill is None:
                             batch_is_prefill = is_prefill
@@ -177,7 +217,11 @@ class Algorithm1Scheduler(Scheduler):
                     if failure != "M" or not self._may_evict(s, is_prefill):
                         break
                     if position is None:
+                        if priority is None:
+                            priority = self._decoding + self._prefilling
                         position = {r.id: i for i, r in enumerate(priority)}
+                        victim_ptr = len(priority) - 1
+                        taken.update(rid for rid, _ in items)
                     victim = None
                     while victim_ptr > position[s.id]:
                         v = priority[victim_ptr]
@@ -195,7 +239,9 @@ class Algorithm1Scheduler(Scheduler):
                         break
                 if failure is not None and stop_on_failure:
                     break
-        return ScheduledBatch(items=items, evict=evict)
+        batch = ScheduledBatch(items=items, evict=evict)
+        self._planned = (batch, admitted, lim.M - kv_free)
+        return batch
 
     def _can_allocate(self, s: RequestState, is_prefill: bool, tokens_left: int, prefill_left: int,
                       kv_free: int, holders: int):
@@ -241,33 +287,77 @@ class Algorithm1Scheduler(Scheduler):
         return mode == "running" or not is_prefill
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        """Evicted requests go to the front of ``Rw``, admitted ones join ``Rr``, finished ones leave it.
+
+        Incremental: the batch's admissions and the KV it leaves in use are those `next_batch`
+        planned for it (a batch planned elsewhere is examined item by item instead); running prefills
+        that completed move to the decode list. A finished request held ``blocks(I + O − 1)``: its
+        last token is generated from ``I + O − 1`` cached tokens, evicted or not."""
+        planned, self._planned = self._planned, None
+        blocks = self.limits.blocks
+        if planned is not None and planned[0] is batch:
+            admitted, kv_used = planned[1], planned[2]
+        else:
+            admitted = [self._by_id[rid] for rid, _ in batch.items if rid not in self._running_ids]
+            kv_used = None
         for rid in batch.evict:
             s = self._by_id[rid]
             self._leave_running(s)
             self.waiting.appendleft(s)
-        for rid, _ in batch.items:
-            if rid not in self._running_ids:
-                s = self._by_id[rid]
-                if self.waiting and self.waiting[0] is s:
-                    self.waiting.popleft()
-                else:
-                    self.waiting.remove(s)
-                bisect.insort(self.running, s, key=_arrival_key)
-                self._running_ids.add(rid)
-                if self.policy.eviction_free:
-                    self._reserved[rid] = self.limits.blocks(s.req.peak_kv_tokens)
-                    self._reserved_total += self._reserved[rid]
+        if self._prefilling:
+            done = [s for s in self._prefilling if s.m >= s.input_tokens]
+            if done:
+                self._prefilling = [s for s in self._prefilling if s.m < s.input_tokens]
+                for s in done:
+                    self._join_decoding(s)
+        for s in admitted:
+            if self.waiting and self.waiting[0] is s:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(s)
+            bisect.insort(self.running, s, key=_arrival_key)
+            self._running_ids.add(s.id)
+            if s.m >= s.input_tokens:
+                self._join_decoding(s)
+            else:  # (a request finished in this batch has m = 0 and leaves again below)
+                bisect.insort(self._prefilling, s, key=_arrival_key)
+            if self.policy.eviction_free:
+                self._reserved[s.id] = blocks(s.req.peak_kv_tokens)
+                self._reserved_total += self._reserved[s.id]
         for s in finished:
             self._leave_running(s)
+        if self.policy.eviction_free:
+            return
+        if kv_used is None:
+            self._kv_used = sum(blocks(s.m) for s in self.running)
+        else:
+            self._kv_used = kv_used - sum(blocks(s.req.peak_kv_tokens) for s in finished)
+
+    def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
+        if not self.policy.eviction_free:  # every running request decoded ``copies`` more tokens
+            self.sync_states()
+            blocks = self.limits.blocks
+            self._kv_used = sum(blocks(s.m) for s in self.running)
+
+    def _join_decoding(self, s: RequestState) -> None:
+        i = bisect.bisect_right(self._decoding, _arrival_key(s), key=_arrival_key)
+        self._decoding.insert(i, s)
+        self._decode_items.insert(i, (s.id, 1))
 
     def _leave_running(self, s: RequestState) -> None:
         self.running.remove(s)
         self._running_ids.discard(s.id)
         self._reserved_total -= self._reserved.pop(s.id, 0)
+        i = bisect.bisect_left(self._decoding, _arrival_key(s), key=_arrival_key)
+        if i < len(self._decoding) and self._decoding[i] is s:
+            del self._decoding[i], self._decode_items[i]
+        else:
+            self._prefilling.remove(s)
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
         if not batch.evict:
             return True
+        self.sync_states()
         pol, lim = self.policy, self.limits
         if pol.grouping == "rank":
             return False
@@ -279,7 +369,7 @@ class Algorithm1Scheduler(Scheduler):
             kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m + 1) for s in self.running))
         else:  # prefill_first: the head is tried first, with the whole budget
             tokens_left = lim.C
-            kv_free = lim.M - (self._reserved_total if pol.eviction_free else sum(blocks(s.m) for s in self.running))
+            kv_free = lim.M - (self._reserved_total if pol.eviction_free else self._kv_used)
         try:
             failure, _, _ = self._can_allocate(self.waiting[0], True, tokens_left, lim.prefill_budget, kv_free, n)
         except InfeasibleRequestError:
@@ -287,6 +377,7 @@ class Algorithm1Scheduler(Scheduler):
         return failure is not None
 
     def describe_state(self) -> str:
+        self.sync_states()
         lim = self.limits
         used = self._reserved_total if self.policy.eviction_free else sum(lim.blocks(s.m) for s in self.running)
         return f"waiting={len(self.waiting)}, running={len(self.running)}, KV {'reserved' if self.policy.eviction_free else 'used'}={used}/{lim.M}"

@@ -44,6 +44,32 @@ class Scheduler(ABC):
         False, makes the engine ask for every batch."""
         return False
 
+    # True promises that the scheduler reads ``m``, ``generated`` and ``last_token_s`` of running
+    # decode-phase requests only through `cached_tokens`, or after calling `sync_states`; the engine then
+    # lets the replayer advance such requests lazily (`Replayer` "lazy decode cohort") and sets both
+    # hooks. The default, False, keeps every request state current after every batch.
+    lazy_decode_ok = False
+
+    @staticmethod
+    def cached_tokens(s: RequestState) -> int:
+        """A request's cached tokens ``m`` (replaced by the engine when ``lazy_decode_ok``)."""
+        return s.m
+
+    @staticmethod
+    def sync_states() -> None:
+        """Bring every request state up to date (replaced by the engine when ``lazy_decode_ok``)."""
+
+    @staticmethod
+    def cohort_block_openers(items: list) -> int | None:
+        """KV blocks opened by decoding ``items`` if the replayer can tell in O(1), else None (replaced by
+        the engine when ``lazy_decode_ok``)."""
+        return None
+
+    def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
+        """Called after the engine applied ``copies`` further copies of ``batch`` on the strength of
+        `repeats_full_decode` (without `next_batch` / `batch_done` for them): a scheduler that keeps
+        totals of its requests' state (such as KV in use) brings them up to date. Default: nothing."""
+
     def __init__(self, limits: Limits, cost_model: CostModel | None = None):
         self.limits = limits
         self.cost_model = cost_model

@@ -1,0 +1,173 @@
+"""The engine's incremental state is exact: results equal the item-by-item paths, totals equal rescans.
+
+Reference: the same simulation with every incremental shortcut switched off — the Replayer's
+plain-decoder path (its set is emptied before each batch, so every item takes the per-item rules),
+Algorithm 1's group fast paths (its groups are handed over as fresh lists, which the identity checks
+never recognise) and its planned bookkeeping (forgotten after each plan, so `batch_done` examines the
+batch item by item and rescans the KV in use) — and the decode fast-forward.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_engine_fast import COSTS, LINEAR, SWAP, assert_identical, cases
+
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.metrics import SimResult
+from infermax.replay import Replayer, ScheduleViolation, replay
+from infermax.request import Request
+from infermax.schedule import ScheduledBatch
+from infermax.schedulers import available
+from infermax.schedulers.algorithm1 import Algorithm1Scheduler
+from infermax.workload import fixed
+
+
+@pytest.fixture
+def item_by_item(monkeypatch):
+    """Returns a context switch: inside ``with item_by_item():`` every incremental shortcut is off."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def switch():
+        apply, groups, plan = Replayer.apply, Algorithm1Scheduler._groups, Algorithm1Scheduler.next_batch
+
+        def apply_slow(self, batch):
+            self.materialize()
+            self.lazy_decoders = False
+            self._plain.clear()
+            return apply(self, batch)
+
+        def groups_copied(self):
+            gs, priority = groups(self)
+            if priority is None:  # decode_first: the decode list then the prefill list
+                priority = self._decoding + self._prefilling
+            return [(list(c), stop) for c, stop in gs], list(priority)
+
+        def plan_forgotten(self, now_s):
+            batch = plan(self, now_s)
+            self._planned = None
+            return batch
+
+        with monkeypatch.context() as m:
+            m.setattr(Replayer, "apply", apply_slow)
+            m.setattr(Algorithm1Scheduler, "_groups", groups_copied)
+            m.setattr(Algorithm1Scheduler, "next_batch", plan_forgotten)
+            yield
+
+    return switch
+
+
+@pytest.fixture
+def checked_totals(monkeypatch):
+    """After every `batch_done` of an Algorithm 1 scheduler, its incremental lists and KV total must equal
+    what a rescan of the running requests gives (the pre-incremental definitions)."""
+    done = Algorithm1Scheduler.batch_done
+    calls = {"n": 0}
+
+    def checked(self, batch, finished):
+        done(self, batch, finished)
+        calls["n"] += 1
+        running, m = self.running, self.cached_tokens  # (a lazily advanced decoder's m field may lag)
+        assert self._decoding == [s for s in running if m(s) >= s.input_tokens]
+        assert self._prefilling == [s for s in running if m(s) < s.input_tokens]
+        assert self._decode_items == [(s.id, 1) for s in self._decoding]
+        if not self.policy.eviction_free:
+            assert self._kv_used == sum(self.limits.blocks(m(s)) for s in running)
+
+    monkeypatch.setattr(Algorithm1Scheduler, "batch_done", checked)
+    return calls
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(cases())
+def test_incremental_equals_item_by_item(item_by_item, checked_totals, case):
+    reqs, limits, name, cost_name = case
+    cost = COSTS[cost_name]
+    with item_by_item():
+        slow = simulate(reqs, name, limits, cost, fast_forward=False, swap_cost=SWAP)
+    fast = simulate(reqs, name, limits, cost, swap_cost=SWAP)
+    assert_identical(slow, fast)
+    # and a replay of the Schedule (plain decoders recognised from a saved schedule) reproduces it
+    replayed = replay(fast.schedule, cost, swap_cost=SWAP)
+    pd.testing.assert_frame_equal(fast.requests, replayed.requests)
+    pd.testing.assert_frame_equal(fast.batches, replayed.batches)
+
+
+@pytest.mark.parametrize("name", [n for n in available() if n != "bros-strict"])
+@pytest.mark.parametrize("I, O, B, M, block", [(8, 64, 6, 100_000, 1), (64, 200, 40, 4000, 1), (30, 90, 20, 1500, 16),
+                                               (100, 40, 60, 5000, 16)])
+def test_incremental_equals_item_by_item_fixed(item_by_item, checked_totals, name, I, O, B, M, block):
+    # Long decode phases, chunked prefills beside decodes, and (small M) evictions between them.
+    reqs = fixed(I, O, B)
+    limits = Limits(C=512, M=M, block_size=block)
+    with item_by_item():
+        slow = simulate(reqs, name, limits, LINEAR, fast_forward=False, swap_cost=SWAP)
+    fast = simulate(reqs, name, limits, LINEAR, swap_cost=SWAP)
+    assert_identical(slow, fast)
+
+
+def test_checked_totals_see_algorithm1_batches(checked_totals):
+    simulate(fixed(30, 20, 10), "sarathi", Limits(C=64, M=400), LINEAR)
+    assert checked_totals["n"] > 0  # the invariant checks above really ran
+
+
+def _decoding_replayer(lazy: bool) -> Replayer:
+    rp = Replayer([Request(0, 0.0, 4, 10), Request(1, 0.0, 4, 10)], Limits(), LINEAR, lazy_decoders=lazy)
+    rp.apply(ScheduledBatch(items=[(0, 4), (1, 4)]))
+    rp.apply(ScheduledBatch(items=[(0, 1), (1, 1)]))  # both are plain decoders now
+    assert rp._plain == {0, 1}
+    return rp
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("batch, rule", [
+    (ScheduledBatch(items=[(0, 1), (0, 1)]), "duplicate"),
+    (ScheduledBatch(items=[(0, 1), (1, 1), (0, 1)]), "duplicate"),
+    (ScheduledBatch(items=[(0, 2)]), "decode"),
+    (ScheduledBatch(items=[(1, 1)], evict=[1]), "evict-and-process"),
+    (ScheduledBatch(items=[(0, 1)], hidden=frozenset({0})), "cache-form"),
+])
+def test_plain_decoders_still_break_rules(batch, rule, lazy):
+    rp = _decoding_replayer(lazy)
+    rp.apply(ScheduledBatch(items=[(0, 1), (1, 1)]))  # with lazy_decoders, a batch of the whole cohort
+    with pytest.raises(ScheduleViolation) as exc:
+        rp.apply(batch)
+    assert exc.value.rule == rule
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_plain_decoder_finishes_at_its_last_token(lazy):
+    rp = _decoding_replayer(lazy)
+    for _ in range(7):  # tokens 3..9 of 10
+        assert rp.apply(ScheduledBatch(items=[(0, 1), (1, 1)])) == []
+    finished = rp.apply(ScheduledBatch(items=[(1, 1), (0, 1)]))
+    assert [s.id for s in finished] == [1, 0]  # in item order
+    assert all(s.generated == 10 and s.finish_s == rp.clock_s for s in finished)
+    assert rp._plain == set() and rp.kv_tokens == 0
+
+
+def test_lazy_cohort_equals_eager_replayer():
+    """Members finishing inside cohort batches, joiners, and a reordering that dissolves the cohort."""
+    reqs = [Request(i, 0.0, 3 + i, 4 + 3 * i) for i in range(5)]
+    tables = []
+    for lazy in (False, True):
+        rp = Replayer(reqs, Limits(block_size=4), LINEAR, lazy_decoders=lazy)
+        rp.apply(ScheduledBatch(items=[(0, 3), (1, 4), (2, 2)]))
+        left, step = {0, 1, 2, 3, 4}, 0
+        while left:
+            running = sorted(i for i in left if rp.states[i].finish_s is None)
+            items = [(i, 1) if rp.cached_tokens(rp.states[i]) >= rp.states[i].input_tokens
+                     else (i, rp.states[i].input_tokens - rp.cached_tokens(rp.states[i])) for i in running]
+            if step == 5:
+                items.reverse()  # a different order: the cohort is brought up to date, then re-formed
+            for s in rp.apply(ScheduledBatch(items=items)):
+                left.discard(s.id)
+            step += 1
+        rp.check_complete()
+        assert rp._epoch > 0 if lazy else rp._epoch == 0  # cohort batches really happened
+        tables.append(SimResult.from_replayer(rp))
+    pd.testing.assert_frame_equal(tables[0].requests, tables[1].requests)
+    pd.testing.assert_frame_equal(tables[0].batches, tables[1].batches)
