@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infermax.costmodel import AffinePiece, CostTerm, load_cost_model
+from infermax.costmodel.swap import SwapCost
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.request import Request
@@ -138,6 +139,7 @@ def test_negative_slope_refused_where_monotonicity_is_needed():
 
 
 SCHEDULERS = [n for n in available() if n != "bros-strict"]
+SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
 
 
 @st.composite
@@ -165,7 +167,7 @@ COST = load_cost_model()  # the default (fitted piecewise, steps and caps)
 @given(workloads(), st.sampled_from(SCHEDULERS))
 def test_bound_below_every_scheduler(case, scheduler):
     reqs, limits = case
-    result = simulate(reqs, scheduler, limits, COST)
+    result = simulate(reqs, scheduler, limits, COST, swap_cost=SWAP)  # BROS and EcoServe may swap
     uses_hidden = bool(result.batches["hidden_seqs"].sum())
     # the schedule is validated under its own limits (BROS counts tokens: block size 1)
     bounder = LowerBounder(reqs, result.schedule.limits, COST, hidden_cache=uses_hidden)
