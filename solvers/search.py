@@ -254,9 +254,11 @@ def _evaluate(st: _State, cand: Candidate) -> float | None:
     return value
 
 
-def _local_search(st: _State, rng: random.Random) -> None:
-    """Neighbours of the best candidate until time runs out or no neighbour is new."""
-    while st.best is not None and time.perf_counter() < st.deadline:
+def _local_search(st: _State, rng: random.Random, patience: int = 2) -> None:
+    """Neighbours of the best candidate until time runs out, no neighbour is new, or ``patience``
+    rounds in a row brought no improvement."""
+    idle = 0
+    while st.best is not None and idle < patience and time.perf_counter() < st.deadline:
         neighbours = [c for c in _neighbours(st, st.best[1], rng) if c.name not in st.seen]
         if not neighbours:
             return
@@ -265,8 +267,7 @@ def _local_search(st: _State, rng: random.Random) -> None:
             _evaluate(st, cand)
             if time.perf_counter() >= st.deadline:
                 return
-        if st.best[0] >= before and not _has_random_neighbours(st.best[1], st.requests):
-            return
+        idle = idle + 1 if st.best[0] >= before else 0
 
 
 def _has_random_neighbours(cand: Candidate, requests) -> bool:

@@ -123,6 +123,10 @@ class _ProfileScheduler(Scheduler):
         self._new: list[RequestState] = []
         self._decode_batch = False
         self._traj_cache: dict[tuple[int, int], np.ndarray] = {}
+        # Hybrid mode: the step at which each request's exact trajectory starts. The engine's
+        # fast-forward applies repeated decode batches without calling batch_done, so the step clock is
+        # re-derived from a running request's progress (it generates one token per step from t0 on).
+        self._t0: dict[int, int] = {}
 
     def _traj(self, first_kv: int, steps: int) -> np.ndarray:
         key = (first_kv, steps)
@@ -159,6 +163,7 @@ class _ProfileScheduler(Scheduler):
         if len(traj) and not self.profile.fits(self.step, traj, lim.M):
             return None
         self.profile.add(self.step, traj)
+        self._t0[s.id] = self.step
         return I, prefill_kv
 
     def _try_admit_long(self, s: RequestState, prefill_left: int, holders: int):
@@ -230,6 +235,9 @@ class _ProfileScheduler(Scheduler):
             self._decode_batch = True
             return ScheduledBatch(items=decodes + [(s.id, c)])
         if self.hybrid:
+            if self.running:
+                s = self.running[0]
+                self.step = self._t0[s.id] + s.generated
             self._decode_batch = True
             n = len(decodes)
             return ScheduledBatch(items=decodes + self._admit(lim.C - n, min(lim.prefill_budget, lim.C - n), 0))
@@ -248,6 +256,7 @@ class _ProfileScheduler(Scheduler):
                 env, off = self.long["env"], self.step - self.long["t0"]
                 self.profile.add(self.step, env[off:], sign=-1)
                 self.profile.add(self.step, self._traj(s.req.prompt_tokens, s.req.output_tokens))
+                self._t0[s.id] = self.step
                 self.long = None
         if finished:
             done = {s.id for s in finished}
@@ -306,11 +315,11 @@ class ClairvoyantScheduler(_ProfileScheduler):
         return bool(self.waiting)
 
 
-def latest_start_plan(requests: Sequence[Request], limits: Limits, order: str = "long_peak", *,
+def latest_start_plan(requests: Sequence[Request], limits: Limits, order: str | Sequence[int] = "long_peak", *,
                       start_every: int = 1, prefill_cap: int | None = None,
                       lookahead: int = 8) -> list[tuple[int, int]]:
     """Reverse-time greedy: ``(planned start step, request id)`` sorted by step, every request placed as
-    late as possible in ``order`` (`RANKS`; the first placed finishes last) so that per step the KV
+    late as possible in ``order`` (a `RANKS` key or a list of ids; the first placed finishes last) so that per step the KV
     (``blocks(I + k)``) fits ``M``, the holders fit ``Rmax``, and the prompts started in one step fit
     ``prefill_cap`` (default half of ``min(C, P)``, leaving the rest of the token budget to the
     decodes; the executor enforces ``C`` exactly and delays a request that does not fit).
@@ -325,7 +334,13 @@ def latest_start_plan(requests: Sequence[Request], limits: Limits, order: str = 
         if r.prompt_tokens > budget:
             raise InfeasibleRequestError(f"request {r.id}: prompt {r.prompt_tokens} exceeds min(C, P) = {budget}; "
                                          "the latest-start plan prefills every prompt in one batch")
-    todo = deque(sorted(requests, key=RANKS[order]))
+    if isinstance(order, str):
+        todo = deque(sorted(requests, key=RANKS[order]))
+    else:  # an explicit placement order of request ids
+        by_id = {r.id: r for r in requests}
+        todo = deque(by_id[rid] for rid in order)
+        if len(todo) != len(by_id):
+            raise ValueError("an explicit plan order must list every request id once")
     kv, pre, hold = KVProfile(), KVProfile(), KVProfile()
     rev_traj: dict[tuple[int, int], np.ndarray] = {}
     placed: list[tuple[int, int]] = []  # (reversed index of the start step, id)
