@@ -187,7 +187,9 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
     alg1 = [n for n, p in policies_of.items() if p is not None and _policy_allows(p, policies)]
     out: list[Candidate] = [_registered(n) for n in alg1 if n.endswith("-ef")]  # the cheapest to simulate
     if ours_ok:  # clairvoyant eviction-free schedulers
+        budget = min(limits.C, limits.prefill_budget)
         out += [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
+        out.append(_plan(requests, limits, hybrid, start_every=4, prefill_cap=budget))
         ranks = ["short_output", "short_total", "arrival"] if latency_like else ["arrival", "short_output"]
         out += [_clairvoyant(limits, hybrid, rk) for rk in (ranks[:1] if identical else ranks)]
         if latency_like:

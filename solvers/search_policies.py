@@ -252,7 +252,7 @@ class _ProfileScheduler(Scheduler):
         self._new = []
         if self.long is not None:
             s = self._by_id[self.long["id"]]
-            if s.m >= s.input_tokens:  # its prefill ended in this step: envelope -> exact trajectory
+            if s.finished or s.m >= s.input_tokens:  # its prefill ended in this step: envelope -> exact trajectory
                 env, off = self.long["env"], self.step - self.long["t0"]
                 self.profile.add(self.step, env[off:], sign=-1)
                 self.profile.add(self.step, self._traj(s.req.prompt_tokens, s.req.output_tokens))
