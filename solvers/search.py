@@ -67,6 +67,7 @@ class Candidate:
     params: dict
     build: Callable[[], tuple]  # -> (scheduler instance or registered name, limits to simulate with)
     registered: bool = False
+    order_ids: list[int] | None = None  # a plan's explicit placement order (kept out of params: large)
 
 
 @dataclass
@@ -155,8 +156,8 @@ def _plan(requests, limits: Limits, hybrid: bool, order="long_peak", start_every
         return PlannedScheduler(limits, plan, hybrid=hybrid, name=label), limits
 
     return Candidate(label, "plan", {"order": shown, "start_every": start_every, "prefill_cap": prefill_cap,
-                                     "hybrid": hybrid, **({"order_ids": list(order)} if not isinstance(order, str) else {})},
-                     build)
+                                     "hybrid": hybrid}, build,
+                     order_ids=None if isinstance(order, str) else list(order))
 
 
 def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None = None,
@@ -190,7 +191,8 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
         budget = min(limits.C, limits.prefill_budget)
         out += [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
         out.append(_plan(requests, limits, hybrid, start_every=4, prefill_cap=budget))
-        ranks = ["short_output", "short_total", "arrival"] if latency_like else ["arrival", "short_output"]
+        ranks = (["small_area", "short_total", "short_output", "short_prompt", "arrival"] if latency_like
+                 else ["arrival", "short_output"])
         out += [_clairvoyant(limits, hybrid, rk) for rk in (ranks[:1] if identical else ranks)]
         if latency_like:
             out += [_clairvoyant(limits, hybrid, ranks[0], rmax=max(1, int(n_fit * f))) for f in (0.25, 0.5, 0.75)]
@@ -283,7 +285,7 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
         k, cap = p["start_every"], p["prefill_cap"]
         budget = min(lim.C, lim.prefill_budget)
         cap0 = cap if cap is not None else max(1, budget // 2)
-        order = p.get("order_ids", p["order"])
+        order = cand.order_ids if cand.order_ids is not None else p["order"]
         for k2 in {max(1, k // 2), k * 2, max(1, k - 1), k + 1} - {k}:
             out.append(_plan(st.requests, lim, p["hybrid"], order, k2, cap, p["order"]))
         for cap2 in {max(1, cap0 // 2), min(budget, cap0 * 3 // 2), budget} - {cap0}:

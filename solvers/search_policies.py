@@ -30,7 +30,7 @@ envelope is replaced by the exact trajectory (pointwise smaller).
 Two admission rules share this machinery:
 
 * `ClairvoyantScheduler` (forward): each batch, waiting requests in rank order (arrival, shortest
-  output, shortest total, longest peak) are admitted while they fit the profile, the token budget,
+  output, prompt or total, smallest KV area ``O·I + O(O − 1)/2``, longest peak) are admitted while they fit the profile, the token budget,
   ``Rmax`` and an optional cap on admissions per batch (pacing). Greedy admission front-loads: at
   B = 1024, I = 1, O = 256 it admits 390 requests at step 0 whose joint peak at step 255 then
   blocks every later admission, which is the ``-ef`` schedulers' wave pattern again.
@@ -66,6 +66,9 @@ RANKS = {
     "short_output": lambda r: (r.output_tokens, r.arrival_s, r.id),
     "short_total": lambda r: (r.prompt_tokens + r.output_tokens, r.arrival_s, r.id),
     "short_prompt": lambda r: (r.prompt_tokens, r.arrival_s, r.id),
+    # KV-token-steps a request occupies, O·I + O(O−1)/2: its share of the binding resource when KV-bound
+    "small_area": lambda r: (r.output_tokens * r.prompt_tokens + r.output_tokens * (r.output_tokens - 1) // 2,
+                             r.arrival_s, r.id),
     "long_peak": lambda r: (-(r.prompt_tokens + r.output_tokens), r.arrival_s, r.id),
 }
 
