@@ -10,8 +10,10 @@ Order of evaluation (cheap and promising first; docs/design.md, "Schedule search
 
 1. the registered Algorithm-1 schedulers (vLLM, Sarathi, ranking schedulers and their ``-ef``
    variants), skipping those whose policy cannot satisfy the forced `Policies`;
-2. clairvoyant eviction-free schedulers (`solvers/search_policies.py`): the latest-start plan with a
-   few start spacings and orders, and forward profile-checked admission with a few rankings;
+2. clairvoyant schedulers (`solvers/search_policies.py`): the latest-start plan with a few start
+   spacings and orders, forward profile-checked admission with a few rankings (both eviction-free),
+   and, when the objective weighs TTFT, first-token-first (prefills every request's prompt as early
+   as the limits allow, evicting) at a few prefill budgets;
 3. points of the Algorithm-1 template's space: Sarathi P=C with other ``P``, admission caps ``Rmax``
    around the number of requests whose peaks fit ``M``, ranking keys with and without eviction;
 4. local search around the best candidate while time remains (neighbouring parameters, random
@@ -40,7 +42,7 @@ from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available
 
 from .objective import Objective
 from .policy import Policies, policy_violations
-from .search_policies import ClairvoyantScheduler, PlannedScheduler, latest_start_plan
+from .search_policies import ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler, latest_start_plan
 
 REPLAY_RTOL = 1e-9
 
@@ -170,6 +172,13 @@ def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None 
                               lim))
 
 
+def _first_token(limits: Limits, hybrid: bool, P: int | None = None) -> Candidate:
+    label = "first-token-first" + (f" P={P}" if P else "")
+    lim = limits if P is None else replace(limits, P=min(P, limits.prefill_budget))
+    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid},
+                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label), lim))
+
+
 def _fit_count(requests, limits: Limits) -> int:
     """How many requests of mean peak ``I + O − 1`` fit ``M`` at once."""
     mean_peak = sum(r.peak_kv_tokens for r in requests) / len(requests)
@@ -198,6 +207,8 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             out += [_clairvoyant(limits, hybrid, ranks[0], rmax=max(1, int(n_fit * f))) for f in (0.25, 0.5, 0.75)]
         if not identical:
             out += [_plan(requests, limits, hybrid, order=o, start_every=4) for o in ("short_output", "arrival")]
+        if objective.ttft > 0 and not policies.eviction_free:
+            out += [_first_token(limits, hybrid, P) for P in (None, budget // 2, budget // 4, budget // 16) if P != 0]
     out += [_registered(n) for n in alg1 if not n.endswith("-ef")]
     # points of the Algorithm-1 template's space
     for name in ("sarathi-pc", "vllm", "rank-o", "rank-o-ef", "vllm-ef"):
@@ -299,6 +310,11 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
                     new[i], new[j] = new[j], new[i]
                 tag = f"{p['order'].split('+')[0]}+perturbed#{rng.randrange(1 << 30)}"
                 out.append(_plan(st.requests, lim, p["hybrid"], new, k, cap, tag))
+    elif cand.family == "first-token":
+        P = p["P"] or min(lim.C, lim.prefill_budget)
+        for P2 in (int(P * 0.7), int(P * 1.4)):
+            if 1 <= P2 <= lim.prefill_budget:
+                out.append(_first_token(lim, p["hybrid"], P2))
     elif cand.family == "clairvoyant":
         m = p["max_admit"]
         n_fit = _fit_count(st.requests, lim)

@@ -126,9 +126,9 @@ class _ProfileScheduler(Scheduler):
         self._new: list[RequestState] = []
         self._decode_batch = False
         self._traj_cache: dict[tuple[int, int], np.ndarray] = {}
-        # Hybrid mode: the step at which each request's exact trajectory starts. The engine's
-        # fast-forward applies repeated decode batches without calling batch_done, so the step clock is
-        # re-derived from a running request's progress (it generates one token per step from t0 on).
+        # Hybrid mode: per running request, ``t0`` with next step = t0 + tokens generated so far. The
+        # engine's fast-forward applies repeated decode batches without calling batch_done, so the step
+        # clock is re-derived from a running request's progress (one token per step).
         self._t0: dict[int, int] = {}
 
     def _traj(self, first_kv: int, steps: int) -> np.ndarray:
@@ -142,8 +142,8 @@ class _ProfileScheduler(Scheduler):
     def _try_admit(self, s: RequestState, tokens_left: int, prefill_left: int, holders: int,
                    prefill_kv: int) -> tuple[int, int] | None:
         """(tokens c, KV of the prefill-only batch so far) if ``s`` is admitted now (profile updated), else None."""
-        lim, r = self.limits, s.req
-        I, O = r.prompt_tokens, r.output_tokens
+        lim = self.limits
+        I, O = s.input_tokens, s.req.output_tokens - s.generated  # an evicted request re-prefills Icur
         if lim.Rmax is not None and holders >= lim.Rmax:
             return None
         if holders + 1 > lim.C:  # every holder needs a token in every later batch
@@ -153,7 +153,7 @@ class _ProfileScheduler(Scheduler):
                 raise InfeasibleRequestError(
                     f"request {s.id}: prompt {I} exceeds min(C, P) = {min(lim.C, lim.prefill_budget)}; the "
                     "clairvoyant scheduler chunks long prompts only with hybrid batching")
-            return self._try_admit_long(s, prefill_left, holders)
+            return self._try_admit_long(s, I, O, prefill_left, holders)
         if I > prefill_left or I > tokens_left:
             return None
         if self.hybrid:
@@ -166,14 +166,13 @@ class _ProfileScheduler(Scheduler):
         if len(traj) and not self.profile.fits(self.step, traj, lim.M):
             return None
         self.profile.add(self.step, traj)
-        self._t0[s.id] = self.step
+        self._t0[s.id] = self.step - s.generated
         return I, prefill_kv
 
-    def _try_admit_long(self, s: RequestState, prefill_left: int, holders: int):
-        lim, r = self.limits, s.req
+    def _try_admit_long(self, s: RequestState, I: int, O: int, prefill_left: int, holders: int):
+        lim = self.limits
         if self.long is not None or prefill_left < 1:
             return None
-        I, O = r.prompt_tokens, r.output_tokens
         q_min = min(lim.prefill_budget, lim.C - holders)  # its chunk while ``holders`` requests decode
         q_max = min(lim.prefill_budget, lim.C)
         if q_min < 1:
@@ -182,13 +181,13 @@ class _ProfileScheduler(Scheduler):
         t0 = self.step
         t_early = t0 + math.ceil((I - first) / q_max)
         t_late = t0 + math.ceil((I - first) / q_min)
-        env = np.minimum(np.maximum(np.arange(t0, t_late + O) - t_early, 0) + I, r.peak_kv_tokens)
+        env = np.minimum(np.maximum(np.arange(t0, t_late + O) - t_early, 0) + I, I + O - 1)
         if lim.block_size > 1:
             env = -(-env // lim.block_size) * lim.block_size
         if not self.profile.fits(t0, env, lim.M):
             return None
         self.profile.add(t0, env)
-        self.long = {"id": s.id, "t0": t0, "env": env}
+        self.long = {"id": s.id, "t0": t0, "env": env, "I": I, "O": O}
         return first, 0
 
     def _candidates(self):
@@ -258,8 +257,8 @@ class _ProfileScheduler(Scheduler):
             if s.finished or s.m >= s.input_tokens:  # its prefill ended in this step: envelope -> exact trajectory
                 env, off = self.long["env"], self.step - self.long["t0"]
                 self.profile.add(self.step, env[off:], sign=-1)
-                self.profile.add(self.step, self._traj(s.req.prompt_tokens, s.req.output_tokens))
-                self._t0[s.id] = self.step
+                self.profile.add(self.step, self._traj(self.long["I"], self.long["O"]))
+                self._t0[s.id] = self.step + 1 - s.generated
                 self.long = None
         if finished:
             done = {s.id for s in finished}
@@ -316,6 +315,108 @@ class ClairvoyantScheduler(_ProfileScheduler):
 
     def _has_waiting(self) -> bool:
         return bool(self.waiting)
+
+
+class FirstTokenScheduler(ClairvoyantScheduler):
+    """For mean TTFT: first tokens first, evicting (recompute) whatever holds the KV they need.
+
+    While some arrived request has no token yet, each batch is prefill-only: such requests, shortest
+    prompt first, each prefilled whole (a prompt over ``min(C, P)`` raises `InfeasibleRequestError`),
+    within ``C``/``P``; when ``M`` or ``Rmax`` is short, running requests are evicted (largest KV first)
+    to make room. Mean TTFT only counts first tokens, so the optimum for it may well recompute;
+    the latency of everyone else is not its concern. Otherwise the forward clairvoyant rule runs over
+    the rest (evicted requests re-prefill ``Icur`` and have ``O − g`` tokens left). Its profile is only
+    valid while decodes run every step, so after prefill-only batches it is rebuilt from the running
+    requests (their exact remaining trajectories, ``blocks(m + 1 + k)``), evicting, in the first batch
+    back, those that do not fit ``M`` or ``C`` (latest-admitted first).
+    """
+
+    def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, rank: str = "small_area",
+                 hybrid: bool = True, name: str | None = None):
+        super().__init__(limits, cost_model, rank=rank, hybrid=hybrid, name=name or f"first-token-first rank={rank}")
+        self._dirty = False
+        self._evicting: list[RequestState] = []
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        self._evicting = []
+        fresh = sorted((s for s in self.waiting if s.generated == 0 and s.m == 0),
+                       key=lambda s: (s.req.prompt_tokens, s.req.arrival_s, s.id))
+        if fresh:
+            return self._first_tokens(fresh)
+        if not self._dirty:
+            return super().next_batch(now_s)
+        self._dirty = False
+        keep, self._evicting = self._rebuild()
+        self.running = keep
+        batch = super().next_batch(now_s)
+        batch.evict = [s.id for s in self._evicting]
+        return batch
+
+    def _first_tokens(self, fresh: list[RequestState]) -> ScheduledBatch:
+        lim = self.limits
+        budget = min(lim.C, lim.prefill_budget)
+        kv = sum(lim.blocks(s.m) for s in self.running)
+        victims = sorted(self.running, key=lambda s: (s.m, s.id))  # evict from the end: largest KV first
+        holders = len(self.running)
+        items, evict = [], []
+        for s in fresh:
+            I = s.req.prompt_tokens
+            if I > min(lim.C, lim.prefill_budget):
+                raise InfeasibleRequestError(f"request {s.id}: prompt {I} exceeds min(C, P); {self.name} prefills whole prompts")
+            if I > budget:
+                break
+            need = lim.blocks(I)
+            while victims and (kv + need > lim.M or (lim.Rmax is not None and holders >= lim.Rmax)):
+                v = victims.pop()
+                evict.append(v)
+                kv -= lim.blocks(v.m)
+                holders -= 1
+            if kv + need > lim.M or (lim.Rmax is not None and holders >= lim.Rmax):
+                break
+            items.append((s.id, I))
+            self._new.append(s)
+            kv += need
+            holders += 1
+            budget -= I
+        self._evicting = evict
+        self._remove(self._new)
+        self._decode_batch = False
+        self._dirty = True
+        return ScheduledBatch(items=items, evict=[v.id for v in evict])
+
+    def _rebuild(self) -> tuple[list[RequestState], list[RequestState]]:
+        lim = self.limits
+        self.profile = KVProfile()
+        self.step = 0
+        self._t0 = {}
+        keep, evict = [], []
+        for s in self.running:  # admission order: the latest admitted are evicted first
+            traj = self._traj(s.m + 1, s.req.output_tokens - s.generated)
+            if len(keep) + 1 < lim.C and self.profile.fits(0, traj, lim.M):
+                self.profile.add(0, traj)
+                self._t0[s.id] = -s.generated
+                keep.append(s)
+            else:
+                evict.append(s)
+        return keep, evict
+
+    def _candidates(self):
+        out = super()._candidates()
+        if self._evicting:
+            gone = {s.id for s in self._evicting}
+            return [s for s in out if s.id not in gone]
+        return out
+
+    def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        if self._evicting:
+            gone = {s.id for s in self._evicting}
+            self.running = [s for s in self.running if s.id not in gone]
+            self.waiting = sorted(self.waiting + self._evicting, key=lambda s: self.rank(s.req))
+            self._evicting = []
+        super().batch_done(batch, finished)
+
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        return not self._dirty and super().repeats_full_decode(batch)
 
 
 def latest_start_plan(requests: Sequence[Request], limits: Limits, order: str | Sequence[int] = "long_peak", *,

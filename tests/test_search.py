@@ -17,7 +17,8 @@ from infermax.schedulers import InfeasibleRequestError
 from solvers.objective import Objective
 from solvers.policy import Policies, policy_violations
 from solvers.search import search
-from solvers.search_policies import RANKS, ClairvoyantScheduler, PlannedScheduler, latest_start_plan
+from solvers.search_policies import (RANKS, ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler,
+                                     latest_start_plan)
 
 COST = AffineCost(0.01, 0.001)
 OBJECTIVES = [Objective(makespan=1), Objective(latency=1), Objective(ttft=1), Objective(makespan=1, ttft=0.5)]
@@ -82,17 +83,47 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
                                        hybrid=hybrid))
     except InfeasibleRequestError:
         assert any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs)
+    long_prompt = any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs)
     for sched in scheds:
         try:
             res = simulate(reqs, sched, limits, COST)
         except InfeasibleRequestError:
-            assert not hybrid and any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs)
+            assert not hybrid and long_prompt
             continue
         assert res.summary["evictions"] == 0
         assert (res.batches.kv_tokens_peak <= limits.M).all()
         assert (res.requests.generated_tokens == res.requests.output_tokens).all()
         if not hybrid:
             assert policy_violations(res.schedule, Policies(no_hybrid=True, eviction_free=True), COST) == []
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans())
+def test_first_token_scheduler_completes_within_the_limits(case, hybrid):
+    reqs, limits = case
+    try:
+        res = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid), limits, COST)
+    except InfeasibleRequestError:
+        assert any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs)
+        return
+    assert (res.batches.kv_tokens_peak <= limits.M).all()
+    assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+    if not hybrid:
+        assert policy_violations(res.schedule, Policies(no_hybrid=True), COST) == []
+
+
+def test_first_token_scheduler_by_hand():
+    # Four requests I=2, O=3 offline, M=6, C=4: batch 0 prefills r0, r1 (4 tokens, KV 4). Batch 1 prefills
+    # r2 (KV 6) and r3, for which one holder is evicted (ties on KV: the higher id, r1). So every first
+    # token comes within two batches.
+    reqs = [Request(i, 0.0, 2, 3) for i in range(4)]
+    limits = Limits(C=4, M=6)
+    res = simulate(reqs, FirstTokenScheduler(limits, COST), limits, COST)
+    b = res.schedule.batches
+    assert sorted(b[0].items) == [(0, 2), (1, 2)] and b[0].evict == []
+    assert sorted(b[1].items) == [(2, 2), (3, 2)] and b[1].evict == [1]
+    assert (res.batches.kv_tokens_peak <= limits.M).all()
+    assert res.requests.set_index("id").ttft_s.max() == pytest.approx(2 * (0.01 + 4 * 0.001))
 
 
 def _hand_instance():
