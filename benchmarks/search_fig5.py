@@ -6,7 +6,7 @@ vLLM, Sarathi, Sarathi P=C), the search's best, the gain, the time taken and the
 The cost model is the one experiments/fig5_6.toml names (the paper's linear model).
 
     PYTHONPATH=$PWD python benchmarks/search_fig5.py OUT.md [--time-limit 60] [--points 1x256,64x256]
-        [--objectives makespan,latency,ttft] [--latency-points 1x256,512x1024]
+        [--objectives makespan,latency,ttft] [--latency-points 1x256,512x256] [--extra azure2000,LILO+SISO:1024]
 """
 
 from __future__ import annotations
@@ -19,16 +19,24 @@ from pathlib import Path
 
 from infermax.costmodel import load_cost_model
 from infermax.limits import Limits
-from infermax.workload import fixed
+from infermax.workload import fixed, heterogeneous_mix, load_trace
 from solvers.objective import Objective
 from solvers.search import search
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_SCHEDULERS = ("vllm", "sarathi", "sarathi-pc")
+TRACE = "azure-conv"  # the bundled Azure LLM inference conversation trace (2023)
 
 
 def _points(text: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in p.split("x")) for p in text.split(",") if p]
+
+
+def _extra(name: str):
+    if name.startswith("azure"):
+        return load_trace(TRACE, limit=int(name[len("azure"):]))
+    mix, _, B = name.partition(":")
+    return heterogeneous_mix(mix, int(B), seed=0)
 
 
 def main() -> None:
@@ -39,6 +47,9 @@ def main() -> None:
                     help="IxO points for makespan")
     ap.add_argument("--latency-points", default="1x256,512x256", help="IxO points for latency and ttft")
     ap.add_argument("--objectives", default="makespan,latency,ttft")
+    ap.add_argument("--extra", default="azure2000,LILO+SISO:1024",
+                    help="latency/ttft rows beyond Fig. 5: azureN (first N requests of the Splitwise conversation "
+                         "trace, with arrivals) and MIX:B (appendix A.3 mix); empty for none")
     args = ap.parse_args()
 
     spec = tomllib.loads((ROOT / "experiments" / "fig5_6.toml").read_text())["base"]
@@ -48,8 +59,10 @@ def main() -> None:
     for obj_name in args.objectives.split(","):
         objective = Objective.parse(obj_name)
         points = _points(args.points if obj_name == "makespan" else args.latency_points)
-        for I, O in points:
-            reqs = fixed(I, O, spec["B"])
+        workloads = [(f"I={I} O={O}", I, O, fixed(I, O, spec["B"])) for I, O in points]
+        if obj_name != "makespan":
+            workloads += [(w, "-", "-", _extra(w)) for w in args.extra.split(",") if w]
+        for label, I, O, reqs in workloads:
             t0 = time.perf_counter()
             res = search(reqs, limits, cm, objective, time_limit_s=args.time_limit)
             wall = time.perf_counter() - t0
@@ -57,7 +70,7 @@ def main() -> None:
             best_reg = min(reg, key=reg.get)
             fig = {n: reg[n] for n in FIGURE_SCHEDULERS if n in reg}
             best_fig = min(fig, key=fig.get) if fig else None
-            rows.append({"objective": obj_name, "I": I, "O": O, "best_registered": best_reg,
+            rows.append({"objective": obj_name, "workload": label, "I": I, "O": O, "best_registered": best_reg,
                          "best_registered_s": reg[best_reg], "best_fig5": best_fig,
                          "best_fig5_s": fig.get(best_fig), "search_s": res.value_s, "method": res.method,
                          "gain_vs_registered": 1 - res.value_s / reg[best_reg],
@@ -65,18 +78,18 @@ def main() -> None:
                          "evaluations": res.evaluations, "wall_s": wall})
             raw.append({**rows[-1], "result": res.to_dict()})
             r = rows[-1]
-            print(f"{obj_name} I={I} O={O}: registered {best_reg} {reg[best_reg]:.4f} | search {res.value_s:.4f} "
+            print(f"{obj_name} {label}: registered {best_reg} {reg[best_reg]:.4f} | search {res.value_s:.4f} "
                   f"({r['gain_vs_registered']:.1%}) by {res.method} | {res.evaluations} evals {wall:.0f} s", flush=True)
     out = Path(args.out)
     lines = [f"Schedule search, Fig. 5 points (B={spec['B']}, C={spec['C']}, M={spec['M']}, cost model "
              f"{spec['cost_model']}), time limit {args.time_limit:g} s per search.", "",
-             "| objective | I | O | best of vLLM/Sarathi/Sarathi P=C (s) | best registered (s) | search (s) | "
+             "| objective | workload | best of vLLM/Sarathi/Sarathi P=C (s) | best registered (s) | search (s) | "
              "gain vs registered | gain vs Fig. 5 three | wall (s) | evals | winning candidate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fig = f"{r['best_fig5']} {r['best_fig5_s']:.4f}" if r["best_fig5"] else "-"
         gfig = f"{r['gain_vs_fig5']:.1%}" if r["gain_vs_fig5"] is not None else "-"
-        lines.append(f"| {r['objective']} | {r['I']} | {r['O']} | {fig} | {r['best_registered']} "
+        lines.append(f"| {r['objective']} | {r['workload']} | {fig} | {r['best_registered']} "
                      f"{r['best_registered_s']:.4f} | {r['search_s']:.4f} | {r['gain_vs_registered']:.1%} | {gfig} | "
                      f"{r['wall_s']:.0f} | {r['evaluations']} | {r['method']} |")
     out.write_text("\n".join(lines) + "\n")

@@ -195,7 +195,10 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
     n_fit = _fit_count(requests, limits)
     policies_of = {n: _algorithm1_policy(n) for n in available()}
     alg1 = [n for n, p in policies_of.items() if p is not None and _policy_allows(p, policies)]
-    out: list[Candidate] = [_registered(n) for n in alg1 if n.endswith("-ef")]  # the cheapest to simulate
+    # Eviction-free registered schedulers are the cheapest to simulate; these are the usual winners.
+    first = ["vllm-ef", "sarathi-pc-ef"] + (["rank-i-ef", "rank-o-ef"] if latency_like else [])
+    first = [n for n in first if n in alg1]
+    out: list[Candidate] = [_registered(n) for n in first]
     if ours_ok:  # clairvoyant eviction-free schedulers
         budget = min(limits.C, limits.prefill_budget)
         out += [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
@@ -209,6 +212,7 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             out += [_plan(requests, limits, hybrid, order=o, start_every=4) for o in ("short_output", "arrival")]
         if objective.ttft > 0 and not policies.eviction_free:
             out += [_first_token(limits, hybrid, P) for P in (None, budget // 2, budget // 4, budget // 16) if P != 0]
+    out += [_registered(n) for n in alg1 if n.endswith("-ef") and n not in first]
     out += [_registered(n) for n in alg1 if not n.endswith("-ef")]
     # points of the Algorithm-1 template's space
     for name in ("sarathi-pc", "vllm", "rank-o", "rank-o-ef", "vllm-ef"):

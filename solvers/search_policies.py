@@ -389,10 +389,11 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         self.profile = KVProfile()
         self.step = 0
         self._t0 = {}
+        self.long = None  # a long prompt still in chunked prefill is evicted below (its envelope is gone)
         keep, evict = [], []
         for s in self.running:  # admission order: the latest admitted are evicted first
             traj = self._traj(s.m + 1, s.req.output_tokens - s.generated)
-            if len(keep) + 1 < lim.C and self.profile.fits(0, traj, lim.M):
+            if s.m >= s.input_tokens and len(keep) + 1 < lim.C and self.profile.fits(0, traj, lim.M):
                 self.profile.add(0, traj)
                 self._t0[s.id] = -s.generated
                 keep.append(s)
