@@ -8,13 +8,13 @@ mismatch above 1e-9 relative raises: no unreplayed number is ever reported).
 
 Order of evaluation (cheap and promising first; docs/design.md, "Schedule search"):
 
-1. the registered Algorithm-1 schedulers (vLLM, Sarathi, ranking schedulers and their ``-ef``
-   variants), skipping those whose policy cannot satisfy the forced `Policies`;
+1. the usual winners among the registered Algorithm-1 schedulers (their ``-ef`` variants are also
+   the cheapest to simulate), skipping those whose policy cannot satisfy the forced `Policies`;
 2. clairvoyant schedulers (`solvers/search_policies.py`): the latest-start plan with a few start
    spacings and orders, forward profile-checked admission with a few rankings (both eviction-free),
    and, when the objective weighs TTFT, first-token-first (prefills every request's prompt as early
    as the limits allow, evicting) at a few prefill budgets;
-3. points of the Algorithm-1 template's space: Sarathi P=C with other ``P``, admission caps ``Rmax``
+3. the other registered Algorithm-1 schedulers, then points of the template's space: Sarathi P=C with other ``P``, admission caps ``Rmax``
    around the number of requests whose peaks fit ``M``, ranking keys with and without eviction;
 4. local search around the best candidate while time remains (neighbouring parameters, random
    perturbations of a plan's placement order).
