@@ -78,9 +78,10 @@ def test_search_returns_a_replayed_schedule_no_worse_than_its_candidates(case, o
 def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid, max_admit):
     reqs, limits = case  # prompts up to 150 > C sometimes: long prompts are chunked under the envelope
     scheds = [ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit)]
+    sched_plan = []
     try:
-        scheds.append(PlannedScheduler(limits, latest_start_plan(reqs, limits, rank, start_every=max_admit or 1),
-                                       hybrid=hybrid))
+        sched_plan = latest_start_plan(reqs, limits, rank, start_every=max_admit or 1)
+        scheds.append(PlannedScheduler(limits, list(sched_plan), hybrid=hybrid))
     except InfeasibleRequestError:
         assert any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs)
     long_prompt = any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs)
@@ -93,6 +94,11 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
         assert res.summary["evictions"] == 0
         assert (res.batches.kv_tokens_peak <= limits.M).all()
         assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+        # The engine's fast-forward skips batch_done on repeated decode batches: same schedule as stepping.
+        fresh = (ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit)
+                 if isinstance(sched, ClairvoyantScheduler) else PlannedScheduler(limits, list(sched_plan), hybrid=hybrid))
+        stepped = simulate(reqs, fresh, limits, COST, fast_forward=False)
+        assert [b.items for b in stepped.schedule.batches] == [b.items for b in res.schedule.batches]
         if not hybrid:
             assert policy_violations(res.schedule, Policies(no_hybrid=True, eviction_free=True), COST) == []
 
@@ -108,6 +114,8 @@ def test_first_token_scheduler_completes_within_the_limits(case, hybrid):
         return
     assert (res.batches.kv_tokens_peak <= limits.M).all()
     assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+    stepped = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid), limits, COST, fast_forward=False)
+    assert [(b.items, b.evict) for b in stepped.schedule.batches] == [(b.items, b.evict) for b in res.schedule.batches]
     if not hybrid:
         assert policy_violations(res.schedule, Policies(no_hybrid=True), COST) == []
 
