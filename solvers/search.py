@@ -1,0 +1,371 @@
+"""Search for better schedules at scale: a portfolio of simulated schedulers, then local search.
+
+The exact MILP (`solvers/optimize.py`) proves optimality for a handful of requests; at B = 1,000+ this
+module looks for schedules that are as good as possible and says how it found them. Every candidate
+is a `Scheduler` run through `infermax.engine.simulate`, so every batch is validated by the replayer;
+the best schedule is replayed once more under the caller's limits and its objective recomputed (a
+mismatch above 1e-9 relative raises: no unreplayed number is ever reported).
+
+Order of evaluation (cheap and promising first; docs/design.md, "Schedule search"):
+
+1. the usual winners among the registered Algorithm-1 schedulers (their ``-ef`` variants are also
+   the cheapest to simulate), skipping those whose policy cannot satisfy the forced `Policies`;
+2. clairvoyant schedulers (`solvers/search_policies.py`): the latest-start plan with a few start
+   spacings and orders, forward profile-checked admission with a few rankings (both eviction-free),
+   and, when the objective weighs TTFT, first-token-first (prefills every request's prompt as early
+   as the limits allow, evicting) at a few prefill budgets;
+3. the other registered Algorithm-1 schedulers, then points of the template's space: Sarathi P=C with other ``P``, admission caps ``Rmax``
+   around the number of requests whose peaks fit ``M``, ranking keys with and without eviction;
+4. local search around the best candidate while time remains (neighbouring parameters, random
+   perturbations of a plan's placement order).
+
+The time limit covers the whole call: the first candidate always runs; afterwards a candidate
+starts only if its estimated time (the slowest evaluation seen of its family, else of any family)
+fits in what is left after reserving the final replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.replay import replay
+from infermax.request import Request
+from infermax.schedule import Schedule
+from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available, get_spec
+
+from .objective import Objective
+from .policy import Policies, policy_violations
+from .search_policies import ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler, latest_start_plan
+
+REPLAY_RTOL = 1e-9
+
+
+@dataclass
+class SearchResult:
+    schedule: Schedule | None  # best found, replay-validated under the caller's limits
+    value_s: float  # its objective (Objective.value of the replayed result); inf if none
+    method: str  # which candidate produced it
+    candidates: list[dict]  # every evaluated candidate: name, family, params, value_s or error, elapsed_s
+    evaluations: int
+    elapsed_s: float
+    skipped: int = 0  # candidates not started because the time left could not cover them
+
+    def to_dict(self) -> dict:
+        return {"value_s": self.value_s, "method": self.method, "candidates": self.candidates,
+                "evaluations": self.evaluations, "elapsed_s": self.elapsed_s, "skipped": self.skipped}
+
+
+@dataclass
+class Candidate:
+    name: str
+    family: str  # registered | template | plan | clairvoyant
+    params: dict
+    build: Callable[[], tuple]  # -> (scheduler instance or registered name, limits to simulate with)
+    registered: bool = False
+    order_ids: list[int] | None = None  # a plan's explicit placement order (kept out of params: large)
+
+
+@dataclass
+class _State:
+    requests: Sequence[Request]
+    limits: Limits
+    cost_model: object
+    objective: Objective
+    policies: Policies
+    deadline: float
+    progress: Callable[[str], None] | None
+    records: list[dict] = field(default_factory=list)
+    family_s: dict[str, float] = field(default_factory=dict)
+    best: tuple | None = None  # (value, candidate, result)
+    seen: set = field(default_factory=set)
+    skipped: int = 0
+
+
+def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: float,
+           policies: Policies = Policies(), progress: Callable[[str], None] | None = None,
+           seed: int = 0) -> SearchResult:
+    """The best schedule found for ``objective`` within ``time_limit_s`` (module docstring); replay-validated."""
+    if not requests:
+        raise ValueError("the workload has no requests")
+    if not time_limit_s > 0:
+        raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
+    t_start = time.perf_counter()
+    limits = limits or Limits()
+    st = _State(requests, limits, cost_model, objective, policies, t_start + time_limit_s, progress)
+    rng = random.Random(seed)
+    for cand in _portfolio(requests, limits, objective, policies):
+        _evaluate(st, cand)
+    _local_search(st, rng)
+    return _finish(st, t_start)
+
+
+# --- candidates -----------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _algorithm1_policy(name: str) -> Algorithm1Policy | None:
+    """The `Algorithm1Policy` of a registered scheduler, None for any other kind of scheduler."""
+    try:
+        sched = get_spec(name).factory(Limits(), None)
+    except Exception:  # noqa: BLE001 — schedulers that need more to build are not Algorithm 1
+        return None
+    return sched.policy if isinstance(sched, Algorithm1Scheduler) else None
+
+
+def _policy_allows(pol: Algorithm1Policy, policies: Policies) -> bool:
+    """Whether every schedule of ``pol`` obeys ``policies`` (by construction, without simulating)."""
+    if policies.eviction_free and not pol.eviction_free:
+        return False
+    if policies.no_hybrid and pol.hybrid:
+        return False
+    if policies.no_chunked_prefill and pol.chunked_prefill:
+        return False
+    return True
+
+
+def _registered(name: str) -> Candidate:
+    return Candidate(name, "registered", {"scheduler": name}, lambda: (name, None), registered=True)
+
+
+def _template(name: str, pol: Algorithm1Policy, limits: Limits, **overrides) -> Candidate:
+    """An Algorithm-1 point with ``P``/``Rmax`` overrides (never looser than the caller's limits)."""
+    lim = limits
+    if "P" in overrides:
+        lim = replace(lim, P=min(overrides["P"], limits.prefill_budget))
+    elif lim.P is None and pol.default_P is not None:
+        lim = replace(lim, P=min(pol.default_P, lim.C))
+    if "Rmax" in overrides:
+        lim = replace(lim, Rmax=overrides["Rmax"] if limits.Rmax is None else min(overrides["Rmax"], limits.Rmax))
+    label = name + "".join(f" {k}={v}" for k, v in overrides.items())
+    return Candidate(label, "template", {"policy": name, **overrides},
+                     lambda: (Algorithm1Scheduler(lim, pol, name=label), lim))
+
+
+def _plan(requests, limits: Limits, hybrid: bool, order="long_peak", start_every: int = 1,
+          prefill_cap: int | None = None, label_order: str | None = None) -> Candidate:
+    shown = label_order or order
+    label = f"latest-start plan order={shown} start_every={start_every}" + (
+        f" prefill_cap={prefill_cap}" if prefill_cap is not None else "")
+
+    def build():
+        plan = latest_start_plan(requests, limits, order, start_every=start_every, prefill_cap=prefill_cap)
+        return PlannedScheduler(limits, plan, hybrid=hybrid, name=label), limits
+
+    return Candidate(label, "plan", {"order": shown, "start_every": start_every, "prefill_cap": prefill_cap,
+                                     "hybrid": hybrid}, build,
+                     order_ids=None if isinstance(order, str) else list(order))
+
+
+def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None = None,
+                 rmax: int | None = None) -> Candidate:
+    label = f"clairvoyant rank={rank}" + (f" max_admit={max_admit}" if max_admit else "") + (
+        f" Rmax={rmax}" if rmax else "")
+    lim = limits if rmax is None else replace(limits, Rmax=rmax if limits.Rmax is None else min(rmax, limits.Rmax))
+    return Candidate(label, "clairvoyant", {"rank": rank, "max_admit": max_admit, "Rmax": rmax, "hybrid": hybrid},
+                     lambda: (ClairvoyantScheduler(lim, rank=rank, max_admit=max_admit, hybrid=hybrid, name=label),
+                              lim))
+
+
+def _first_token(limits: Limits, hybrid: bool, P: int | None = None) -> Candidate:
+    label = "first-token-first" + (f" P={P}" if P else "")
+    lim = limits if P is None else replace(limits, P=min(P, limits.prefill_budget))
+    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid},
+                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label), lim))
+
+
+def _fit_count(requests, limits: Limits) -> int:
+    """How many requests of mean peak ``I + O − 1`` fit ``M`` at once."""
+    mean_peak = sum(r.peak_kv_tokens for r in requests) / len(requests)
+    return max(1, int(limits.M // limits.blocks(math.ceil(mean_peak))))
+
+
+def _portfolio(requests, limits: Limits, objective: Objective, policies: Policies) -> list[Candidate]:
+    """The candidates in evaluation order (module docstring)."""
+    ours_ok = not (policies.no_chunked_prefill and any(r.prompt_tokens > min(limits.C, limits.prefill_budget)
+                                                      for r in requests))
+    hybrid = not policies.no_hybrid
+    identical = len({(r.prompt_tokens, r.output_tokens) for r in requests}) == 1
+    latency_like = objective.latency > 0 or objective.ttft > 0
+    n_fit = _fit_count(requests, limits)
+    policies_of = {n: _algorithm1_policy(n) for n in available()}
+    alg1 = [n for n, p in policies_of.items() if p is not None and _policy_allows(p, policies)]
+    # Eviction-free registered schedulers are the cheapest to simulate; these are the usual winners.
+    first = ["vllm-ef", "sarathi-pc-ef"] + (["rank-i-ef", "rank-o-ef"] if latency_like else [])
+    first = [n for n in first if n in alg1]
+    out: list[Candidate] = [_registered(n) for n in first]
+    if ours_ok:  # clairvoyant eviction-free schedulers
+        budget = min(limits.C, limits.prefill_budget)
+        out += [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
+        out.append(_plan(requests, limits, hybrid, start_every=4, prefill_cap=budget))
+        ranks = (["small_area", "short_total", "short_output", "short_prompt", "arrival"] if latency_like
+                 else ["arrival", "short_output"])
+        out += [_clairvoyant(limits, hybrid, rk) for rk in (ranks[:1] if identical else ranks)]
+        if latency_like:
+            out += [_clairvoyant(limits, hybrid, ranks[0], rmax=max(1, int(n_fit * f))) for f in (0.25, 0.5, 0.75)]
+        if not identical:
+            out += [_plan(requests, limits, hybrid, order=o, start_every=4) for o in ("short_output", "arrival")]
+        if objective.ttft > 0 and not policies.eviction_free:
+            out += [_first_token(limits, hybrid, P) for P in (None, budget // 2, budget // 4, budget // 16) if P != 0]
+    out += [_registered(n) for n in alg1 if n.endswith("-ef") and n not in first]
+    out += [_registered(n) for n in alg1 if not n.endswith("-ef")]
+    # points of the Algorithm-1 template's space
+    for name in ("sarathi-pc", "vllm", "rank-o", "rank-o-ef", "vllm-ef"):
+        pol = policies_of.get(name)
+        if pol is None or not _policy_allows(pol, policies):
+            continue
+        for f in (0.5, 1.0, 1.5, 2.0):
+            out.append(_template(name, pol, limits, Rmax=max(1, int(n_fit * f))))
+        for P in (256, 1024, 2048):
+            if P < limits.prefill_budget:
+                out.append(_template(name, pol, limits, P=P))
+    return out
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+def _log(st: _State, msg: str) -> None:
+    if st.progress is not None:
+        st.progress(msg)
+
+
+def _estimate_s(st: _State, family: str) -> float:
+    if family in st.family_s:
+        return st.family_s[family]
+    return max(st.family_s.values()) if st.family_s else 0.0
+
+
+def _evaluate(st: _State, cand: Candidate) -> float | None:
+    """Simulate ``cand`` if time allows; record it; keep it if best. Returns its value (None: error/skipped)."""
+    if cand.name in st.seen:
+        return None
+    now = time.perf_counter()
+    if st.records:
+        reserve = 2 * st.best[3] if st.best is not None else 0.0  # final replay + policy check of the best
+        if now + _estimate_s(st, cand.family) + reserve > st.deadline:
+            st.skipped += 1
+            return None
+    st.seen.add(cand.name)
+    rec = {"name": cand.name, "family": cand.family, "params": cand.params}
+    t0 = time.perf_counter()
+    value = None
+    try:
+        sched, lim = cand.build()
+        result = simulate(st.requests, sched, lim if lim is not None else st.limits, st.cost_model)
+        value = st.objective.value(result)
+        rec["value_s"] = value
+    except Exception as exc:  # noqa: BLE001 — a failing candidate is recorded and skipped
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    elapsed = time.perf_counter() - t0
+    rec["elapsed_s"] = elapsed
+    st.records.append(rec)
+    st.family_s[cand.family] = max(st.family_s.get(cand.family, 0.0), elapsed)
+    if value is not None and value == value and (st.best is None or value < st.best[0]):
+        st.best = (value, cand, result, elapsed)
+        _log(st, f"{cand.name}: {value:.6g} s (best so far, {elapsed:.2f} s)")
+    else:
+        _log(st, f"{cand.name}: {rec.get('value_s', rec.get('error'))}")
+    return value
+
+
+def _local_search(st: _State, rng: random.Random, patience: int = 2) -> None:
+    """Neighbours of the best candidate until time runs out, no neighbour is new, or ``patience``
+    rounds in a row brought no improvement."""
+    idle = 0
+    while st.best is not None and idle < patience and time.perf_counter() < st.deadline:
+        neighbours = [c for c in _neighbours(st, st.best[1], rng) if c.name not in st.seen]
+        if not neighbours:
+            return
+        before = st.best[0]
+        for cand in neighbours:
+            _evaluate(st, cand)
+            if time.perf_counter() >= st.deadline:
+                return
+        idle = idle + 1 if st.best[0] >= before else 0
+
+
+def _has_random_neighbours(cand: Candidate, requests) -> bool:
+    return cand.family == "plan" and len({(r.prompt_tokens, r.output_tokens) for r in requests}) > 1
+
+
+def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candidate]:
+    p, lim = cand.params, st.limits
+    out: list[Candidate] = []
+    if cand.family == "plan":
+        k, cap = p["start_every"], p["prefill_cap"]
+        budget = min(lim.C, lim.prefill_budget)
+        cap0 = cap if cap is not None else max(1, budget // 2)
+        order = cand.order_ids if cand.order_ids is not None else p["order"]
+        for k2 in {max(1, k // 2), k * 2, max(1, k - 1), k + 1} - {k}:
+            out.append(_plan(st.requests, lim, p["hybrid"], order, k2, cap, p["order"]))
+        for cap2 in {max(1, cap0 // 2), min(budget, cap0 * 3 // 2), budget} - {cap0}:
+            out.append(_plan(st.requests, lim, p["hybrid"], order, k, cap2, p["order"]))
+        if _has_random_neighbours(cand, st.requests):  # perturb the placement order: a few random swaps
+            ids = list(order) if not isinstance(order, str) else _order_ids(st.requests, order)
+            for _ in range(2):
+                new = ids[:]
+                for _ in range(max(1, len(new) // 50)):
+                    i, j = rng.randrange(len(new)), rng.randrange(len(new))
+                    new[i], new[j] = new[j], new[i]
+                tag = f"{p['order'].split('+')[0]}+perturbed#{rng.randrange(1 << 30)}"
+                out.append(_plan(st.requests, lim, p["hybrid"], new, k, cap, tag))
+    elif cand.family == "first-token":
+        P = p["P"] or min(lim.C, lim.prefill_budget)
+        for P2 in (int(P * 0.7), int(P * 1.4)):
+            if 1 <= P2 <= lim.prefill_budget:
+                out.append(_first_token(lim, p["hybrid"], P2))
+    elif cand.family == "clairvoyant":
+        m = p["max_admit"]
+        n_fit = _fit_count(st.requests, lim)
+        for m2 in ([max(1, n_fit // 64), max(1, n_fit // 16), max(1, n_fit // 4)] if m is None
+                   else [max(1, m // 2), m * 2]):
+            out.append(_clairvoyant(lim, p["hybrid"], p["rank"], m2, p["Rmax"]))
+        r = p["Rmax"] or n_fit
+        for r2 in (int(r * 0.8), int(r * 1.25)):
+            if r2 >= 1:
+                out.append(_clairvoyant(lim, p["hybrid"], p["rank"], m, r2))
+    else:
+        name = p.get("policy", p.get("scheduler"))
+        pol = _algorithm1_policy(name)
+        if pol is None:
+            return out
+        n_fit = _fit_count(st.requests, lim)
+        rmax = p.get("Rmax")
+        for r2 in ([int(n_fit * 0.75), int(n_fit * 1.25)] if rmax is None else [int(rmax * 0.85), int(rmax * 1.15)]):
+            if r2 >= 1:
+                out.append(_template(name, pol, lim, Rmax=r2, **({"P": p["P"]} if "P" in p else {})))
+        P = p.get("P", lim.prefill_budget if pol.default_P is None else min(pol.default_P, lim.C))
+        for P2 in (P // 2, min(P * 2, lim.prefill_budget)):
+            if 1 <= P2 != P:
+                out.append(_template(name, pol, lim, P=P2, **({"Rmax": rmax} if rmax else {})))
+    return out
+
+
+def _order_ids(requests, order: str) -> list[int]:
+    from .search_policies import RANKS
+    return [r.id for r in sorted(requests, key=RANKS[order])]
+
+
+# --- the result -------------------------------------------------------------------------------------
+
+def _finish(st: _State, t_start: float) -> SearchResult:
+    best_sched, best_value, method = None, math.inf, "none"
+    if st.best is not None:
+        value, cand, result, _ = st.best
+        sched = Schedule(list(st.requests), st.limits, list(result.schedule.batches),
+                         {**result.schedule.meta, "search_method": cand.name})
+        replayed = replay(sched, st.cost_model, limits=st.limits)
+        check = st.objective.value(replayed)
+        if abs(check - value) > REPLAY_RTOL * max(abs(value), 1e-300):
+            raise RuntimeError(f"search: candidate {cand.name!r} simulated to {value!r} but replays to {check!r}")
+        violations = policy_violations(sched, st.policies, st.cost_model) if st.policies.names() else []
+        if violations:
+            raise RuntimeError(f"search: candidate {cand.name!r} breaks the forced policies: {violations[:3]}")
+        best_sched, best_value, method = sched, check, cand.name
+    return SearchResult(best_sched, best_value, method, st.records, len(st.records),
+                        time.perf_counter() - t_start, st.skipped)

@@ -1,0 +1,515 @@
+"""Clairvoyant, eviction-free schedulers for the schedule search (`solvers/search.py`).
+
+They use what an offline optimum may know and an online scheduler may not: every request's output
+length ``O``. They are `Scheduler` subclasses run through `infermax.engine.simulate`, so every batch
+they plan is validated by the replayer; they are deliberately *not* registered (they exist to search
+for better schedules, not to model a deployed system).
+
+**Projected KV profile.** Every running request is processed in every batch (decodes first, and a
+request is admitted only with its whole prompt in the admission batch, or, for a prompt longer than
+the batch's prefill budget, under the envelope below). So a request admitted at step ``t0`` holds
+exactly ``blocks(I + k)`` KV tokens during step ``t0 + k`` (``k = 0 … O − 1``) and is freed after
+step ``t0 + O − 1``. `KVProfile` keeps the sum of these trajectories per future step; a request is
+admitted only if profile + its trajectory stays ``≤ M`` at every step it covers, so the schedule
+never evicts and never exceeds ``M`` (the replayer checks both). Compared with the ``-ef`` variants'
+reservation of ``I + O − 1`` from admission on, it counts each request at its real size at each step.
+
+A *step* is one batch in hybrid mode. Without hybrid batching (policy ``no_hybrid``) prefill-only
+batches do not advance the decode steps: the step clock counts decode batches, a newcomer prefilled
+in a prefill-only batch before decode step ``s`` holds ``blocks(I + 1 + k)`` during step ``s + k``
+(``k = 0 … O − 2``), and the prefill batch itself holds at most what step ``s`` will hold.
+
+**Long prompts** (``I`` above the prefill budget ``min(C, P)``, hybrid mode only): the request is
+admitted alone (no other admission while it is in prefill; it gets the prefill budget after the
+decodes), so its chunks are at least ``q_min = min(P, C − running)`` and at most ``min(P, C)``
+tokens per batch; its prefill ends between steps ``t_early`` and ``t_late``. Until then the profile
+holds the envelope ``blocks(min(I + max(0, t − t_early), I + O − 1))`` for ``t0 ≤ t ≤ t_late + O − 1``,
+an upper bound of its KV at every step whatever the real chunk sizes; when its prefill ends the
+envelope is replaced by the exact trajectory (pointwise smaller).
+
+Two admission rules share this machinery:
+
+* `ClairvoyantScheduler` (forward): each batch, waiting requests in rank order (arrival, shortest
+  output, prompt or total, smallest KV area ``O·I + O(O − 1)/2``, longest peak) are admitted while they fit the profile, the token budget,
+  ``Rmax`` and an optional cap on admissions per batch (pacing). Greedy admission front-loads: at
+  B = 1024, I = 1, O = 256 it admits 390 requests at step 0 whose joint peak at step 255 then
+  blocks every later admission, which is the ``-ef`` schedulers' wave pattern again.
+* `PlannedScheduler` follows a *latest-start plan* (`latest_start_plan`): requests are placed in
+  reversed time, each as late as possible (reversed, a trajectory shrinks from ``I + O − 1`` to
+  ``I``, so greedy placement in reverse fills the capacity that forward greedy wastes). For
+  identical requests its step count equalled the optimum of the step-count LP (minimise ``T`` s.t.
+  ``Σ_k x_{t−k}(I + k) ≤ M`` for every ``t``, ``Σ x = B``) on every case we checked (I=1/O=128: 163
+  steps; I=1/O=256: 504; I=64/O=256: 661; forward greedy: 256, 768, 1024). The plan also respects
+  the token budget, ``P`` and ``Rmax`` per step. It assumes every request present at time 0; with
+  online arrivals the forward rule is used. The executor admits requests in plan order no earlier
+  than their planned step, under the same profile check (so a plan that drifts stays safe), and
+  skips steps where the plan leaves the GPU idle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from infermax.costmodel.base import CostModel
+from infermax.limits import Limits
+from infermax.replay import RequestState
+from infermax.request import Request
+from infermax.schedule import ScheduledBatch
+from infermax.schedulers.base import InfeasibleRequestError, Scheduler
+
+RANKS = {
+    "arrival": lambda r: (r.arrival_s, r.id),
+    "short_output": lambda r: (r.output_tokens, r.arrival_s, r.id),
+    "short_total": lambda r: (r.prompt_tokens + r.output_tokens, r.arrival_s, r.id),
+    "short_prompt": lambda r: (r.prompt_tokens, r.arrival_s, r.id),
+    # KV-token-steps a request occupies, O·I + O(O−1)/2: its share of the binding resource when KV-bound
+    "small_area": lambda r: (r.output_tokens * r.prompt_tokens + r.output_tokens * (r.output_tokens - 1) // 2,
+                             r.arrival_s, r.id),
+    "long_peak": lambda r: (-(r.prompt_tokens + r.output_tokens), r.arrival_s, r.id),
+}
+
+
+class KVProfile:
+    """Projected KV tokens per future step (absolute step index), grown on demand."""
+
+    def __init__(self, size: int = 4096):
+        self.kv = np.zeros(size, dtype=np.int64)
+
+    def _ensure(self, end: int) -> None:
+        if end > len(self.kv):
+            grown = np.zeros(max(end, 2 * len(self.kv)), dtype=np.int64)
+            grown[: len(self.kv)] = self.kv
+            self.kv = grown
+
+    def fits(self, start: int, traj: np.ndarray, M: int) -> bool:
+        end = start + len(traj)
+        self._ensure(end)
+        return bool((self.kv[start:end] + traj).max() <= M)
+
+    def add(self, start: int, traj: np.ndarray, sign: int = 1) -> None:
+        end = start + len(traj)
+        self._ensure(end)
+        self.kv[start:end] += sign * traj
+
+    def at(self, step: int) -> int:
+        self._ensure(step + 1)
+        return int(self.kv[step])
+
+
+def trajectory(limits: Limits, first_kv: int, steps: int) -> np.ndarray:
+    """``blocks(first_kv + k)`` for ``k = 0 … steps − 1``."""
+    t = np.arange(first_kv, first_kv + steps, dtype=np.int64)
+    b = limits.block_size
+    return t if b == 1 else -(-t // b) * b
+
+
+class _ProfileScheduler(Scheduler):
+    """Shared machinery: the running set processed every batch, profile-checked admissions.
+
+    Subclasses give the candidates (`_candidates`), say when to stop trying (`_on_failure`,
+    `_on_admitted`) and drop admitted requests from their queue (`_remove`)."""
+
+    def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, hybrid: bool = True,
+                 name: str = "clairvoyant"):
+        super().__init__(limits, cost_model)
+        self.name = name
+        self.hybrid = hybrid
+        self.profile = KVProfile()
+        self.step = 0  # index of the next decode step (hybrid: of the next batch)
+        self.running: list[RequestState] = []  # admitted and unfinished, in admission order
+        self.long: dict | None = None  # the long prompt in chunked prefill, with its envelope
+        self._by_id: dict[int, RequestState] = {}
+        self._new: list[RequestState] = []
+        self._decode_batch = False
+        self._traj_cache: dict[tuple[int, int], np.ndarray] = {}
+        # Hybrid mode: per running request, ``t0`` with next step = t0 + tokens generated so far. The
+        # engine's fast-forward applies repeated decode batches without calling batch_done, so the step
+        # clock is re-derived from a running request's progress (one token per step).
+        self._t0: dict[int, int] = {}
+
+    def _traj(self, first_kv: int, steps: int) -> np.ndarray:
+        key = (first_kv, steps)
+        t = self._traj_cache.get(key)
+        if t is None:
+            t = self._traj_cache[key] = trajectory(self.limits, first_kv, steps)
+        return t
+
+    # --- admission ------------------------------------------------------------------------------
+    def _try_admit(self, s: RequestState, tokens_left: int, prefill_left: int, holders: int,
+                   prefill_kv: int) -> tuple[int, int] | None:
+        """(tokens c, KV of the prefill-only batch so far) if ``s`` is admitted now (profile updated), else None."""
+        lim = self.limits
+        I, O = s.input_tokens, s.req.output_tokens - s.generated  # an evicted request re-prefills Icur
+        if lim.Rmax is not None and holders >= lim.Rmax:
+            return None
+        if holders + 1 > lim.C:  # every holder needs a token in every later batch
+            return None
+        if I > min(lim.C, lim.prefill_budget):
+            if not self.hybrid:
+                raise InfeasibleRequestError(
+                    f"request {s.id}: prompt {I} exceeds min(C, P) = {min(lim.C, lim.prefill_budget)}; the "
+                    "clairvoyant scheduler chunks long prompts only with hybrid batching")
+            return self._try_admit_long(s, I, O, prefill_left, holders)
+        if I > prefill_left or I > tokens_left:
+            return None
+        if self.hybrid:
+            traj = self._traj(I, O)
+        else:  # prefill-only batch before decode step self.step
+            prefill_kv += lim.blocks(I)
+            if prefill_kv > lim.M:
+                return None
+            traj = self._traj(I + 1, O - 1)
+        if len(traj) and not self.profile.fits(self.step, traj, lim.M):
+            return None
+        self.profile.add(self.step, traj)
+        self._t0[s.id] = self.step - s.generated
+        return I, prefill_kv
+
+    def _try_admit_long(self, s: RequestState, I: int, O: int, prefill_left: int, holders: int):
+        lim = self.limits
+        if self.long is not None or prefill_left < 1:
+            return None
+        q_min = min(lim.prefill_budget, lim.C - holders)  # its chunk while ``holders`` requests decode
+        q_max = min(lim.prefill_budget, lim.C)
+        if q_min < 1:
+            return None
+        first = min(I, prefill_left)
+        t0 = self.step
+        t_early = t0 + math.ceil((I - first) / q_max)
+        t_late = t0 + math.ceil((I - first) / q_min)
+        env = np.minimum(np.maximum(np.arange(t0, t_late + O) - t_early, 0) + I, I + O - 1)
+        if lim.block_size > 1:
+            env = -(-env // lim.block_size) * lim.block_size
+        if not self.profile.fits(t0, env, lim.M):
+            return None
+        self.profile.add(t0, env)
+        self.long = {"id": s.id, "t0": t0, "env": env, "I": I, "O": O}
+        return first, 0
+
+    def _candidates(self):
+        """Waiting requests to try this batch, in order."""
+        raise NotImplementedError
+
+    def _on_failure(self, s: RequestState) -> bool:
+        """``s`` does not fit; True stops trying this batch."""
+        return False
+
+    def _on_admitted(self, n_admitted: int) -> bool:
+        """True stops admitting this batch."""
+        return False
+
+    def _remove(self, admitted: list[RequestState]) -> None:
+        """Drop admitted requests from the queue."""
+
+    def _admit(self, tokens_left: int, prefill_left: int, prefill_kv: int) -> list[tuple[int, int]]:
+        items = []
+        holders = len(self.running)
+        for s in self._candidates():
+            got = self._try_admit(s, tokens_left, prefill_left, holders, prefill_kv)
+            if got is None:
+                if self._on_failure(s):
+                    break
+                continue
+            c, prefill_kv = got
+            items.append((s.id, c))
+            self._new.append(s)
+            tokens_left -= c
+            prefill_left -= c
+            holders += 1
+            if self.long is not None or self._on_admitted(len(self._new)):
+                break
+        if self._new:
+            self._remove(self._new)
+        return items
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        lim = self.limits
+        self._new = []
+        long_id = self.long["id"] if self.long else None
+        decodes = [(s.id, 1) for s in self.running if s.id != long_id]
+        if long_id is not None:  # the long prompt's next chunk after the decodes; nobody else is admitted
+            s = self._by_id[long_id]
+            c = min(s.input_tokens - s.m, lim.prefill_budget, lim.C - len(decodes))
+            self._decode_batch = True
+            return ScheduledBatch(items=decodes + [(s.id, c)])
+        if self.hybrid:
+            if self.running:
+                s = self.running[0]
+                self.step = self._t0[s.id] + s.generated
+            self._decode_batch = True
+            n = len(decodes)
+            return ScheduledBatch(items=decodes + self._admit(lim.C - n, min(lim.prefill_budget, lim.C - n), 0))
+        # No hybrid batching: a prefill-only batch when anyone can be admitted, else a decode batch.
+        current_kv = sum(lim.blocks(s.m) for s in self.running)
+        prefills = self._admit(lim.C, lim.prefill_budget, current_kv)
+        self._decode_batch = not prefills
+        return ScheduledBatch(items=prefills or decodes)
+
+    def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        self.running.extend(self._new)
+        self._new = []
+        if self.long is not None:
+            s = self._by_id[self.long["id"]]
+            if s.finished or s.m >= s.input_tokens:  # its prefill ended in this step: envelope -> exact trajectory
+                env, off = self.long["env"], self.step - self.long["t0"]
+                self.profile.add(self.step, env[off:], sign=-1)
+                self.profile.add(self.step, self._traj(self.long["I"], self.long["O"]))
+                self._t0[s.id] = self.step + 1 - s.generated
+                self.long = None
+        if finished:
+            done = {s.id for s in finished}
+            self.running = [s for s in self.running if s.id not in done]
+        if self._decode_batch:
+            self.step += 1
+
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        # Nothing waiting: every later batch decodes the same running set until an arrival or a finish.
+        return self.hybrid and self.long is None and not self._has_waiting()
+
+    def _has_waiting(self) -> bool:
+        raise NotImplementedError
+
+    def describe_state(self) -> str:
+        return f"running={len(self.running)}, step={self.step}, projected KV now={self.profile.at(self.step)}"
+
+
+class ClairvoyantScheduler(_ProfileScheduler):
+    """Forward profile-checked admission in ``rank`` order (`RANKS`), at most ``max_admit`` per batch
+    (None: unlimited), giving up for the batch after ``lookahead`` waiting requests that do not fit."""
+
+    def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, rank: str = "arrival",
+                 max_admit: int | None = None, lookahead: int = 8, hybrid: bool = True, name: str | None = None):
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {sorted(RANKS)}, got {rank!r}")
+        super().__init__(limits, cost_model, hybrid=hybrid,
+                         name=name or f"clairvoyant rank={rank} max_admit={max_admit}")
+        self.rank = RANKS[rank]
+        self.max_admit = max_admit
+        self.lookahead = lookahead
+        self.waiting: list[RequestState] = []
+        self._fails = 0
+
+    def add_arrivals(self, arrived: list[RequestState]) -> None:
+        for s in arrived:
+            self._by_id[s.id] = s
+        self.waiting = sorted(self.waiting + list(arrived), key=lambda s: self.rank(s.req))
+
+    def _candidates(self):
+        self._fails = 0
+        return self.waiting
+
+    def _on_failure(self, s) -> bool:
+        self._fails += 1
+        return self._fails >= self.lookahead
+
+    def _on_admitted(self, n_admitted: int) -> bool:
+        return self.max_admit is not None and n_admitted >= self.max_admit
+
+    def _remove(self, admitted) -> None:
+        ids = {s.id for s in admitted}
+        self.waiting = [s for s in self.waiting if s.id not in ids]
+
+    def _has_waiting(self) -> bool:
+        return bool(self.waiting)
+
+
+class FirstTokenScheduler(ClairvoyantScheduler):
+    """For mean TTFT: first tokens first, evicting (recompute) whatever holds the KV they need.
+
+    While some arrived request has no token yet, each batch is prefill-only: such requests, shortest
+    prompt first, each prefilled whole (a prompt over ``min(C, P)`` raises `InfeasibleRequestError`),
+    within ``C``/``P``; when ``M`` or ``Rmax`` is short, running requests are evicted (largest KV first)
+    to make room. Mean TTFT only counts first tokens, so the optimum for it may well recompute;
+    the latency of everyone else is not its concern. Otherwise the forward clairvoyant rule runs over
+    the rest (evicted requests re-prefill ``Icur`` and have ``O − g`` tokens left). Its profile is only
+    valid while decodes run every step, so after prefill-only batches it is rebuilt from the running
+    requests (their exact remaining trajectories, ``blocks(m + 1 + k)``), evicting, in the first batch
+    back, those that do not fit ``M`` or ``C`` (latest-admitted first).
+    """
+
+    def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, rank: str = "small_area",
+                 hybrid: bool = True, name: str | None = None):
+        super().__init__(limits, cost_model, rank=rank, hybrid=hybrid, name=name or f"first-token-first rank={rank}")
+        self._dirty = False
+        self._evicting: list[RequestState] = []
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        self._evicting = []
+        fresh = sorted((s for s in self.waiting if s.generated == 0 and s.m == 0),
+                       key=lambda s: (s.req.prompt_tokens, s.req.arrival_s, s.id))
+        if fresh:
+            return self._first_tokens(fresh)
+        if not self._dirty:
+            return super().next_batch(now_s)
+        self._dirty = False
+        keep, self._evicting = self._rebuild()
+        self.running = keep
+        batch = super().next_batch(now_s)
+        batch.evict = [s.id for s in self._evicting]
+        return batch
+
+    def _first_tokens(self, fresh: list[RequestState]) -> ScheduledBatch:
+        lim = self.limits
+        budget = min(lim.C, lim.prefill_budget)
+        kv = sum(lim.blocks(s.m) for s in self.running)
+        victims = sorted(self.running, key=lambda s: (s.m, s.id))  # evict from the end: largest KV first
+        holders = len(self.running)
+        items, evict = [], []
+        for s in fresh:
+            I = s.req.prompt_tokens
+            if I > min(lim.C, lim.prefill_budget):
+                raise InfeasibleRequestError(f"request {s.id}: prompt {I} exceeds min(C, P); {self.name} prefills whole prompts")
+            if I > budget:
+                break
+            need = lim.blocks(I)
+            while victims and (kv + need > lim.M or (lim.Rmax is not None and holders >= lim.Rmax)):
+                v = victims.pop()
+                evict.append(v)
+                kv -= lim.blocks(v.m)
+                holders -= 1
+            if kv + need > lim.M or (lim.Rmax is not None and holders >= lim.Rmax):
+                break
+            items.append((s.id, I))
+            self._new.append(s)
+            kv += need
+            holders += 1
+            budget -= I
+        self._evicting = evict
+        self._remove(self._new)
+        self._decode_batch = False
+        self._dirty = True
+        return ScheduledBatch(items=items, evict=[v.id for v in evict])
+
+    def _rebuild(self) -> tuple[list[RequestState], list[RequestState]]:
+        lim = self.limits
+        self.profile = KVProfile()
+        self.step = 0
+        self._t0 = {}
+        self.long = None  # a long prompt still in chunked prefill is evicted below (its envelope is gone)
+        keep, evict = [], []
+        for s in self.running:  # admission order: the latest admitted are evicted first
+            traj = self._traj(s.m + 1, s.req.output_tokens - s.generated)
+            if s.m >= s.input_tokens and len(keep) + 1 < lim.C and self.profile.fits(0, traj, lim.M):
+                self.profile.add(0, traj)
+                self._t0[s.id] = -s.generated
+                keep.append(s)
+            else:
+                evict.append(s)
+        return keep, evict
+
+    def _candidates(self):
+        out = super()._candidates()
+        if self._evicting:
+            gone = {s.id for s in self._evicting}
+            return [s for s in out if s.id not in gone]
+        return out
+
+    def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        if self._evicting:
+            gone = {s.id for s in self._evicting}
+            self.running = [s for s in self.running if s.id not in gone]
+            self.waiting = sorted(self.waiting + self._evicting, key=lambda s: self.rank(s.req))
+            self._evicting = []
+        super().batch_done(batch, finished)
+
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        return not self._dirty and super().repeats_full_decode(batch)
+
+
+def latest_start_plan(requests: Sequence[Request], limits: Limits, order: str | Sequence[int] = "long_peak", *,
+                      start_every: int = 1, prefill_cap: int | None = None,
+                      lookahead: int = 8) -> list[tuple[int, int]]:
+    """Reverse-time greedy: ``(planned start step, request id)`` sorted by step, every request placed as
+    late as possible in ``order`` (a `RANKS` key or a list of ids; the first placed finishes last) so that per step the KV
+    (``blocks(I + k)``) fits ``M``, the holders fit ``Rmax``, and the prompts started in one step fit
+    ``prefill_cap`` (default half of ``min(C, P)``, leaving the rest of the token budget to the
+    decodes; the executor enforces ``C`` exactly and delays a request that does not fit).
+    ``start_every = k`` allows starts only every ``k`` steps: fewer batches carry a prefill (each pays
+    the prefill intercept) at the price of a coarser packing. ``lookahead`` requests that do not fit
+    end a reversed step. Raises `InfeasibleRequestError` for a prompt over ``min(C, P)`` (the plan
+    prefills every prompt in one batch)."""
+    lim = limits
+    budget = min(lim.C, lim.prefill_budget)
+    cap = max(1, budget // 2) if prefill_cap is None else prefill_cap
+    for r in requests:
+        if r.prompt_tokens > budget:
+            raise InfeasibleRequestError(f"request {r.id}: prompt {r.prompt_tokens} exceeds min(C, P) = {budget}; "
+                                         "the latest-start plan prefills every prompt in one batch")
+    if isinstance(order, str):
+        todo = deque(sorted(requests, key=RANKS[order]))
+    else:  # an explicit placement order of request ids
+        by_id = {r.id: r for r in requests}
+        todo = deque(by_id[rid] for rid in order)
+        if len(todo) != len(by_id):
+            raise ValueError("an explicit plan order must list every request id once")
+    kv, pre, hold = KVProfile(), KVProfile(), KVProfile()
+    rev_traj: dict[tuple[int, int], np.ndarray] = {}
+    placed: list[tuple[int, int]] = []  # (reversed index of the start step, id)
+    rmax = lim.Rmax if lim.Rmax is not None else lim.C
+    u = 0
+    while todo:
+        fails = scanned = 0
+        skipped: list[Request] = []
+        while todo and fails < lookahead and scanned < lookahead * start_every:
+            r = todo.popleft()
+            I, O = r.prompt_tokens, r.output_tokens
+            start = u + O - 1
+            if start % start_every:
+                scanned += 1
+                skipped.append(r)
+                continue
+            t = rev_traj.get((I, O))
+            if t is None:
+                t = rev_traj[(I, O)] = trajectory(lim, I, O)[::-1].copy()
+            pre._ensure(start + 1)
+            hold._ensure(start + 1)
+            if (pre.kv[start] + I <= max(cap, I) and hold.kv[u:start + 1].max() < rmax and kv.fits(u, t, lim.M)):
+                kv.add(u, t)
+                pre.kv[start] += I
+                hold.kv[u:start + 1] += 1
+                placed.append((start, r.id))
+            else:
+                fails += 1
+                skipped.append(r)
+        todo.extendleft(reversed(skipped))
+        u += 1
+    last = max(s for s, _ in placed)
+    return sorted((last - s, rid) for s, rid in placed)
+
+
+class PlannedScheduler(_ProfileScheduler):
+    """Admits requests in the order of a plan ``[(start step, id)]``, none before its step (the plan is
+    shifted when nothing runs, so the GPU never idles waiting for a planned step), under the profile
+    check; a request that does not fit (or has not arrived) holds back the rest of the plan."""
+
+    def __init__(self, limits: Limits, plan: list[tuple[int, int]], cost_model: CostModel | None = None, *,
+                 hybrid: bool = True, name: str = "latest-start plan"):
+        super().__init__(limits, cost_model, hybrid=hybrid, name=name)
+        self.plan = deque(plan)
+        self.offset = 0
+
+    def add_arrivals(self, arrived: list[RequestState]) -> None:
+        for s in arrived:
+            self._by_id[s.id] = s
+
+    def _candidates(self):
+        if not self.running and self.plan and self.plan[0][0] + self.offset > self.step:
+            self.offset = self.step - self.plan[0][0]
+        for step, rid in self.plan:
+            if step + self.offset > self.step or rid not in self._by_id:
+                return
+            yield self._by_id[rid]
+
+    def _on_failure(self, s) -> bool:
+        return True
+
+    def _remove(self, admitted) -> None:
+        for _ in admitted:
+            self.plan.popleft()
+
+    def _has_waiting(self) -> bool:
+        return bool(self.plan)
