@@ -195,7 +195,10 @@ def mape_table(y: np.ndarray, pred: np.ndarray, tokens: np.ndarray) -> dict:
 
 
 def _ols(x, y, _w=None):
-    return LinearRegression().fit(x, y)
+    """The paper's least-squares plane, with slopes kept >= 0 (a cost model may not make a larger batch cheaper,
+    ``base.check_slope``); the same plane as plain OLS whenever OLS's slopes are already >= 0, as on every
+    bundled profile (issue 18: a noisy CPU profile gave a negative per-token slope)."""
+    return LinearRegression(positive=True).fit(x, y)
 
 
 @dataclass(frozen=True)
