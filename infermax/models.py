@@ -229,7 +229,11 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     key = name.strip().lower() if isinstance(name, str) else name
     if key in GPUS:
         return GPUS[key]
-    return _lookup("gpu", {**GPUS, **saved_gpus()}, name)
+    known = {**GPUS, **saved_gpus()}
+    if key not in known:
+        raise ValueError(f"unknown gpu {name!r}; available: {', '.join(sorted(known))} (another GPU: save its figures "
+                         f"with a fitted profile, infermax fit --gpu-spec)")
+    return known[key]
 
 
 def kv_capacity_tokens(model: str | ModelSpec, gpu: str | GPUSpec,

@@ -74,14 +74,19 @@ def test_fit_an_unlisted_gpu_with_its_spec_then_simulate_on_it(a40_profiles, mon
     assert kv_capacity_tokens("llama-2-7b", GPUSpec("x", 48 * GiB, 1.0, 1.0), 0.9) == expected_m
 
 
-def test_fit_an_unlisted_gpu_without_a_spec_skips_the_roofline(a40_profiles, tmp_path):
-    fitted = runner.invoke(app, ["fit", str(a40_profiles / "vidur" / "a40" / "Llama-2-7b-hf"), "--out",
-                                 str(tmp_path / "a40"), "--no-plots"], env={"COLUMNS": "250"})
+def test_fit_an_unlisted_gpu_without_a_spec_skips_the_roofline(a40_profiles, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERMAX_PROFILES", str(tmp_path))
+    out = tmp_path / "a40" / "llama-2-7b"
+    fitted = runner.invoke(app, ["fit", str(a40_profiles / "vidur" / "a40" / "Llama-2-7b-hf"), "--out", str(out),
+                                 "--no-plots"], env={"COLUMNS": "250"})
     assert fitted.exit_code == 0, fitted.output
     assert "roofline not compared: unknown gpu 'a40'" in fitted.output.replace("\n", "")
-    doc = json.loads((tmp_path / "a40" / "tp1" / "profile.json").read_text())
+    doc = json.loads((out / "tp1" / "profile.json").read_text())
     assert "gpu_spec" not in doc and all("roofline" not in e for e in doc["heldout_error"].values())
-    assert (tmp_path / "a40" / "tp1" / "infermax_piecewise.json").is_file()
+    assert (out / "tp1" / "infermax_piecewise.json").is_file()
+    # simulating on it needs the GPU's figures (for M and the swap cost): a clear error naming --gpu-spec
+    res = runner.invoke(app, ["simulate", "--gpu", "a40", "--B", "4", "--no-progress"])
+    assert res.exit_code == 2 and "--gpu-spec" in res.output, res.output
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -14,20 +14,12 @@ from typer.testing import CliRunner
 
 from infermax.cli import app
 from infermax.sweep import load_spec, run_sweep
+from test_sweep import SMALL as SWEEP_SMALL  # the same six points
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
-SMALL = """
-name = "small"
-[base]
-B = 6
-O = 3
-cost_model = "linear"
-[axes]
-scheduler = ["vllm", "sarathi"]
-I = [4, 16, 64]
-[[plot]]
+SMALL = SWEEP_SMALL + """[[plot]]
 kind = "lines"
 file = "tps.png"
 metrics = ["tps"]
