@@ -71,10 +71,13 @@ def test_python_snippet_runs(tmp_path, monkeypatch):
 
 
 def test_setup_commands_are_what_ci_runs():
+    """`.ci/run` runs the README's test command: the same steps, quiet, and a failed first step (the CPU-only
+    PyTorch index unreachable) tolerated as the README's ``;`` tolerates it."""
     setup = commands(blocks("bash")[0])
     assert setup[0].startswith("pip install -e . && infermax simulate")
-    ci = [ln for ln in CI_RUN.read_text().splitlines() if ln.startswith("pip install")]
-    assert ci and ci[0].replace("pip install -q ", "pip install ") == setup[1], (ci, setup[1])
+    ci = [ln.replace("pip install -q ", "pip install ").removesuffix(" || true")
+          for ln in CI_RUN.read_text().splitlines() if ln.startswith("pip install")]
+    assert ci == [step.strip() for step in setup[1].split(";")], (ci, setup[1])
 
 
 def test_first_setup_simulate_runs_on_a_small_size():
