@@ -163,9 +163,77 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
     return name if isinstance(name, ModelSpec) else _lookup("model", MODELS, name)
 
 
+GPU_SPEC_KEY = "gpu_spec"  # where a fitted profile's profile.json keeps the spec of an unregistered GPU
+GPU_SPEC_FIELDS = ("memory_gib", "peak_fp16_tflops", "memory_bandwidth_gbps", "host_link_gbps")
+
+
+def gpu_spec_from_dict(doc: dict, name: str | None = None, source: str = "gpu spec") -> GPUSpec:
+    """A GPUSpec from plain data: ``name`` (or the argument), ``memory_gib`` (or ``memory_bytes``),
+    ``peak_fp16_tflops``, ``memory_bandwidth_gbps`` (GB/s) and optionally ``host_link_gbps`` (default PCIe 4.0 x16)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{source}: must be an object of {', '.join(('name',) + GPU_SPEC_FIELDS)}")
+    known = {"name", "memory_bytes", *GPU_SPEC_FIELDS}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    name = (name or doc.get("name") or "").strip().lower()
+    if not name:
+        raise ValueError(f"{source}: needs a GPU name")
+    if ("memory_gib" in doc) == ("memory_bytes" in doc):
+        raise ValueError(f"{source}: give exactly one of memory_gib, memory_bytes")
+    missing = [k for k in ("peak_fp16_tflops", "memory_bandwidth_gbps") if k not in doc]
+    if missing:
+        raise ValueError(f"{source}: missing key(s) {', '.join(missing)}")
+    memory = doc["memory_bytes"] if "memory_bytes" in doc else doc["memory_gib"] * GiB
+    if isinstance(memory, (int, float)) and not isinstance(memory, bool):
+        memory = int(memory)
+    try:
+        return GPUSpec(name, memory, doc["peak_fp16_tflops"], doc["memory_bandwidth_gbps"],
+                       doc.get("host_link_gbps", GPUSpec.host_link_gbps))
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def gpu_spec_to_dict(gpu: GPUSpec) -> dict:
+    """The plain-data form ``gpu_spec_from_dict`` reads (memory in bytes, exact)."""
+    return {"name": gpu.name, "memory_bytes": gpu.memory_bytes, "peak_fp16_tflops": gpu.peak_fp16_tflops,
+            "memory_bandwidth_gbps": gpu.memory_bandwidth_gbps, "host_link_gbps": gpu.host_link_gbps}
+
+
+def saved_gpus() -> dict[str, GPUSpec]:
+    """Specs of unregistered GPUs saved with fitted profiles (``profiles/<gpu>/<model>/tp<N>/profile.json``,
+    key ``gpu_spec``; written by ``infermax fit --gpu-spec``). The first profile of a GPU (sorted) is used."""
+    import json
+
+    from .costmodel import profiles_dir
+
+    found: dict[str, GPUSpec] = {}
+    for path in sorted(profiles_dir().glob("*/*/tp*/profile.json")):
+        gpu = path.parent.parent.parent.name.lower()
+        if gpu in GPUS or gpu in found:
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and GPU_SPEC_KEY in doc:
+            found[gpu] = gpu_spec_from_dict(doc[GPU_SPEC_KEY], gpu, f"{path}: {GPU_SPEC_KEY}")
+    return found
+
+
 def get_gpu(name: str | GPUSpec) -> GPUSpec:
-    """Registered GPU by name (case-insensitive); a GPUSpec is returned as is."""
-    return name if isinstance(name, GPUSpec) else _lookup("gpu", GPUS, name)
+    """Registered GPU by name (case-insensitive), else one whose spec was saved with a fitted profile
+    (``saved_gpus``); a GPUSpec is returned as is."""
+    if isinstance(name, GPUSpec):
+        return name
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key in GPUS:
+        return GPUS[key]
+    known = {**GPUS, **saved_gpus()}
+    if key not in known:
+        raise ValueError(f"unknown gpu {name!r}; available: {', '.join(sorted(known))} (another GPU: save its figures "
+                         f"with a fitted profile, infermax fit --gpu-spec)")
+    return known[key]
 
 
 def kv_capacity_tokens(model: str | ModelSpec, gpu: str | GPUSpec,

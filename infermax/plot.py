@@ -1,7 +1,9 @@
 """The InferMax paper's figure styles drawn from a sweep's results table.
 
-- ``lines``: one row of panels per metric, one column per value of ``col`` (the paper's O), the
-  metric against ``x`` (I) with one line per ``hue`` (scheduler): Figs. 5, 8, 9, 11, 12.
+- ``lines``: one panel per value of ``col`` (the paper's O) and metric, the metric against ``x`` (I)
+  with one line per ``hue`` (scheduler): Figs. 5, 8, 9, 11, 12. A metric's panels wrap into rows of at
+  most ``wrap`` (4) columns, so a figure stays readable at its default size; a panel whose metric is
+  undefined for every point (TPOT with O = 1: no token after the first) says so instead of an empty axis.
 - ``heatmap``: a metric over two axes (``x`` by ``y``), one panel per ``facet`` value: Fig. 6.
 
 Both select rows with ``where`` (``{"B": 1024}``) and refuse a table in which a plotted cell would
@@ -22,7 +24,7 @@ import pandas as pd
 KINDS = ("lines", "heatmap")
 FORMATS = (".png", ".svg", ".pdf")
 LABELS = {
-    "makespan_s": "latency (s)", "tps": "TPS (tokens/s)", "mean_ttft_s": "TTFT (s)", "mean_tpot_s": "TPOT (s)",
+    "makespan_s": "makespan (s)", "tps": "TPS (tokens/s)", "mean_ttft_s": "TTFT (s)", "mean_tpot_s": "TPOT (s)",
     "mean_latency_s": "mean latency (s)", "evictions": "evictions", "mean_batch_size": "batch size",
     "mean_running": "running size", "mean_kv_util": "KV usage (fraction of M)", "peak_kv_util": "peak KV usage",
 }
@@ -78,42 +80,58 @@ def _pow2_axis(ax, values) -> None:
         ax.set_xscale("log", base=2 if all(math.log2(v).is_integer() for v in numeric) else 10)
 
 
+WRAP = 4  # panels per row in ``lines``
+FONT = {"title": 11, "label": 10, "ticks": 9, "legend": 10}
+
+
 def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | None = "O",
-          hue: str | None = "scheduler", where: dict | None = None, title: str | None = None):
-    """Metric vs ``x``: one panel row per metric, one column per ``col`` value, one line per ``hue``."""
+          hue: str | None = "scheduler", where: dict | None = None, title: str | None = None, wrap: int = WRAP):
+    """Metric vs ``x``: per metric, one panel per ``col`` value in rows of at most ``wrap`` panels, one line per ``hue``."""
     metrics = list(metrics)
     if not metrics:
         raise ValueError("give at least one metric")
+    if isinstance(wrap, bool) or not isinstance(wrap, int) or wrap < 1:
+        raise ValueError(f"wrap must be an integer >= 1, got {wrap!r}")
     _check_columns(table, [x, *metrics] + [c for c in (col, hue) if c])
     data = select(table, where)
     keys = [c for c in (col, hue, x) if c]
     _check_unique(data, keys)
     cols = _sorted_values(data[col]) if col else [None]
     hues = list(dict.fromkeys(data[hue])) if hue else [None]
-    fig, axes = plt.subplots(len(metrics), len(cols), figsize=(2.6 * len(cols) + 0.8, 2.1 * len(metrics) + 0.6),
-                             squeeze=False, sharex=True, layout="constrained")
-    for j, cv in enumerate(cols):
-        panel = data if col is None else data[data[col] == cv]
-        for i, metric in enumerate(metrics):
-            ax = axes[i][j]
-            for hv in hues:
-                part = panel if hue is None else panel[panel[hue] == hv]
-                part = part.sort_values(x)
-                ax.plot(part[x], part[metric], marker="o", markersize=3, label=None if hv is None else str(hv))
-            _pow2_axis(ax, _sorted_values(data[x]))
-            if i == 0 and col:
-                ax.set_title(f"{col}={cv}", fontsize=9)
-            if j == 0:
-                ax.set_ylabel(LABELS.get(metric, metric), fontsize=8)
-            if i == len(metrics) - 1:
-                ax.set_xlabel(x)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
+    ncols = min(len(cols), wrap)
+    block = math.ceil(len(cols) / ncols)  # rows per metric
+    fig, axes = plt.subplots(len(metrics) * block, ncols, figsize=(3.2 * ncols + 0.8, 2.6 * len(metrics) * block + 0.8),
+                             squeeze=False, layout="constrained")
+    for i, metric in enumerate(metrics):
+        for j in range(len(cols), block * ncols):  # the unused places of this metric's last row
+            axes[i * block + j // ncols][j % ncols].axis("off")
+        for j, cv in enumerate(cols):
+            ax = axes[i * block + j // ncols][j % ncols]
+            panel = data if col is None else data[data[col] == cv]
+            if pd.to_numeric(panel[metric], errors="coerce").notna().any():
+                for hv in hues:
+                    part = panel if hue is None else panel[panel[hue] == hv]
+                    part = part.sort_values(x)
+                    ax.plot(part[x], part[metric], marker="o", markersize=3, label=None if hv is None else str(hv))
+                _pow2_axis(ax, _sorted_values(data[x]))
+                ax.grid(alpha=0.3)
+            else:
+                ax.text(0.5, 0.5, "undefined" + (f" ({col} = {cv})" if col else ""), transform=ax.transAxes,
+                        ha="center", va="center", fontsize=FONT["label"], color="0.4")
+                ax.set_xticks([])
+                ax.set_yticks([])
+            if col:
+                ax.set_title(f"{col}={cv}", fontsize=FONT["title"])
+            if j % ncols == 0:
+                ax.set_ylabel(LABELS.get(metric, metric), fontsize=FONT["label"])
+            ax.set_xlabel(x, fontsize=FONT["label"])
+            ax.tick_params(labelsize=FONT["ticks"])
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=FONT["title"] + 1)
     if hue:
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(hues), 6), fontsize=8, frameon=False)
+        handles, labels = next(ax for ax in axes.flat if ax.get_lines()).get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(hues), 6), fontsize=FONT["legend"],
+                   frameon=False)
     return fig
 
 
@@ -164,7 +182,7 @@ def save(fig, path: str | Path) -> Path:
     return path
 
 
-PLOT_KEYS = {"lines": ("kind", "file", "metrics", "x", "col", "hue", "where", "title"),
+PLOT_KEYS = {"lines": ("kind", "file", "metrics", "x", "col", "hue", "where", "title", "wrap"),
              "heatmap": ("kind", "file", "metric", "x", "y", "facet", "where", "title", "annotate")}
 
 

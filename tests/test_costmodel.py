@@ -174,3 +174,76 @@ def test_unknown_profile_lists_available(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="available gpu/model/tp: x1/m1/tp1"):
         load_cost_model()
     assert load_cost_model(kind="roofline").name == "roofline:a100/llama-2-7b/tp1"  # needs no profile
+
+
+# A model JSON whose coefficients could time a batch at <= 0 s, or a larger batch faster, is rejected on load
+# (issue 18: a negative slope gave makespan -0.06 s and an "optimal" objective of -0.06 s).
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d["per_layer_ms"]["non_attention"].update(per_token=-0.1), "'per_layer_ms.non_attention.per_token' is -0.1"),
+    (lambda d: d["per_layer_ms"]["decode_attention"].update(per_kv_token=-1e-4), "per_kv_token' is -0.0001"),
+    (lambda d: d["per_batch_ms"].update(per_token=-0.5), "'per_batch_ms.per_token' is -0.5"),
+    (lambda d: d["per_layer_ms"]["non_attention"].update(intercept=-10.0),
+     "one prefill token would take .*per_layer_ms.non_attention.intercept = -10"),
+])
+def test_negative_linear_coefficients_rejected_naming_file_and_key(tmp_path, edit, named):
+    doc = json.loads(json.dumps(COEFFS))
+    edit(doc)
+    path = tmp_path / "neg.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"neg.json.*{named}"):
+        load_cost_model(path=path)
+
+
+def test_negative_intercept_allowed_while_every_batch_stays_positive(tmp_path):
+    """Free intercepts are part of the fitted models (docs/design.md, issue-3 decisions 15 and 19): a
+    negative group intercept is fine as long as the smallest batches still take positive time."""
+    doc = json.loads(json.dumps(COEFFS))
+    doc["per_layer_ms"]["prefill_attention"]["intercept"] = -0.5
+    model = LinearCostModel(doc)
+    assert model.batch_time_s(batch(prefills=[(1, 0)])) > 0
+
+
+def test_negative_piecewise_coefficients_rejected_naming_file_and_key(tmp_path):
+    doc = load_cost_model(kind="piecewise").to_dict()
+    bad = json.loads(json.dumps(doc))
+    bad["terms"][0]["pieces"][0]["coef_s"]["n_tokens"] = -1e-3
+    path = tmp_path / "neg_slope.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"neg_slope.json: terms\[0\].pieces\[0\].coef_s.n_tokens is -0.001; .* >= 0"):
+        load_cost_model(path=path)
+    bad = json.loads(json.dumps(doc))
+    for term in bad["terms"]:
+        for piece in term["pieces"]:
+            piece["intercept_s"] = -1.0
+    path = tmp_path / "neg_intercept.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"neg_intercept.json: a batch of one prefill token would take -\d.*"
+                                         r"terms\[0\].pieces\[0\].intercept_s = -1"):
+        load_cost_model(path=path)
+
+
+def test_every_bundled_profile_passes_the_load_checks():
+    from infermax.costmodel import available_combinations
+
+    combos = available_combinations()
+    assert len(combos) >= 20
+    for combo in combos:
+        for kind in ("linear", "piecewise", "roofline"):
+            model = load_cost_model(*combo, kind=kind)
+            assert model.batch_time_s(batch(decodes=[0])) > 0, (combo, kind)
+
+
+@pytest.mark.parametrize("command", [["costmodel", "show"], ["simulate", "--B", "4", "--no-progress"],
+                                     ["optimize", "--I", "1", "--O", "2", "--B", "1"]])
+def test_cli_rejects_a_negative_cost_model_file(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    doc = json.loads(json.dumps(COEFFS))
+    doc["per_layer_ms"]["non_attention"]["per_token"] = -0.1
+    path = tmp_path / "neg.json"
+    path.write_text(json.dumps(doc))
+    res = CliRunner().invoke(app, command + ["--cost-model-file", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "neg.json" in res.output and "per_layer_ms.non_attention.per_token" in res.output

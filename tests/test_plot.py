@@ -85,3 +85,44 @@ def test_cli_plot(table, tmp_path):
     assert result.exit_code == 2 and "no such results table" in result.output
     result = runner.invoke(app, ["plot", str(path), "--where", "B", "--out", str(out)])
     assert result.exit_code == 2 and "--where takes KEY=VALUE" in result.output
+
+
+# Issue 18: "makespan (s)" (not "latency (s)"), the Fig. 5 grid's 11 O panels wrapped into rows of at most 4 with
+# readable text, and an all-undefined panel (TPOT with O = 1) marked instead of drawn as an empty axis.
+@pytest.fixture
+def fig5_like():
+    os_ = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    rows = [{"scheduler": s, "I": i, "O": o, "makespan_s": i + o + k, "mean_tpot_s": None if o == 1 else 0.01 * o}
+            for k, s in enumerate(("vllm", "sarathi")) for o in os_ for i in (1, 16, 256)]
+    return pd.DataFrame(rows)
+
+
+def test_lines_wrap_into_rows_of_four_with_makespan_label(fig5_like):
+    fig = plot.lines(fig5_like, ["makespan_s", "mean_tpot_s"], x="I", col="O", hue="scheduler")
+    grid = np.array(fig.axes).reshape(6, 4)  # 2 metrics x 3 rows of (4, 4, 3) panels
+    assert [ax.get_title() for ax in grid[0]] == ["O=1", "O=2", "O=4", "O=8"]
+    assert [ax.get_title() for ax in grid[2][:3]] == ["O=256", "O=512", "O=1024"]
+    assert not grid[2][3].axison and not grid[5][3].axison  # the unused place of each metric's last row
+    assert {grid[r][0].get_ylabel() for r in range(3)} == {"makespan (s)"}
+    assert {grid[r][0].get_ylabel() for r in range(3, 6)} == {"TPOT (s)"}
+    assert list(grid[2][2].get_lines()[1].get_ydata()) == [1 + 1024 + 1, 16 + 1024 + 1, 256 + 1024 + 1]
+    width_px = fig.get_size_inches()[0] * 110  # plot.save's dpi
+    assert width_px < 1600
+    assert min(t.get_fontsize() for t in grid[0][0].get_xticklabels() + grid[0][0].get_yticklabels()) >= 9
+    plot.plt.close(fig)
+
+
+def test_a_panel_with_an_undefined_metric_says_so(fig5_like):
+    fig = plot.lines(fig5_like, ["mean_tpot_s"], x="I", col="O", hue="scheduler")
+    first, second = fig.axes[0], fig.axes[1]
+    assert [t.get_text() for t in first.texts] == ["undefined (O = 1)"] and not first.get_lines()
+    assert not second.texts and len(second.get_lines()) == 2
+    plot.plt.close(fig)
+
+
+def test_wrap_is_a_plot_key_and_checked(fig5_like):
+    fig = plot.draw(fig5_like, {"kind": "lines", "metrics": ["makespan_s"], "wrap": 11})
+    assert len(fig.axes) == 11 and len({round(ax.get_position().y0, 3) for ax in fig.axes}) == 1
+    plot.plt.close(fig)
+    with pytest.raises(ValueError, match="wrap must be an integer >= 1"):
+        plot.lines(fig5_like, ["makespan_s"], wrap=0)

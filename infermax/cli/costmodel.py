@@ -17,10 +17,10 @@ app.add_typer(costmodel_app, name="costmodel")
 def _error_table(errors: dict, title: str) -> Table:
     """Held-out MAPE (%) per group and family (rows) and token range (columns), readable at 80 columns:
     a group's name is a row of its own above its families, and on a narrow terminal a range's header splits at
-    its dash."""
-    from ..costmodel.fitting import TOKEN_RANGES
+    its dash. The ranges are those the profile measured (`fitting.error_columns`)."""
+    from ..costmodel.fitting import error_columns
 
-    ranges = ["all"] + [f"{lo}-{hi}" for lo, hi in TOKEN_RANGES]
+    ranges = error_columns(errors)
     table = Table(title=title, show_edge=False)
     table.add_column("group / family", overflow="fold")
     for r in ranges:
@@ -42,20 +42,64 @@ def fit(
     model: Optional[str] = typer.Option(None, help="Model name for a Vidur folder (default: matched by shape)."),
     tp: Optional[int] = typer.Option(None, help="Only this TP degree of a Vidur folder."),
     num_layers: Optional[int] = typer.Option(None, help="Layers of a model `infermax models` does not know."),
+    gpu_spec: Optional[str] = typer.Option(
+        None, "--gpu-spec", help="Figures of a GPU `infermax models` does not list, saved with the fit so that "
+        "--gpu NAME works afterwards: a JSON file or 'memory_gib=48,peak_fp16_tflops=149.7,"
+        "memory_bandwidth_gbps=696[,host_link_gbps=32]' (name: --gpu or the file's 'name')."),
     plots: Annotated[bool, flag("--plots/--no-plots", help="Write one PNG per operator group.")] = True,
 ) -> None:
-    """Fit the linear and piecewise cost models to a profile; write their JSONs, plots and error table."""
+    """Fit the linear and piecewise cost models to a profile; write their JSONs, plots and error table.
+
+    Any GPU: the fit needs only the measurements; the roofline comparison needs the GPU's figures (a listed
+    GPU's, or --gpu-spec) and is skipped with a note otherwise."""
     from ..costmodel.fitting import fit_profile
     from ..costmodel.profile_import import prepare
 
     try:
-        folders = prepare(profile_dir, out, gpu=gpu, model=model, tp=tp, num_layers=num_layers) \
+        spec = _parse_gpu_spec(gpu_spec, gpu, profile_dir) if gpu_spec is not None else None
+        folders = prepare(profile_dir, out, gpu=gpu, model=model, tp=tp, num_layers=num_layers, gpu_spec=spec) \
             if (profile_dir / "mlp.csv").is_file() else prepare(profile_dir, out)
         for folder in folders:
-            doc = fit_profile(folder, plots=plots)
+            doc = fit_profile(folder, plots=plots, gpu_spec=spec)
             console.print(_error_table(doc["heldout_error"], f"{folder}: held-out MAPE % (auto = {doc['auto']})"))
+            if "roofline" in doc:
+                console.print(f"roofline {doc['roofline']}", highlight=False)
+            if spec is not None:
+                console.print(f"GPU spec of {spec.name!r} saved in {folder / 'profile.json'}", highlight=False)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         fail(str(exc))
+
+
+def _parse_gpu_spec(text: str, gpu: Optional[str], profile_dir: Path):
+    """``--gpu-spec``: a JSON file, or ``key=value`` pairs separated by commas (see ``models.gpu_spec_from_dict``).
+    The GPU's name: ``--gpu``, else the file's ``name``, else the profile's (a Vidur folder's parent folder, or
+    ``profile.json``'s ``gpu``)."""
+    import json
+
+    from ..models import gpu_spec_from_dict
+
+    if gpu is None and (profile_dir / "mlp.csv").is_file():
+        gpu = profile_dir.resolve().parent.name
+    elif gpu is None and (profile_dir / "profile.json").is_file():
+        gpu = json.loads((profile_dir / "profile.json").read_text()).get("gpu")
+
+    path = Path(text)
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        return gpu_spec_from_dict(doc, (doc.get("name") if isinstance(doc, dict) else None) or gpu, str(path))
+    doc = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        try:
+            doc[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"--gpu-spec: {item!r} is not key=number (or {text!r} is not a file)")
+    return gpu_spec_from_dict(doc, gpu, "--gpu-spec")
 
 
 def _coefficient_lines(coef_s: dict[str, float]) -> str:

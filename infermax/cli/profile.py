@@ -10,7 +10,8 @@ from rich.table import Table
 
 from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, ProgressOpt, TpOpt, app, at_least, console, fail, flag
 
-DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda when PyTorch sees a GPU).")
+DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda; without a GPU the command stops unless "
+                                    "you pass --device cpu).")
 DtypeOpt = typer.Option("bf16", help="bf16, fp16 or fp32.")
 TinyOpt = Annotated[bool, flag("--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).")]
 

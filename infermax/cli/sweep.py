@@ -22,8 +22,14 @@ def sweep(
     plots: Annotated[bool, flag("--plots/--no-plots", help="Draw the spec's plot figures into <out>/figures.")] = True,
     dry_run: Annotated[bool, flag("--dry-run", help="Validate the spec and count its points; run nothing.")] = False,
     progress: ProgressOpt = True,
+    retry_errors: Annotated[bool, flag("--retry-errors",
+                                       help="Compute again the points stored as errors (kept on resume otherwise).")] = False,
 ) -> None:
-    """Run every point of a sweep spec; rerun to resume (finished points are kept, never recomputed)."""
+    """Run every point of a sweep spec; rerun to resume (finished points are kept, never recomputed).
+
+    Points already in OUT's results table (computed from the same inputs) count as finished, so the committed
+    results under experiments/results/ are not recomputed; the table and figures are rewritten only when a
+    point was computed (or a figure is missing)."""
     from ..sweep import SpecError, load_spec, run_sweep
 
     try:
@@ -37,7 +43,8 @@ def sweep(
         return
     out_dir = out or parsed.default_out_dir()
     try:
-        report = run_sweep(parsed, out_dir, backend=backend, jobs=jobs, address=address, progress=progress)
+        report = run_sweep(parsed, out_dir, backend=backend, jobs=jobs, address=address, progress=progress,
+                           retry_errors=retry_errors)
     except (ValueError, RuntimeError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -47,11 +54,13 @@ def sweep(
     console.print(f"{parsed.name}: {report.points} points ({report.cached} already done, {report.computed} computed, "
                   f"{report.errors} errors) in {report.wall_s:.1f} s wall, {report.compute_s:.1f} s of point compute; "
                   f"table {report.table}", highlight=False, soft_wrap=True)
-    if plots and parsed.plots:
+    figures = Path(out_dir) / "figures"
+    if plots and parsed.plots and (report.table_written or not all((figures / p.get("file", "")).is_file()
+                                                                    for p in parsed.plots)):
         import matplotlib
 
         matplotlib.use("Agg")
         from ..plot import plot_from_spec
 
-        for path in plot_from_spec(report.table, parsed.plots, Path(out_dir) / "figures"):
+        for path in plot_from_spec(report.table, parsed.plots, figures):
             console.print(f"figure {os.fspath(path)}", highlight=False)

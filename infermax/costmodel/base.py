@@ -194,6 +194,42 @@ def terms_time_s(terms: tuple[CostTerm, ...], features: BatchFeatures) -> float:
     return sum(t.value_s(features) for t in terms)
 
 
+def smallest_batches() -> dict[str, BatchFeatures]:
+    """The cheapest non-empty batch of each kind: one prefill token, one decode token, and both. With every
+    coefficient on a feature ≥ 0, every non-empty batch costs at least one of these (each term is
+    non-decreasing in its features, and the gates depend only on which kinds of item the batch holds)."""
+    prefill, decode, both = BatchFeatures(), BatchFeatures(), BatchFeatures()
+    prefill.add_prefill(1, 0)
+    decode.add_decode(0)
+    both.add_prefill(1, 0)
+    both.add_decode(0)
+    return {"one prefill token": prefill, "one decode token": decode, "one prefill and one decode token": both}
+
+
+def check_positive_batch_times(model, source: str, intercepts: dict[str, float]) -> None:
+    """Reject a model (built from ``source``) under which some non-empty batch takes zero or negative time.
+
+    Call only after checking that every coefficient on a feature is ≥ 0 (``smallest_batches`` then covers
+    every batch). ``intercepts`` (the document's intercept keys and values) are named in the error, the
+    negative ones first, since only an intercept can pull a batch's time to or below zero."""
+    for what, features in smallest_batches().items():
+        t_s = model.batch_time_s(features)
+        if not t_s > 0:
+            named = sorted(intercepts.items(), key=lambda kv: kv[1])
+            listed = ", ".join(f"{k} = {v:.6g}" for k, v in named if v < 0) or "none negative"
+            raise ValueError(f"{source}: a batch of {what} would take {t_s:.6g} s; every non-empty batch must take "
+                             f"positive time (intercepts: {listed})")
+
+
+def check_slope(value: float, where: str) -> float:
+    """``value`` if it is a valid coefficient on a batch feature (≥ 0: more work never costs less), else raise
+    an error naming ``where`` (the file and the key)."""
+    if value < 0:
+        raise ValueError(f"{where} is {value:.6g}; a coefficient on a batch feature must be >= 0 "
+                         f"(a larger batch never takes less time)")
+    return value
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """Predicts batch execution time in seconds from batch features.

@@ -60,7 +60,7 @@ from .linear import KIND as LINEAR_KIND, VERSION as LINEAR_VERSION, LinearCostMo
 from .measurements import LINEAR_JSON, MEASUREMENTS_CSV, NON_ATTENTION_OPS, PIECEWISE_JSON, PROFILE_JSON, read_measurements
 from .piecewise import PiecewiseCostModel
 
-TOKEN_RANGES = ((1, 16), (17, 128), (129, 1024), (1025, 4096), (4097, 16384))
+TOKEN_RANGES = ((1, 16), (17, 128), (129, 1024), (1025, 4096), (4097, 16384))  # extended by ``token_ranges``
 STEP_QUANTUM, STEP_MIN_ROWS = 32, 4  # non-attention steps: the smallest GEMM row tile of PADDED_FEATURES; rows per block
 ADDS_PER_LAYER = 2
 FAMILIES = ("linear", "piecewise", "roofline")
@@ -125,6 +125,22 @@ def step_thresholds(tokens: np.ndarray, quantum: int = STEP_QUANTUM, min_rows: i
         thresholds.append(int(t))
 
 
+def token_ranges(max_tokens: float) -> tuple[tuple[int, int], ...]:
+    """``TOKEN_RANGES``, followed by ranges four times wider (16385-65536, 65537-262144, ...) until they hold
+    ``max_tokens``: a profile that measured larger batches gets error-table columns (and equal range weights)
+    for them; a profile within 16,384 tokens is fitted exactly as before."""
+    ranges = list(TOKEN_RANGES)
+    while ranges[-1][1] < max_tokens:
+        ranges.append((ranges[-1][1] + 1, 4 * ranges[-1][1]))
+    return tuple(ranges)
+
+
+def error_columns(errors: dict) -> list[str]:
+    """The columns of an error table (``heldout_error``): ``all``, then every token range any cell has, by size."""
+    keys = {r for families in errors.values() for table in families.values() for r in table if r != "all"}
+    return ["all"] + sorted(keys, key=lambda r: int(r.split("-")[0]))
+
+
 def _is_measured(frame: pd.DataFrame) -> np.ndarray:
     return frame["derivation"].fillna("").astype(str).eq("").to_numpy()
 
@@ -183,19 +199,22 @@ def _positive(group: Group) -> Group:
     return replace(group, x=group.x[keep], y_ms=group.y_ms[keep], tokens=group.tokens[keep], measured=group.measured[keep])
 
 
-def mape_table(y: np.ndarray, pred: np.ndarray, tokens: np.ndarray) -> dict:
+def mape_table(y: np.ndarray, pred: np.ndarray, tokens: np.ndarray, ranges=TOKEN_RANGES) -> dict:
     """``{"all": {"rows": n, "mape_pct": p}, "1-16": {...}, ...}``; ``mape_pct`` is None for an empty range."""
     def cell(mask):
         return {"rows": int(mask.sum()), "mape_pct": round(maxaffine.mape_pct(y[mask], pred[mask]), 2) if mask.any() else None}
 
     table = {"all": cell(np.ones(len(y), dtype=bool))}
-    for lo, hi in TOKEN_RANGES:
+    for lo, hi in ranges:
         table[f"{lo}-{hi}"] = cell(maxaffine.range_mask(tokens, lo, hi))
     return table
 
 
 def _ols(x, y, _w=None):
-    return LinearRegression().fit(x, y)
+    """The paper's least-squares plane, with slopes kept >= 0 (a cost model may not make a larger batch cheaper,
+    ``base.check_slope``); the same plane as plain OLS whenever OLS's slopes are already >= 0, as on every
+    bundled profile (issue 18: a noisy CPU profile gave a negative per-token slope)."""
+    return LinearRegression(positive=True).fit(x, y)
 
 
 @dataclass(frozen=True)
@@ -211,21 +230,22 @@ class GroupFit:
     errors: dict
 
 
-def fit_group(group: Group, roofline: PiecewiseCostModel | None = None) -> GroupFit:
+def fit_group(group: Group, roofline: PiecewiseCostModel | None = None, ranges=TOKEN_RANGES) -> GroupFit:
     """Fit and score one group (see the module docstring); a part (``part_of``) is not scored against the
     roofline, whose terms are whole groups (``combine_parts`` scores the sum)."""
     x_lin, y = group.columns(group.linear_features), group.y_ms
-    weights = maxaffine.range_weights(group.tokens, TOKEN_RANGES)
+    weights = maxaffine.range_weights(group.tokens, ranges)
+    table = partial(mape_table, ranges=ranges)
     candidates = group.candidate_columns()
     piecewise = partial(maxaffine.fit_selected, candidates=candidates, nonneg_intercept=group.nonneg_intercept)
     heldout = {"linear": maxaffine.heldout_predictions(x_lin, y, weights, _ols),
                "piecewise": maxaffine.heldout_predictions(group.x, y, weights, piecewise)}
-    errors = {family: mape_table(y, pred, group.tokens) for family, pred in heldout.items()}
+    errors = {family: table(y, pred, group.tokens) for family, pred in heldout.items()}
     if group.name == "decode_attention":  # the single plane over (KV read, sequences), for reference
-        errors["linear_plane"] = mape_table(y, maxaffine.heldout_predictions(group.columns(("decode_kv_tokens", "n_decode_seqs")), y, weights, _ols), group.tokens)
+        errors["linear_plane"] = table(y, maxaffine.heldout_predictions(group.columns(("decode_kv_tokens", "n_decode_seqs")), y, weights, _ols), group.tokens)
     if roofline is not None and group.part_of is None and group.measured.any():
         m = group.measured
-        errors["roofline"] = mape_table(y[m], roofline_group_ms(roofline, group.name, group)[m], group.tokens[m])
+        errors["roofline"] = table(y[m], roofline_group_ms(roofline, group.name, group)[m], group.tokens[m])
     selection = maxaffine.select_model(group.x, y, weights, candidates, group.nonneg_intercept)
     fitted = maxaffine.fit_model(group.x, y, weights, selection)
     if any(token_step(group.features[i]) for i in selection.columns):
@@ -270,18 +290,19 @@ def _aligned(fits: list[GroupFit]) -> tuple[list[list[int]], np.ndarray]:
     return rows, sum(f.group.y_ms[r] for f, r in zip(fits, rows))
 
 
-def combine_parts(fits: list[GroupFit], roofline: PiecewiseCostModel | None = None) -> dict:
+def combine_parts(fits: list[GroupFit], roofline: PiecewiseCostModel | None = None, ranges=TOKEN_RANGES) -> dict:
     """Error tables of a composite group (e.g. prefill attention = kernel + KV-cache save) on the rows every
     part measures: each family's held-out part predictions summed, and the roofline's term named after the
     composite."""
     rows, y = _aligned(fits)
+    table = partial(mape_table, ranges=ranges)
     tokens = fits[0].group.tokens[rows[0]]
-    errors = {family: mape_table(y, sum(f.heldout[family][r] for f, r in zip(fits, rows)), tokens)
+    errors = {family: table(y, sum(f.heldout[family][r] for f, r in zip(fits, rows)), tokens)
               for family in fits[0].heldout}
     measured = np.logical_and.reduce([f.group.measured[r] for f, r in zip(fits, rows)])
     if roofline is not None and measured.any():
         first = replace(fits[0].group, x=fits[0].group.x[rows[0]])
-        errors["roofline"] = mape_table(y[measured], roofline_group_ms(roofline, fits[0].group.part_of, first)[measured],
+        errors["roofline"] = table(y[measured], roofline_group_ms(roofline, fits[0].group.part_of, first)[measured],
                                         tokens[measured])
     return errors
 
@@ -301,7 +322,7 @@ def composites(fits: dict[str, GroupFit]) -> dict[str, list[GroupFit]]:
     return parts
 
 
-def heldout_errors(fits: dict[str, GroupFit], roofline: PiecewiseCostModel | None = None) -> dict:
+def heldout_errors(fits: dict[str, GroupFit], roofline: PiecewiseCostModel | None = None, ranges=TOKEN_RANGES) -> dict:
     """``{group: {family: table}}`` in group order; a composite group (``part_of``) scored on the sum of its
     parts (``combine_parts``), followed by each part's own table."""
     errors, by_composite = {}, composites(fits)
@@ -310,7 +331,7 @@ def heldout_errors(fits: dict[str, GroupFit], roofline: PiecewiseCostModel | Non
         if composite is None:
             errors[name] = f.errors
         elif composite not in errors:
-            errors[composite] = combine_parts(by_composite[composite], roofline)
+            errors[composite] = combine_parts(by_composite[composite], roofline, ranges)
             errors.update({p.group.name: p.errors for p in by_composite[composite]})
     return errors
 
@@ -374,26 +395,42 @@ def _mean_overall(errors: dict, family: str, parts: set[str]) -> float:
     return float(np.mean([e[family]["all"]["mape_pct"] for name, e in errors.items() if name not in parts]))
 
 
-def fit_profile(folder: str | Path, plots: bool = True) -> dict:
+def fit_profile(folder: str | Path, plots: bool = True, gpu_spec=None) -> dict:
     """Fit ``folder`` (ours: ``measurements.csv`` + ``profile.json``) and write, into it, both model
-    JSONs, the error tables (into ``profile.json``) and one PNG per group. Returns ``profile.json``."""
+    JSONs, the error tables (into ``profile.json``) and one PNG per group. Returns ``profile.json``.
+
+    The fit needs only the measurements, whatever the GPU. The roofline comparison needs the GPU's figures:
+    a registered GPU's, ``gpu_spec`` (a ``models.GPUSpec``, saved into ``profile.json`` so that
+    ``--gpu NAME`` finds it afterwards, ``models.saved_gpus``) or one saved there before; without them it is
+    skipped and ``profile.json``'s ``roofline`` says why."""
+    from ..models import GPU_SPEC_KEY, get_gpu, gpu_spec_from_dict, gpu_spec_to_dict
     from .roofline import roofline_model
 
     out = folder = Path(folder)
     spec, table = ProfileSpec.read(folder), read_measurements(folder / MEASUREMENTS_CSV)
+    doc = read_json(folder / PROFILE_JSON)
+    if gpu_spec is None and GPU_SPEC_KEY in doc:
+        gpu_spec = gpu_spec_from_dict(doc[GPU_SPEC_KEY], spec.gpu, f"{folder / PROFILE_JSON}: {GPU_SPEC_KEY}")
+    if gpu_spec is not None:
+        if gpu_spec.name != spec.gpu.lower():
+            raise ValueError(f"the GPU spec is for {gpu_spec.name!r} but {folder / PROFILE_JSON} profiles {spec.gpu!r}")
+        doc[GPU_SPEC_KEY] = gpu_spec_to_dict(gpu_spec)
     try:
-        roofline = roofline_model(spec.gpu, spec.model, spec.tp)
-    except ValueError:
+        roofline = roofline_model(gpu_spec or get_gpu(spec.gpu), spec.model, spec.tp)
+        doc.pop("roofline", None)
+    except ValueError as exc:
         roofline = None
+        doc["roofline"] = f"not compared: {exc} (give the GPU's figures with infermax fit --gpu-spec)"
     groups = build_groups(table, spec)
     if not any(g.name == "non_attention" for g in groups):
         raise ValueError(f"{folder / MEASUREMENTS_CSV}: no non-attention operator rows to fit")
-    fits = {g.name: fit_group(g, roofline) for g in groups}
-    errors = heldout_errors(fits, roofline)
+    ranges = token_ranges(max(g.tokens.max() for g in groups))
+    fits = {g.name: fit_group(g, roofline, ranges) for g in groups}
+    errors = heldout_errors(fits, roofline, ranges)
     parts = {g.name for g in groups if g.part_of is not None}
     sources = sorted({(r.source, r.derivation) for r in table[["source", "derivation"]].fillna("").itertuples()})
     fit_info = {"sources": [{"source": s, "derivation": d} for s, d in sources],
-                "heldout_error": errors, "token_ranges": [f"{lo}-{hi}" for lo, hi in TOKEN_RANGES]}
+                "heldout_error": errors, "token_ranges": [f"{lo}-{hi}" for lo, hi in ranges]}
     linear = LinearCostModel(_linear_doc(spec, fits, fit_info), source=f"fit of {folder}")
     piecewise = PiecewiseCostModel.from_terms(
         _piecewise_terms(fits), family="piecewise", gpu=spec.gpu, model=spec.model, tp=spec.tp,
@@ -404,7 +441,6 @@ def fit_profile(folder: str | Path, plots: bool = True) -> dict:
     linear.save(out / LINEAR_JSON)
     piecewise.save(out / PIECEWISE_JSON)
     means = {fam: _mean_overall(errors, fam, parts) for fam in ("linear", "piecewise")}
-    doc = read_json(folder / PROFILE_JSON)
     doc.update(auto="piecewise" if means["piecewise"] <= means["linear"] else "linear",
                auto_rule="family with the lower mean over groups of overall held-out MAPE (prefill attention "
                          "scored on kernel + KV save, not on the parts)",
@@ -421,7 +457,7 @@ def fit_profile(folder: str | Path, plots: bool = True) -> dict:
 
 def error_lines(errors: dict) -> list[str]:
     """An error table (``profile.json``'s ``heldout_error``) as fixed-width text, one line per group and family."""
-    ranges = ["all"] + [f"{lo}-{hi}" for lo, hi in TOKEN_RANGES]
+    ranges = error_columns(errors)
     lines = [f"{'group':<26}{'family':<14}" + "".join(f"{r:>11}" for r in ranges)]
     for group, families in errors.items():
         for family, table in families.items():

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .base import AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel
+from .base import AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, check_positive_batch_times, check_slope
 from .hidden import HIDDEN_FEATURE, HIDDEN_TERM, kv_projection_share, no_share_error
 
 KIND = "infermax-linear"
@@ -86,6 +86,9 @@ class LinearCostModel(JsonDocumentModel):
             if not isinstance(_lookup(doc, key, source), str):
                 raise ValueError(f"{source}: key '{key}' must be a string")
         ms = {f"{group}.{k}": _finite(doc, f"{group}.{k}", source) for group, keys in COEFFICIENT_KEYS.items() for k in keys}
+        for key, value in ms.items():
+            if not key.endswith(".intercept"):
+                check_slope(value, f"{source}: key '{key}'")
         self.doc = json.loads(json.dumps(doc))  # private deep copy, JSON-clean
         self.gpu, self.model, self.tp = doc["gpu"], doc["model"], doc["tp"]
         self.num_layers = doc["num_layers"]
@@ -104,6 +107,7 @@ class LinearCostModel(JsonDocumentModel):
         share = self.kv_share or 0.0
         self._hidden_s = share * layers_s * ms["per_layer_ms.non_attention.intercept"]
         self._per_hidden_token_s = share * layers_s * ms["per_layer_ms.non_attention.per_token"]
+        check_positive_batch_times(self, source, {k: v for k, v in ms.items() if k.endswith(".intercept")})
 
     def coefficient_ms(self, dotted: str) -> float:
         """One stored coefficient in ms, e.g. ``"per_layer_ms.decode_attention.per_kv_token"``."""

@@ -30,8 +30,8 @@ from bisect import bisect_left
 import numpy as np
 import pandas as pd
 
-from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, feature_column, is_feature,
-                   kv_cap, padded, padding_quantum, token_step)
+from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, check_positive_batch_times,
+                   check_slope, feature_column, is_feature, kv_cap, padded, padding_quantum, token_step)
 from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
@@ -67,7 +67,8 @@ def _parse_terms(doc: dict, source: str) -> tuple[CostTerm, ...]:
             if unknown:
                 raise ValueError(f"{where}.pieces[{j}]: unknown feature(s) {', '.join(unknown)}")
             affine.append(AffinePiece(_check_number(piece.get("intercept_s"), f"{where}.pieces[{j}].intercept_s"),
-                                      {f: _check_number(c, f"{where}.pieces[{j}].coef_s.{f}") for f, c in coef.items()}))
+                                      {f: check_slope(_check_number(c, f"{where}.pieces[{j}].coef_s.{f}"),
+                                                      f"{where}.pieces[{j}].coef_s.{f}") for f, c in coef.items()}))
         parsed.append(CostTerm(term["name"], term["active_if"], tuple(affine)))
     return tuple(parsed)
 
@@ -121,6 +122,9 @@ class PiecewiseCostModel(JsonDocumentModel):
         self._hidden_missing = all(t.name != HIDDEN_TERM for t in self._terms)
         self.name = f"{self.family}:{self.gpu}/{self.model}/tp{self.tp}"
         self._compiled = tuple((t.active_if, tuple(_compile_piece(p) for p in t.pieces)) for t in self._terms)
+        check_positive_batch_times(self, source, {f"terms[{i}].pieces[{j}].intercept_s": p.intercept_s
+                                                  for i, t in enumerate(self._terms) for j, p in enumerate(t.pieces)
+                                                  if t.name != HIDDEN_TERM})
 
     @classmethod
     def from_terms(cls, terms: tuple[CostTerm, ...], *, family: str, gpu: str, model: str, tp: int,

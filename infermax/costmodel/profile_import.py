@@ -59,12 +59,19 @@ def match_model(shape: dict) -> str | None:
     return None
 
 
-def derive_attention(target_model: str, tp: int, gpu: str) -> pd.DataFrame:
-    """The bundled A100 Llama-3-8B attention sample scaled to ``target_model`` on ``gpu`` with ``tp`` (see module doc)."""
+def derive_attention(target_model: str, tp: int, gpu) -> pd.DataFrame:
+    """The bundled A100 Llama-3-8B attention sample scaled to ``target_model`` on ``gpu`` (a name or a
+    ``models.GPUSpec``) with ``tp`` (see module doc)."""
     from ..models import get_gpu, get_model
 
     source, target = get_model(SAMPLE_MODEL), get_model(target_model)
-    src_gpu, dst_gpu = get_gpu(SAMPLE_GPU), get_gpu(gpu)
+    src_gpu = get_gpu(SAMPLE_GPU)
+    try:
+        dst_gpu = get_gpu(gpu)
+    except ValueError as exc:
+        raise ValueError(f"no attention.csv rows for tp={tp}, so attention would be derived from the A100 sample, "
+                         f"which needs the GPU's figures: {exc}. Add attention.csv, or give the GPU's figures "
+                         f"(infermax fit --gpu-spec)") from None
     q_scale = target.num_heads * target.head_dim / tp / (source.num_heads * source.head_dim)
     kv_scale = target.num_kv_heads * target.head_dim / tp / (source.num_kv_heads * source.head_dim)
     compute_ratio = src_gpu.peak_fp16_tflops / dst_gpu.peak_fp16_tflops
@@ -83,13 +90,17 @@ def derive_attention(target_model: str, tp: int, gpu: str) -> pd.DataFrame:
 
 def import_vidur_folder(path: Path, out: Path, *, gpu: str | None = None, model: str | None = None,
                         tp: int | None = None, num_layers: int | None = None,
-                        provenance: Provenance | None = None) -> list[Path]:
-    """Write ``out/tp<N>/`` (measurements + profile.json) for each TP degree of ``path/mlp.csv``."""
-    from ..models import MODELS
+                        provenance: Provenance | None = None, gpu_spec=None) -> list[Path]:
+    """Write ``out/tp<N>/`` (measurements + profile.json) for each TP degree of ``path/mlp.csv``. ``gpu_spec``
+    (a ``models.GPUSpec``) names the GPU and gives its figures (used to derive attention when ``attention.csv``
+    lacks the TP degree; ``fitting.fit_profile`` saves it with the fit)."""
+    from ..models import GPU_SPEC_KEY, MODELS, gpu_spec_to_dict
 
     mlp = path / "mlp.csv"
     shape = vidur_model_shape(mlp)
-    gpu = (gpu or path.resolve().parent.name).lower()
+    if gpu_spec is not None and gpu is not None and gpu.lower() != gpu_spec.name:
+        raise ValueError(f"--gpu {gpu!r} and the GPU spec's name {gpu_spec.name!r} differ")
+    gpu = (gpu or (gpu_spec.name if gpu_spec is not None else None) or path.resolve().parent.name).lower()
     model = model or match_model(shape)
     if model is None:
         raise ValueError(f"{mlp}: shape {shape} matches no registered model ({', '.join(MODELS)}); "
@@ -112,7 +123,7 @@ def import_vidur_folder(path: Path, out: Path, *, gpu: str | None = None, model:
                 provenance.device, provenance.software, provenance.date, str(attention.resolve()))))
             attention_origin = "measured"
         else:
-            parts.append(derive_attention(model, degree, gpu))
+            parts.append(derive_attention(model, degree, gpu_spec or gpu))
             attention_origin = "derived from the bundled A100 Llama-3-8B sample"
         network = path / "all_reduce.csv"
         if not network.is_file():
@@ -130,6 +141,8 @@ def import_vidur_folder(path: Path, out: Path, *, gpu: str | None = None, model:
                    "attention": attention_origin,
                    "communication": "measured all-reduce" if degree > 1 and network.is_file() else
                    ("not applicable (tp=1)" if degree == 1 else "not modelled: no all_reduce.csv")}
+        if gpu_spec is not None:
+            profile[GPU_SPEC_KEY] = gpu_spec_to_dict(gpu_spec)
         (folder / PROFILE_JSON).write_text(json.dumps(profile, indent=2) + "\n")
         folders.append(folder)
     return folders

@@ -32,9 +32,15 @@ CPU_SWAP_NOTE = "host memcpy stand-in (no accelerator): not a host<->device copy
 
 
 def resolve_device(device: str | None) -> str:
-    """``cuda`` when available unless ``device`` says otherwise; a clear error for an absent GPU."""
+    """``cuda`` unless ``device`` says otherwise; a clear error for an absent GPU.
+
+    Without a GPU we never fall back to the CPU on our own: a full-size model runs there for many minutes
+    with nothing to show (issue 18), so the CPU must be asked for (``device="cpu"``, ``--device cpu``)."""
     if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            raise ValueError(f"PyTorch sees no CUDA GPU (torch {torch.__version__}); to run on the CPU anyway pass "
+                             f"--device cpu (a full-size model takes many minutes there; --tiny is a quick check)")
+        return "cuda"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but PyTorch sees no CUDA GPU (torch {torch.__version__})")
     if device.split(":")[0] not in ("cuda", "cpu"):

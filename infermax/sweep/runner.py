@@ -19,7 +19,7 @@ from typing import Iterator
 
 from .points import get_kind, point_id, run_point
 from .spec import SweepSpec
-from .store import ResultStore
+from .store import RESULTS_FILE, ResultStore
 
 BACKENDS = ("local", "ray")
 
@@ -35,11 +35,16 @@ class SweepReport:
     errors: int
     compute_s: float
     wall_s: float
+    table_written: bool = True  # False: the table already held exactly these results and was left as it was
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, backend: str = "local", jobs: int | None = None,
-              address: str | None = None, progress: bool = False) -> SweepReport:
-    """Compute every unfinished point of ``spec`` and write ``results.parquet`` in ``out_dir``."""
+              address: str | None = None, progress: bool = False, retry_errors: bool = False) -> SweepReport:
+    """Compute every unfinished point of ``spec`` and write ``results.parquet`` in ``out_dir``.
+
+    A point the simulator rejected (status ``error``, e.g. a request that never fits ``M``) is a finished
+    point like any other and is kept on resume; ``retry_errors`` computes such points again (after a fix
+    to something outside the configuration: the code, a trace or cost-model file)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if jobs is not None and jobs < 1:
@@ -49,7 +54,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, backend: str =
     ids = [point_id(spec.kind, c) for c in configs]
     unique = dict(zip(ids, configs))  # the axes' values are distinct, so every point is too
     with ResultStore(out_dir or spec.default_out_dir()) as store:
-        done = {pid: rec for pid, c in unique.items() if (rec := store.load(pid, spec.kind, c)) is not None}
+        done = {pid: rec for pid, c in unique.items() if (rec := store.load(pid, spec.kind, c)) is not None
+                and not (retry_errors and rec["result"]["status"] != "ok")}
         _check_inputs(spec.kind, done.values(), store.out_dir)
         todo = [(pid, c) for pid, c in unique.items() if pid not in done]
         cached, compute_s = len(done), 0.0
@@ -63,9 +69,11 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, backend: str =
                 if tracker is not None:
                     tracker.advance(record["result"]["status"] != "ok")
         records = [done[pid] for pid in ids]
-        table = store.write_table(records)
+        written = not store.table_is_current(records)
+        table = store.write_table(records) if written else store.out_dir / RESULTS_FILE
     errors = sum(r["result"]["status"] != "ok" for r in records)
-    return SweepReport(table, len(unique), cached, len(todo), errors, compute_s, time.perf_counter() - started)
+    return SweepReport(table, len(unique), cached, len(todo), errors, compute_s, time.perf_counter() - started,
+                       written)
 
 
 def _check_inputs(kind: str, records, out_dir: Path) -> None:

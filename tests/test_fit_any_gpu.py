@@ -1,0 +1,107 @@
+"""`infermax fit` for a GPU the project does not list (an "A40"), with batches past 16,384 tokens, then
+`infermax simulate --gpu a40` on the fit (issue 18). The profile is synthetic, in Vidur's format."""
+
+from __future__ import annotations
+
+import json
+from math import floor
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from infermax.cli import app
+from infermax.costmodel.measurements import NON_ATTENTION_OPS
+from infermax.models import GiB, GPUSpec, get_model, kv_capacity_tokens
+
+runner = CliRunner()
+TOKENS = [1, 2, 4, 8, 16] + list(range(64, 1025, 64)) + list(range(1536, 4097, 512)) + list(range(8192, 32769, 4096))
+A40 = "memory_gib=48,peak_fp16_tflops=149.7,memory_bandwidth_gbps=696"
+
+
+def write_vidur_a40(folder) -> None:
+    """mlp.csv (Llama-2-7B shapes, every operator affine in the tokens) and attention.csv (prefill and decode)."""
+    folder.mkdir(parents=True)
+    n = np.array(TOKENS, dtype=float)
+    mlp = pd.DataFrame({"num_tokens": TOKENS, "num_tensor_parallel_workers": 1, "n_head": 32, "n_kv_head": 32,
+                        "n_embd": 4096, "n_expanded_embd": 11008, "vocab_size": 32000, "use_gated_mlp": True})
+    for k, op in enumerate(("emb",) + NON_ATTENTION_OPS):
+        median = 0.004 + (k + 1) * 2e-6 * n + 1e-3 * (n > 4096)
+        for stat, value in (("median", median), ("mean", median), ("std", 0.01 * median), ("min", median),
+                            ("max", median)):
+            mlp[f"time_stats.{op}.{stat}"] = value
+    mlp.to_csv(folder / "mlp.csv", index=False)
+    rows = []
+    for c in (16, 64, 256, 1024, 4096, 16384, 32768):
+        for m in (0, 2048):
+            rows.append((True, 1, c, m, 0.002 + 1e-9 * c * c + 1e-9 * c * m + 1e-6 * c, 0.0, 0.001 + 2e-6 * c))
+    for b in (1, 4, 16, 64, 256):
+        for m in (128, 1024, 4096):
+            rows.append((False, b, 0, m, 0.0, 0.005 + 1e-7 * b * m, 0.0))
+    pd.DataFrame(rows, columns=["is_prefill", "batch_size", "prefill_chunk_size", "kv_cache_size",
+                                "attn_prefill_median_ms", "attn_decode_median_ms", "attn_kv_cache_save_median_ms"]) \
+        .assign(num_tensor_parallel_workers=1).to_csv(folder / "attention.csv", index=False)
+
+
+@pytest.fixture(scope="module")
+def a40_profiles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("a40")
+    write_vidur_a40(root / "vidur" / "a40" / "Llama-2-7b-hf")
+    return root
+
+
+def test_fit_an_unlisted_gpu_with_its_spec_then_simulate_on_it(a40_profiles, monkeypatch):
+    profiles = a40_profiles / "profiles"
+    monkeypatch.setenv("INFERMAX_PROFILES", str(profiles))
+    fitted = runner.invoke(app, ["fit", str(a40_profiles / "vidur" / "a40" / "Llama-2-7b-hf"), "--out",
+                                 str(profiles / "a40" / "llama-2-7b"), "--gpu-spec", A40, "--no-plots"],
+                           env={"COLUMNS": "250"})
+    assert fitted.exit_code == 0, fitted.output
+    assert "16385-65536" in fitted.output and "roofline" in fitted.output  # a range past 16,384; compared
+    doc = json.loads((profiles / "a40" / "llama-2-7b" / "tp1" / "profile.json").read_text())
+    assert doc["attention"] == "measured" and "16385-65536" in doc["heldout_error"]["non_attention"]["piecewise"]
+    assert doc["heldout_error"]["non_attention"]["piecewise"]["16385-65536"]["rows"] == sum(t > 16384 for t in TOKENS)
+    assert doc["gpu_spec"]["memory_bytes"] == 48 * GiB and "roofline" in doc["heldout_error"]["decode_attention"]
+
+    res = runner.invoke(app, ["simulate", "--gpu", "a40", "--model", "llama-2-7b", "--I", "64", "--O", "4", "--B", "8",
+                              "--gpu-mem-util", "0.9", "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["makespan_s"] > 0
+    expected_m = floor((48 * GiB * 0.9 - get_model("llama-2-7b").weight_bytes()) / get_model("llama-2-7b").kv_bytes_per_token())
+    assert kv_capacity_tokens("llama-2-7b", "a40", 0.9) == expected_m
+    assert kv_capacity_tokens("llama-2-7b", GPUSpec("x", 48 * GiB, 1.0, 1.0), 0.9) == expected_m
+
+
+def test_fit_an_unlisted_gpu_without_a_spec_skips_the_roofline(a40_profiles, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERMAX_PROFILES", str(tmp_path))
+    out = tmp_path / "a40" / "llama-2-7b"
+    fitted = runner.invoke(app, ["fit", str(a40_profiles / "vidur" / "a40" / "Llama-2-7b-hf"), "--out", str(out),
+                                 "--no-plots"], env={"COLUMNS": "250"})
+    assert fitted.exit_code == 0, fitted.output
+    assert "roofline not compared: unknown gpu 'a40'" in fitted.output.replace("\n", "")
+    doc = json.loads((out / "tp1" / "profile.json").read_text())
+    assert "gpu_spec" not in doc and all("roofline" not in e for e in doc["heldout_error"].values())
+    assert (out / "tp1" / "infermax_piecewise.json").is_file()
+    # simulating on it needs the GPU's figures (for M and the swap cost): a clear error naming --gpu-spec
+    res = runner.invoke(app, ["simulate", "--gpu", "a40", "--B", "4", "--no-progress"])
+    assert res.exit_code == 2 and "--gpu-spec" in res.output, res.output
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("memory_gib=48,peak_fp16_tflops=149.7", "missing key(s) memory_bandwidth_gbps"),
+    ("memory_gib=48,peak_fp16_tflops=-1,memory_bandwidth_gbps=696", "peak_fp16_tflops must be positive"),
+    ("memory=48", "unknown key(s) memory"), ("fast", "not key=number")])
+def test_bad_gpu_spec_is_a_clear_error(a40_profiles, tmp_path, spec, message):
+    res = runner.invoke(app, ["fit", str(a40_profiles / "vidur" / "a40" / "Llama-2-7b-hf"), "--out", str(tmp_path),
+                              "--gpu-spec", spec, "--no-plots"], env={"COLUMNS": "250"})
+    assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_token_ranges_extend_past_the_profiled_sizes():
+    from infermax.costmodel.fitting import TOKEN_RANGES, token_ranges
+
+    assert token_ranges(4096) == TOKEN_RANGES
+    assert token_ranges(32768)[-1] == (16385, 65536)
+    assert token_ranges(100_000)[-1] == (65537, 262144)
