@@ -99,8 +99,10 @@ def test_using_it_lists_cheap_commands():
 
 
 def test_using_it_commands_run(tmp_path, monkeypatch):
-    """Every cheap command of the "Using it" block, in order (``validate`` reads what ``simulate --out`` wrote)."""
+    """Every cheap command of the "Using it" block, in order (``validate`` reads what ``simulate --out`` wrote;
+    the length-only trace example reads a user's ``lengths.csv``, written here in Vidur's format)."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "lengths.csv").write_text("num_prefill_tokens,num_decode_tokens,pd_ratio\n16,4,4.0\n32,8,4.0\n")
     for args in using_it_commands():
         args = small(args) if args[0] == "simulate" else args
         res = invoke(args)
