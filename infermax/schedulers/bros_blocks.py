@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
+import numpy as np
+
 RT, BE = 0, 1
 
 
@@ -43,11 +45,12 @@ class _Candidates:
     """A set of block ids with its lowest member in O(log n): the set and a min-heap of every id added
     since the last compaction (members leave the set only; stale heap entries are dropped at the top)."""
 
-    __slots__ = ("members", "heap")
+    __slots__ = ("members", "heap", "ordered")
 
-    def __init__(self, members=()):
-        self.members = set(members)
-        self.heap = sorted(self.members)
+    def __init__(self, ordered: bool = True):
+        self.members: set[int] = set()
+        self.heap: list[int] = []
+        self.ordered = ordered  # False: never asked for its lowest member (no heap kept)
 
     def __len__(self) -> int:
         return len(self.members)
@@ -60,10 +63,18 @@ class _Candidates:
 
     def add(self, blk: int) -> None:
         self.members.add(blk)
-        heappush(self.heap, blk)
-        if len(self.heap) > 2 * len(self.members) + 64:
-            self.heap = list(self.members)
-            heapify(self.heap)
+        if self.ordered:
+            heappush(self.heap, blk)
+            if len(self.heap) > 2 * len(self.members) + 64:
+                self.heap = list(self.members)
+                heapify(self.heap)
+
+    def add_many(self, blks: list[int]) -> None:
+        if not self.ordered:
+            self.members.update(blks)
+            return
+        for blk in blks:
+            self.add(blk)
 
     def discard(self, blk: int) -> None:
         self.members.discard(blk)
@@ -77,6 +88,62 @@ class _Candidates:
     def ascending(self):
         """Members in ascending order (a copy: callers may change the set while iterating)."""
         return sorted(self.members)
+
+
+class _FreeBlocks:
+    """The wholly free blocks: a mask and a count. Every block below ``low`` is in use, so the lowest free
+    blocks are found by scanning the mask (in C) from ``low``."""
+
+    __slots__ = ("mask", "count", "low")
+
+    def __init__(self, num_blocks: int):
+        self.mask = np.ones(num_blocks, dtype=bool)
+        self.count, self.low = num_blocks, 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, blk: int) -> bool:
+        return bool(self.mask[blk])
+
+    def __iter__(self):
+        return iter(np.flatnonzero(self.mask).tolist())
+
+    def add(self, blk: int) -> None:
+        if not self.mask[blk]:
+            self.mask[blk] = True
+            self.count += 1
+            if blk < self.low:
+                self.low = blk
+
+    def discard(self, blk: int) -> None:
+        if self.mask[blk]:
+            self.mask[blk] = False
+            self.count -= 1
+
+    def add_many(self, blks: list[int]) -> None:
+        """Add blocks that are not free now."""
+        if blks:
+            self.mask[blks] = True
+            self.count += len(blks)
+            self.low = min(self.low, min(blks))
+
+    def take_lowest(self, q: int) -> list[int]:
+        """Remove and return the ``q`` lowest free blocks (``q <= len(self)``), ascending."""
+        mask, lo, n = self.mask, self.low, len(self.mask)
+        out: list[int] = []
+        window = max(2 * q, 64)
+        while len(out) < q:
+            if lo >= n:
+                raise BlockError(f"fewer than {q} free blocks (count {self.count} is wrong)")
+            hi = min(n, lo + window)
+            found = np.flatnonzero(mask[lo:hi])[:q - len(out)]
+            out.extend((found + lo).tolist())
+            lo, window = hi, 2 * window
+        mask[out] = False
+        self.count -= q
+        self.low = out[-1] + 1
+        return out
 
 
 class BiBlockManager:
@@ -95,10 +162,11 @@ class BiBlockManager:
         self.holders: set[int] = set()  # requests with GPU-resident tokens (gpu > 0)
         self.cls: dict[int, int] = {}
         # Candidate sets, kept in step with the block state by _file():
-        self.free = _Candidates(range(num_blocks))  # no owner at all
-        self.rt_only = [_Candidates() for _ in range(block_size + 1)]  # by empty slots: RT owner, no BE owner
+        self.free = _FreeBlocks(num_blocks)  # no owner at all
+        # by empty slots: RT owner, no BE owner (full ones are never candidates: no heap)
+        self.rt_only = [_Candidates(ordered=e > 0) for e in range(block_size + 1)]
         self.be_only = [_Candidates() for _ in range(block_size + 1)]  # by empty slots: BE owner, no RT owner
-        self._where: list[_Candidates | None] = [self.free] * num_blocks
+        self._where: list[_Candidates | _FreeBlocks | None] = [self.free] * num_blocks
         # Per iteration:
         self.checkpointed: dict[int, int] = {}  # BE request -> tokens checkpointed (overwritten) this iteration
         self.dropped: dict[int, int] = {}  # request -> tokens swapped out by a drop this iteration
@@ -121,7 +189,7 @@ class BiBlockManager:
     def empty_slots(self, blk: int) -> int:
         return self.block_size - self.rt_n[blk] - self.be_n[blk]
 
-    def _target(self, blk: int) -> _Candidates | None:
+    def _target(self, blk: int) -> _Candidates | _FreeBlocks | None:
         """The candidate set ``blk`` belongs in (None: shared by an RT and a BE owner)."""
         rt, be = self.rt_owner[blk], self.be_owner[blk]
         if rt is None and be is None:
@@ -161,30 +229,30 @@ class BiBlockManager:
     def _take_free(self, rid: int, side: int, n: int) -> tuple[list[int], int]:
         """Take free blocks, lowest id first, for up to ``n`` slots of ``rid``'s ``side`` (all of them but
         the last filled); return (the blocks, slots placed). Equal to taking them one at a time."""
-        S, free = self.block_size, self.free
+        S = self.block_size
+        q = min(-(-n // S), self.free.count)
+        if not q:
+            return [], 0
+        taken = self.free.take_lowest(q)
+        placed = min(n, q * S)
         owner, count = (self.rt_owner, self.rt_n) if side == RT else (self.be_owner, self.be_n)
         full_set = (self.rt_only if side == RT else self.be_only)[0]
-        where, own = self._where, self.blocks[rid]
-        taken: list[int] = []
-        left = n
-        while left and free.members:
-            blk = free.lowest()
-            free.members.discard(blk)
+        where = self._where
+        for blk in taken:
             owner[blk] = rid
-            own.append(blk)
-            taken.append(blk)
-            k = S if left >= S else left
-            count[blk] = k
-            left -= k
-            if k == S:
-                full_set.add(blk)
-                where[blk] = full_set
-            else:
-                where[blk] = None  # filed below
-                self._file(blk)
-        if n - left:
-            self._add_gpu(rid, n - left)
-        return taken, n - left
+            count[blk] = S
+            where[blk] = full_set
+        self.blocks[rid].extend(taken)
+        last_n = placed - (q - 1) * S
+        if last_n < S:
+            count[taken[-1]] = last_n
+            where[taken[-1]] = None
+            self._file(taken[-1])
+            full_set.add_many(taken[:-1])
+        else:
+            full_set.add_many(taken)
+        self._add_gpu(rid, placed)
+        return taken, placed
 
     # --- allocation -----------------------------------------------------------------------------
 
@@ -244,7 +312,7 @@ class BiBlockManager:
         last = self.last_block(rid, RT)
         if last is not None and self.empty_slots(last):  # (1) own last block
             return self._rt_put(rid, last, False, min(left, self.empty_slots(last)))
-        if self.free.members:  # (2) wholly free blocks, lowest id first
+        if self.free.count:  # (2) wholly free blocks, lowest id first
             taken, k = self._take_free(rid, RT, left)
             return ("free", taken, k)
         if last is not None and self.be_n[last] and self.be_owner[last] not in protected:  # (3) overwrite the peer
@@ -318,13 +386,22 @@ class BiBlockManager:
 
     def _clear(self, rid: int) -> None:
         """Give up all of ``rid``'s slots (owners cleared, blocks re-filed)."""
-        side_n = self.rt_n if self.cls[rid] == RT else self.be_n
-        owner = self.rt_owner if self.cls[rid] == RT else self.be_owner
+        rt = self.cls[rid] == RT
+        side_n, owner = (self.rt_n, self.rt_owner) if rt else (self.be_n, self.be_owner)
+        other = self.be_owner if rt else self.rt_owner
+        where = self._where
+        freed: list[int] = []
         for blk in self.blocks[rid]:
             if owner[blk] == rid:
                 side_n[blk] = 0
                 owner[blk] = None
-                self._file(blk)
+                if other[blk] is None:  # now wholly free
+                    where[blk].discard(blk)
+                    where[blk] = self.free
+                    freed.append(blk)
+                else:
+                    self._file(blk)
+        self.free.add_many(freed)
         self.blocks[rid] = []
         self._add_gpu(rid, -self.gpu[rid])
 
@@ -391,6 +468,11 @@ class BiBlockManager:
         for rid, n in counted.items():
             if n != self.gpu[rid]:
                 raise BlockError(f"request {rid}: {n} slots in blocks, {self.gpu[rid]} recorded")
+        free = self.free
+        if free.count != int(free.mask.sum()) or free.mask[:free.low].any():
+            raise BlockError(f"free-block count {free.count} or hint {free.low} disagrees with the mask")
+        if self.holders != {rid for rid, n in self.gpu.items() if n}:
+            raise BlockError("the KV-holder set disagrees with the GPU token counts")
         for blk in range(self.num_blocks):
             target = self._target(blk)
             if self._where[blk] is not target or (target is not None and blk not in target):
