@@ -295,6 +295,8 @@ class BiBlockManager:
 
     def alloc_rt(self, rid: int, n: int, protected: set[int] | frozenset = frozenset()) -> list | None:
         """Give RT request ``rid`` ``n`` slots (rules 1–4); return the receipt, or None (nothing changed)."""
+        if n > self.rt_capacity(rid, protected):
+            return None  # the slot-by-slot allocation would fail and undo every step
         receipt: list[tuple] = []
         left = n
         while left:
@@ -305,6 +307,23 @@ class BiBlockManager:
             receipt.append(step)
             left -= step[-1]
         return receipt
+
+    def rt_capacity(self, rid: int, protected: set[int] | frozenset = frozenset()) -> int:
+        """Slots rules 1–4 can give RT request ``rid`` now: its last block's empty slots, every free block,
+        its last block's BE tokens when no free block is taken (once rule 2 has taken one, the last block is
+        that one, which has no BE peer), and all of every BE-only block whose owner is not protected (rule 4
+        fills its empty slots, then rule 3 overwrites its BE tokens)."""
+        S = self.block_size
+        total = self.free.count * S
+        last = self.last_block(rid, RT)
+        if last is not None:
+            total += self.empty_slots(last)
+            if not self.free.count and self.be_n[last] and self.be_owner[last] not in protected:
+                total += self.be_n[last]
+        be_only = sum(len(c) for c in self.be_only)
+        if protected and be_only:
+            be_only = sum(1 for c in self.be_only for blk in c if self.be_owner[blk] not in protected)
+        return total + S * be_only
 
     def _rt_run(self, rid: int, left: int, protected) -> tuple | None:
         """Up to ``left`` slots by the first rule that applies, as far as that rule keeps applying slot by
@@ -391,16 +410,19 @@ class BiBlockManager:
         other = self.be_owner if rt else self.rt_owner
         where = self._where
         freed: list[int] = []
+        full = (self.rt_only if rt else self.be_only)[0]
         for blk in self.blocks[rid]:
             if owner[blk] == rid:
                 side_n[blk] = 0
                 owner[blk] = None
                 if other[blk] is None:  # now wholly free
-                    where[blk].discard(blk)
+                    if where[blk] is not full:
+                        where[blk].discard(blk)
                     where[blk] = self.free
                     freed.append(blk)
                 else:
                     self._file(blk)
+        full.members.difference_update(freed)
         self.free.add_many(freed)
         self.blocks[rid] = []
         self._add_gpu(rid, -self.gpu[rid])
