@@ -17,6 +17,7 @@ from infermax.request import Request
 from infermax.schedulers import NoProgressError
 from infermax.schedulers.bros import BrosOptions, BrosScheduler
 from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager
+from infermax.schedulers.roundrobin import RoundRobinScheduler
 
 
 class KvCost:
@@ -131,3 +132,27 @@ def test_incremental_bros_makes_the_reference_decisions(workload):
         return
     checked = BrosOptions(**{**options.__dict__, "check": True})
     assert _run(BrosScheduler, reqs, limits, checked, cost, swap) == ref
+
+
+class _RefRoundRobin(RoundRobinScheduler):
+    """Round-robin with the straightforward queue of commit fc1abe4: the class's waiting requests filtered
+    and sorted every iteration."""
+
+    def _groups(self):
+        be = self.turn_be
+        running = [s for s in self.running if (s.req.request_class == "be") == be]
+        waiting = sorted((s for s in self.waiting if (s.req.request_class == "be") == be),
+                         key=lambda s: (s.req.arrival_s, s.id))
+        return [(running, True), (waiting, True)], self.running
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hybrid_workloads(), st.sampled_from([1, 4, 16]))
+def test_round_robin_queues_make_the_reference_decisions(workload, block_size):
+    reqs, limits, _, cost, swap = workload
+    limits = Limits(C=200, M=-(-limits.M // block_size) * block_size, Rmax=limits.Rmax, block_size=block_size)
+    runs = []
+    for cls in (_RefRoundRobin, RoundRobinScheduler):
+        res = simulate(reqs, cls(limits, cost), limits, cost, swap_cost=swap)
+        runs.append([(b.items, b.evict) for b in res.schedule.batches])
+    assert runs[0] == runs[1]
