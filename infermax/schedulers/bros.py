@@ -151,6 +151,11 @@ class BrosScheduler(Scheduler):
         self._be_order: list[tuple[int, float, int]] = []
         self._be_key: dict[int, tuple[int, float, int]] = {}
         self._solo: dict[int, tuple[int, int, object, float]] = {}  # id -> (m, cpu_tokens, swap_cost, C({i}))
+        # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
+        # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
+        self._budget_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._late: set[int] = set()
+        self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
         self.max_batch = max(cap, 1)
         self.b_curr = min(options.base_batch, self.max_batch)
@@ -203,6 +208,7 @@ class BrosScheduler(Scheduler):
         key = (ref, s.req.arrival_s, s.id)
         self._rt_key[s.id] = (target, key)
         insort(self._rt_groups.setdefault(target, []), key)
+        insort(self._budget_groups.setdefault(target, []), key)
 
     def _unfile(self, rid: int) -> None:
         key = self._be_key.pop(rid, None)
@@ -210,10 +216,13 @@ class BrosScheduler(Scheduler):
             del self._be_order[bisect_left(self._be_order, key)]
             return
         target, key = self._rt_key.pop(rid)
-        group = self._rt_groups[target]
-        del group[bisect_left(group, key)]
-        if not group:
-            del self._rt_groups[target]
+        groups = (self._rt_groups,) if rid in self._late else (self._rt_groups, self._budget_groups)
+        self._late.discard(rid)
+        for by_target in groups:
+            group = by_target[target]
+            del group[bisect_left(group, key)]
+            if not group:
+                del by_target[target]
 
     # --- cost and priority ----------------------------------------------------------------------
 
@@ -270,14 +279,39 @@ class BrosScheduler(Scheduler):
         self._solo[s.id] = (s.m, s.cpu_tokens, self.swap_cost, cost)
         return cost
 
-    def budget(self, ranked) -> float:
+    def budget(self, ranked, now_s: float) -> float:
         """``T_min^res``: the head's slack (strict), else the smallest slack of an RT request that can
         still make its deadline alone (``slack ≥ C({i})``), else infinity. ``ranked``: (slack, …, state)
-        tuples in priority order (any iterable)."""
-        for item in ranked:
-            if self.options.strict or item[0] >= self._solo_cost(item[-1]):
-                return item[0]
-        return math.inf
+        tuples in priority order (any iterable; strict mode reads its head).
+
+        Not strict: a minimum, so each target's list is read in slack order up to its first feasible
+        request; the late requests passed on the way leave ``_budget_groups`` until their state changes
+        (exact: at a later ``now`` their slack is no larger, ``C({i})`` the same)."""
+        if self.options.strict:
+            return next(iter(ranked), (math.inf,))[0]
+        if now_s < self._last_now_s:  # time went back (direct calls): the late marks may not hold
+            for rid in self._late:
+                target, key = self._rt_key[rid]
+                insort(self._budget_groups.setdefault(target, []), key)
+            self._late.clear()
+        self._last_now_s = now_s
+        best = math.inf
+        for target, group in list(self._budget_groups.items()):
+            late = 0
+            for ref, _, rid in group:
+                slack = target - (now_s - ref)
+                if slack >= best:
+                    break
+                if slack >= self._solo_cost(self.rt[rid]):
+                    best = slack
+                    break
+                late += 1
+            if late:
+                self._late.update(rid for _, _, rid in group[:late])
+                del group[:late]
+                if not group:
+                    del self._budget_groups[target]
+        return best
 
     def _fits(self, b: _Batch, budget: float) -> bool:
         lim = self.limits
@@ -291,7 +325,7 @@ class BrosScheduler(Scheduler):
         if opts.check:
             self._check_against_states()
         ranked = _Prefix(self._ranked(now_s))
-        budget = self.budget(ranked)
+        budget = self.budget(ranked, now_s)
         self.last_budget_s = budget
         holders = len(mgr.holders)
         # RT KV holders by priority, for the drop victims of FindPreemptBlock (RT requests ranked after

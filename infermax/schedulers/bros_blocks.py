@@ -31,6 +31,7 @@ ends exactly where the slot-by-slot rule would switch (design.md, BROS decision 
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
+from operator import itemgetter
 
 import numpy as np
 
@@ -411,7 +412,24 @@ class BiBlockManager:
         where = self._where
         freed: list[int] = []
         full = (self.rt_only if rt else self.be_only)[0]
-        for blk in self.blocks[rid]:
+        own = self.blocks[rid]
+        if len(own) > 1:  # the common case in C: the request owns its side of every block, alone, all full
+            get = itemgetter(*own)
+            if get(owner).count(rid) == len(own) and get(other).count(None) == len(own) \
+                    and get(where).count(full) == len(own):
+                for blk in own:
+                    owner[blk] = None
+                for blk in own:
+                    side_n[blk] = 0
+                free = self.free
+                for blk in own:
+                    where[blk] = free
+                full.members.difference_update(own)
+                free.add_many(own)
+                self.blocks[rid] = []
+                self._add_gpu(rid, -self.gpu[rid])
+                return
+        for blk in own:
             if owner[blk] == rid:
                 side_n[blk] = 0
                 owner[blk] = None
