@@ -32,8 +32,9 @@ swapped out and in by one batch).
 from __future__ import annotations
 
 import math
-from collections import Counter
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
+from heapq import merge
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
@@ -72,7 +73,7 @@ class _Batch:
     def __init__(self):
         self.n = self.tokens = self.prefill = self.prefill_sq = 0
         self.n_prefill = self.n_decode = self.decode_kv = self.swap_in = 0
-        self.decode_reads: Counter[int] = Counter()  # decode KV reads in the batch (for decode_kv_max)
+        self.decode_reads: list[int] = []  # decode KV reads in the batch, ascending (for decode_kv_max)
 
     def add(self, s: RequestState, c: int, swap_in: int, sign: int = 1) -> None:
         self.n += sign
@@ -85,18 +86,52 @@ class _Batch:
         else:
             self.n_decode += sign
             self.decode_kv += sign * (s.m + 1)
-            self.decode_reads[s.m + 1] += sign
+            if sign > 0:
+                insort(self.decode_reads, s.m + 1)
+            else:
+                del self.decode_reads[bisect_left(self.decode_reads, s.m + 1)]
 
     def features(self) -> BatchFeatures:
         # BROS prefills start from an empty cache (m = 0): no Σc·m term.
         return BatchFeatures(n_tokens=self.tokens, prefill_tokens=self.prefill, prefill_sq_tokens=self.prefill_sq,
                              n_prefill_seqs=self.n_prefill, n_decode_seqs=self.n_decode,
                              decode_kv_tokens=self.decode_kv,
-                             decode_kv_max=max((kv for kv, count in self.decode_reads.items() if count), default=0))
+                             decode_kv_max=self.decode_reads[-1] if self.decode_reads else 0)
+
+
+class _Prefix:
+    """The items of an iterator, drawn on demand and kept (``get(i)``: item ``i`` or None past the end)."""
+
+    __slots__ = ("items", "_it")
+
+    def __init__(self, iterator):
+        self.items: list = []
+        self._it = iterator
+
+    def __iter__(self):
+        i = 0
+        while (item := self.get(i)) is not None:
+            yield item
+            i += 1
+
+    def get(self, i: int):
+        items = self.items
+        while len(items) <= i:
+            nxt = next(self._it, None)
+            if nxt is None:
+                return None
+            items.append(nxt)
+        return items[i]
 
 
 class BrosScheduler(Scheduler):
-    """BROS; see the module docstring. ``limits.M // block_size`` bidirectional blocks."""
+    """BROS; see the module docstring. ``limits.M // block_size`` bidirectional blocks.
+
+    Per-iteration cost (design.md, BROS decision 13): the RT priority order is kept incrementally
+    (``_rt_groups``: per target, requests sorted by their slack reference time, updated only for the
+    requests a batch ran) and merged lazily, so an iteration reads only the prefix of the order it
+    uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from
+    the KV holders only; solo batch times are cached per request state."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):
@@ -109,6 +144,18 @@ class BrosScheduler(Scheduler):
         self.capacity = self.mgr.num_blocks * self.S
         self.rt: dict[int, RequestState] = {}
         self.be: dict[int, RequestState] = {}
+        # RT order: per slack target T, (reference time, arrival, id) ascending (slack = T − (now − ref)).
+        self._rt_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._rt_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
+        # BE order: (−checkpointed blocks, arrival, id) ascending.
+        self._be_order: list[tuple[int, float, int]] = []
+        self._be_key: dict[int, tuple[int, float, int]] = {}
+        self._solo: dict[int, tuple[int, int, object, float]] = {}  # id -> (m, cpu_tokens, swap_cost, C({i}))
+        # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
+        # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
+        self._budget_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._late: set[int] = set()
+        self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
         self.max_batch = max(cap, 1)
         self.b_curr = min(options.base_batch, self.max_batch)
@@ -130,11 +177,52 @@ class BrosScheduler(Scheduler):
             be = is_best_effort(s)
             (self.be if be else self.rt)[s.id] = s
             self.mgr.register(s.id, BE if be else RT)
+            self._file(s)
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
         for s in finished:
             self.mgr.release(s.id)
             (self.be if is_best_effort(s) else self.rt).pop(s.id)
+            self._unfile(s.id)
+            self._solo.pop(s.id, None)
+        # Only the requests in the batch changed their slack reference or host tokens.
+        for rid in {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in} | {rid for rid, _ in batch.swap_out}:
+            s = self.rt.get(rid, self.be.get(rid))
+            if s is not None:
+                self._unfile(rid)
+                self._file(s)
+
+    def _file(self, s: RequestState) -> None:
+        """Enter ``s`` in its class's order under its current key."""
+        if is_best_effort(s):
+            key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
+            self._be_key[s.id] = key
+            insort(self._be_order, key)
+            return
+        if s.generated == 0:
+            target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
+            ref = s.req.arrival_s
+        else:
+            target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
+            ref = s.last_token_s
+        key = (ref, s.req.arrival_s, s.id)
+        self._rt_key[s.id] = (target, key)
+        insort(self._rt_groups.setdefault(target, []), key)
+        insort(self._budget_groups.setdefault(target, []), key)
+
+    def _unfile(self, rid: int) -> None:
+        key = self._be_key.pop(rid, None)
+        if key is not None:
+            del self._be_order[bisect_left(self._be_order, key)]
+            return
+        target, key = self._rt_key.pop(rid)
+        groups = (self._rt_groups,) if rid in self._late else (self._rt_groups, self._budget_groups)
+        self._late.discard(rid)
+        for by_target in groups:
+            group = by_target[target]
+            del group[bisect_left(group, key)]
+            if not group:
+                del by_target[target]
 
     # --- cost and priority ----------------------------------------------------------------------
 
@@ -152,27 +240,78 @@ class BrosScheduler(Scheduler):
         target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
         return target - (now_s - s.last_token_s)
 
+    def _ranked(self, now_s: float):
+        """RT requests as (slack, arrival, id, state), ascending: the order of sorting every RT request by
+        (slack, arrival, id), produced lazily. Within one target the slack ``T − (now − ref)`` is
+        non-decreasing in ``ref`` (floating-point subtraction is monotone), so a group read by ``ref``
+        is in slack order up to runs of equal slack, which are re-sorted by (arrival, id)."""
+        streams = [self._group_stream(target, group, now_s) for target, group in self._rt_groups.items()]
+        return streams[0] if len(streams) == 1 else merge(*streams)
+
+    def _group_stream(self, target: float, group: list, now_s: float):
+        states = self.rt
+        run: list = []
+        for ref, arrival, rid in group:
+            slack = target - (now_s - ref)
+            if run and slack != run[0][0]:
+                if len(run) > 1:
+                    run.sort()
+                yield from run
+                run = []
+            run.append((slack, arrival, rid, states[rid]))
+        if len(run) > 1:
+            run.sort()
+        yield from run
+
     @staticmethod
     def _step(s: RequestState) -> int:
         """Tokens the request processes if selected: its whole (remaining) prompt, or 1."""
         return s.input_tokens - s.m if s.m < s.input_tokens else 1
 
     def _solo_cost(self, s: RequestState) -> float:
+        """``C({i})``, cached while the request's ``m`` and host tokens stay the same."""
+        hit = self._solo.get(s.id)
+        if hit is not None and hit[0] == s.m and hit[1] == s.cpu_tokens and hit[2] is self.swap_cost:
+            return hit[3]
         b = _Batch()
         b.add(s, self._step(s), s.cpu_tokens)
-        return self._cost(b)
+        cost = self._cost(b)
+        self._solo[s.id] = (s.m, s.cpu_tokens, self.swap_cost, cost)
+        return cost
 
-    def budget(self, ranked: list[tuple[float, RequestState]]) -> float:
+    def budget(self, ranked, now_s: float) -> float:
         """``T_min^res``: the head's slack (strict), else the smallest slack of an RT request that can
-        still make its deadline alone (``slack ≥ C({i})``), else infinity."""
-        if not ranked:
-            return math.inf
+        still make its deadline alone (``slack ≥ C({i})``), else infinity. ``ranked``: (slack, …, state)
+        tuples in priority order (any iterable; strict mode reads its head).
+
+        Not strict: a minimum, so each target's list is read in slack order up to its first feasible
+        request; the late requests passed on the way leave ``_budget_groups`` until their state changes
+        (exact: at a later ``now`` their slack is no larger, ``C({i})`` the same)."""
         if self.options.strict:
-            return ranked[0][0]
-        for slack, s in ranked:
-            if slack >= self._solo_cost(s):
-                return slack
-        return math.inf
+            return next(iter(ranked), (math.inf,))[0]
+        if now_s < self._last_now_s:  # time went back (direct calls): the late marks may not hold
+            for rid in self._late:
+                target, key = self._rt_key[rid]
+                insort(self._budget_groups.setdefault(target, []), key)
+            self._late.clear()
+        self._last_now_s = now_s
+        best = math.inf
+        for target, group in list(self._budget_groups.items()):
+            late = 0
+            for ref, _, rid in group:
+                slack = target - (now_s - ref)
+                if slack >= best:
+                    break
+                if slack >= self._solo_cost(self.rt[rid]):
+                    best = slack
+                    break
+                late += 1
+            if late:
+                self._late.update(rid for _, _, rid in group[:late])
+                del group[:late]
+                if not group:
+                    del self._budget_groups[target]
+        return best
 
     def _fits(self, b: _Batch, budget: float) -> bool:
         lim = self.limits
@@ -185,18 +324,23 @@ class BrosScheduler(Scheduler):
         mgr, opts, lim = self.mgr, self.options, self.limits
         if opts.check:
             self._check_against_states()
-        ranked = sorted(((self.slack(s, now_s), s.req.arrival_s, s.id, s) for s in self.rt.values()),
-                        key=lambda t: t[:3])
-        ranked = [(t[0], t[3]) for t in ranked]
-        budget = self.budget(ranked)
+        ranked = _Prefix(self._ranked(now_s))
+        budget = self.budget(ranked, now_s)
         self.last_budget_s = budget
-        holders = sum(1 for n in mgr.gpu.values() if n)
+        holders = len(mgr.holders)
+        # RT KV holders by priority, for the drop victims of FindPreemptBlock (RT requests ranked after
+        # the requester that hold KV, most slack first).
+        rt_holders = sorted((self.slack(self.rt[rid], now_s), self.rt[rid].req.arrival_s, rid)
+                            for rid in mgr.holders if rid in self.rt)
         batch = _Batch()
         rt_ready: list[tuple[RequestState, list, int]] = []
         early_return = False
 
         # RT loop (Algorithm 1 lines 5-14).
-        for pos, (slack, s) in enumerate(ranked):
+        pos = 0
+        while (item := ranked.get(pos)) is not None:
+            slack, s = item[0], item[3]
+            pos += 1
             if len(rt_ready) == self.b_curr:
                 break
             if s.id in mgr.dropped:
@@ -210,17 +354,19 @@ class BrosScheduler(Scheduler):
                 early_return = lim_ok  # lines 11-12 (a C/P overflow is not a budget break)
                 break
             new_holder = mgr.gpu[s.id] == 0
-            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, ranked[pos + 1:])
+            later = rt_holders[bisect_right(rt_holders, item[:3]):]
+            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, later)
             if receipt is None:
                 batch.add(s, c, swap_in, -1)
                 break
             rt_ready.append((s, receipt, c))
 
-        # BE loop (lines 15-33).
+        # BE loop (lines 15-33): BE requests by key, except those checkpointed or dropped so far.
         be_ready: list[tuple[RequestState, int]] = []
-        candidates = sorted((s for s in self.be.values() if s.id not in mgr.checkpointed and s.id not in mgr.dropped),
-                            key=lambda s: (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id))
-        for k, s in enumerate(candidates):
+        excluded = set(mgr.checkpointed) | set(mgr.dropped)
+        candidates = (key for key in self._be_order if key[2] not in excluded)
+        for k, key in enumerate(candidates):
+            s = self.be[key[2]]
             if s.id in mgr.dropped:
                 continue
             c, swap_in = self._step(s), s.cpu_tokens
@@ -234,7 +380,8 @@ class BrosScheduler(Scheduler):
                     ok = alloc()
                     holders += ok and new_holder
                 else:  # guard: an otherwise empty batch drops BE requests ranked after it (BE-only deadlock)
-                    ok, holders = self._make_room(alloc, new_holder, holders, candidates[:k:-1])
+                    ok, holders = self._make_room(alloc, new_holder, holders,
+                                                  self._be_ranked_after(key, excluded))
                 if not ok:
                     batch.add(s, c, swap_in, -1)
                     break
@@ -248,7 +395,7 @@ class BrosScheduler(Scheduler):
             batch.add(victim, vc, victim.cpu_tokens, -1)
             if self._fits(batch, budget) and mgr.alloc_be(s.id, swap_in + c):
                 rt_ready.pop()
-                victim_was_new = mgr.gpu[victim.id] == len(receipt)
+                victim_was_new = mgr.gpu[victim.id] == sum(step[-1] for step in receipt)
                 mgr.undo_rt(victim.id, receipt)
                 holders += new_holder - victim_was_new
                 be_ready.append((s, c))
@@ -271,40 +418,52 @@ class BrosScheduler(Scheduler):
             if swap_out:
                 raise SchedulerError(f"scheduler '{self.name}' swapped requests out for an empty batch (a bug)")
             if opts.strict and (self.rt or self.be):
-                head = ranked[0] if ranked else None
-                detail = (f"; the most urgent RT request {head[1].id} has slack {head[0]:.4g}s, below the time of "
-                          f"running it alone ({self._solo_cost(head[1]):.4g}s)" if head else "")
+                head = ranked.get(0)
+                detail = (f"; the most urgent RT request {head[2]} has slack {head[0]:.4g}s, below the time of "
+                          f"running it alone ({self._solo_cost(head[3]):.4g}s)" if head else "")
                 raise NoProgressError(
                     f"strict BROS (Algorithm 1 as printed) returned an empty batch at t={now_s:.6g}s with "
                     f"{len(self.rt)} RT and {len(self.be)} BE requests queued{detail}; use the default guards")
         return ScheduledBatch(items=items, swap_out=swap_out, swap_in=swap_in)
 
-    def _find_preempt_block(self, s: RequestState, need: int, new_holder: bool, holders: int,
-                            later: list[tuple[float, RequestState]]):
-        """FindPreemptBlock: slots for RT request ``s`` (bidirectional rules), dropping BE requests (most
-        checkpointed first, then latest arrival), then RT requests ranked after it (most slack first),
-        until it fits. Returns (receipt or None, holders)."""
-        mgr = self.mgr
-        be = sorted((v for v in self.be.values() if mgr.gpu[v.id]),
-                    key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id), reverse=True)
-        victims = be + [v for _, v in reversed(later)]
-        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims)
+    def _be_ranked_after(self, key: tuple, excluded: set[int]):
+        """BE KV holders among the loop's candidates ranked after ``key``, last first (the guard's victims;
+        requests without GPU tokens would be skipped anyway)."""
+        keys = sorted(self._be_key[rid] for rid in self.mgr.holders if rid in self.be and rid not in excluded)
+        return [self.be[k[2]] for k in reversed(keys[bisect_right(keys, key):])]
 
-    def _make_room(self, alloc, new_holder: bool, holders: int, victims: list[RequestState]):
-        """Try ``alloc()``; on failure drop (swap out) ``victims`` in order until it succeeds.
-        Returns (``alloc``'s result or None, holders)."""
+    def _find_preempt_block(self, s: RequestState, need: int, new_holder: bool, holders: int,
+                            later: list[tuple[float, float, int]]):
+        """FindPreemptBlock: slots for RT request ``s`` (bidirectional rules), dropping BE requests (most
+        checkpointed first, then latest arrival), then RT requests ranked after it (``later``: the KV
+        holders among them, by priority; most slack first), until it fits. Returns (receipt or None,
+        holders). The BE order is computed on the first failure: a failed allocation changes nothing."""
+        mgr = self.mgr
+
+        def victims():
+            be = sorted((self.be[rid] for rid in mgr.holders if rid in self.be),
+                        key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
+                        reverse=True)
+            yield from be
+            for key in reversed(later):
+                yield self.rt[key[2]]
+
+        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims())
+
+    def _make_room(self, alloc, new_holder: bool, holders: int, victims):
+        """Try ``alloc()``; on failure drop (swap out) ``victims`` (an iterable, drawn lazily) in order, skipping
+        those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders)."""
         mgr, rmax = self.mgr, self.limits.Rmax
-        victims = victims[::-1]  # pop() from the end takes them in the given order
+        victims = iter(victims)
         while True:
             if not new_holder or rmax is None or holders < rmax:
                 got = alloc()
                 if got is not None and got is not False:
                     return got, holders + new_holder
-            while victims and not mgr.gpu[victims[-1].id]:
-                victims.pop()
-            if not victims:
+            victim = next((v for v in victims if mgr.gpu[v.id]), None)
+            if victim is None:
                 return None, holders
-            mgr.drop(victims.pop().id)
+            mgr.drop(victim.id)
             holders -= 1
 
     # --- checks -----------------------------------------------------------------------------------

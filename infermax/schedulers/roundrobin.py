@@ -8,9 +8,15 @@ iteration is Algorithm 1 with two FCFS groups, the class's running requests then
 ``M`` failure evicts (recompute) the latest-arrived running request of either class, else itself
 (no bidirectional KV). Block size and token budget come from the
 limits (the paper: block 16 for every system).
+
+Each class's waiting requests are kept sorted by (arrival, id), updated on arrivals, admissions and
+evictions, and handed to Algorithm 1 lazily: an iteration reads only the prefix it uses (the waiting
+group stops at its first failure) instead of sorting the whole queue (design.md, BROS decision 13).
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left, insort
 
 from ..costmodel.base import CostModel
 from ..limits import Limits
@@ -26,12 +32,25 @@ class RoundRobinScheduler(Algorithm1Scheduler):
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, name: str = "roundrobin"):
         super().__init__(limits, RR_POLICY, cost_model, name=name)
         self.turn_be = False  # the class whose turn it is
+        self._waiting_by_class: dict[bool, list[tuple[float, int]]] = {False: [], True: []}  # (arrival, id)
+
+    @staticmethod
+    def _key(s) -> tuple[float, int]:
+        return (s.req.arrival_s, s.id)
+
+    def _waiting_list(self, s) -> list[tuple[float, int]]:
+        return self._waiting_by_class[s.req.request_class == "be"]
+
+    def add_arrivals(self, arrived) -> None:
+        super().add_arrivals(arrived)
+        for s in arrived:
+            insort(self._waiting_list(s), self._key(s))
 
     def _groups(self):
         be = self.turn_be
         running = [s for s in self.running if (s.req.request_class == "be") == be]
-        waiting = sorted((s for s in self.waiting if (s.req.request_class == "be") == be),
-                         key=lambda s: (s.req.arrival_s, s.id))
+        by_id = self._by_id
+        waiting = (by_id[rid] for _, rid in self._waiting_by_class[be])
         return [(running, True), (waiting, True)], self.running
 
     def next_batch(self, now_s: float) -> ScheduledBatch:
@@ -43,7 +62,14 @@ class RoundRobinScheduler(Algorithm1Scheduler):
         return batch
 
     def batch_done(self, batch: ScheduledBatch, finished) -> None:
+        admitted = [self._by_id[rid] for rid, _ in batch.items if rid not in self._running_ids]
         super().batch_done(batch, finished)
+        for s in admitted:
+            lst = self._waiting_list(s)
+            del lst[bisect_left(lst, self._key(s))]
+        for rid in batch.evict:
+            s = self._by_id[rid]
+            insort(self._waiting_list(s), self._key(s))
         self.turn_be = not self.served_be
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
