@@ -20,14 +20,14 @@ Every choice the paper leaves open is an ``AptServeOptions`` field; see docs/des
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState, cache_tokens
 from ..schedule import ScheduledBatch
+from .aptserve_waiting import BOUND_SLACK, WaitingQueue
 from .base import InfeasibleRequestError, Scheduler
 
 DEMOTED_DENSITY = 1e-12  # value per memory unit of a demoted request: below every other positive density
@@ -106,6 +106,14 @@ def greedy_select(candidates: Sequence[Candidate], capacity: int,
         for rank, (theta, size, step) in enumerate(_feasible_items(c, capacity)):
             items.append((-theta, order, rank, size, step, c))
     items.sort(key=lambda t: (t[0], t[1], t[2]))
+    return greedy_take(items, capacity, admit, double_check)
+
+
+def greedy_take(items: Iterable[tuple], capacity: int, admit: Callable[[Hashable, int], bool] | None = None,
+                double_check: bool = True) -> Selection:
+    """``greedy_select``'s loop over items ``(−θ, order, rank, size, step, candidate)`` already in
+    ascending order; it stops reading at the first item that does not fit or is refused, so a lazy
+    iterator (``WaitingQueue.items``) is read only that far."""
     forms: dict = {}
     value, used = 0.0, 0
     blocked: Candidate | None = None
@@ -213,6 +221,11 @@ class AptServeScheduler(Scheduler):
     requests in queue order (waiting: arrival, preempted first; running: admission order), each
     in KV form if it fits, else in hidden form if that fits, stopping at the first that fits in
     neither; it prefills whenever a waiting request fits (vLLM's rule) and demotes nobody.
+
+    The waiting requests live in a ``WaitingQueue``: a batch reads only those the greedy takes (plus
+    the few whose bound could tie with them), never the whole queue; the running requests, which all
+    decode, are read in full as the paper's greedy does. The decisions are those of the plain version
+    (``tests/aptserve_reference.py``; ``tests/test_aptserve_equivalence.py`` checks them).
     """
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
@@ -231,14 +244,21 @@ class AptServeScheduler(Scheduler):
             _check_hidden_halves_memory(getattr(cost_model, "model", None))
         self.rho = (options.rho if not isinstance(options.rho, str)
                     else rho_from_cost_model(cost_model, options.rho)) if options.hybrid else 0.0
-        self.waiting: deque[RequestState] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[RequestState] = []
         self._by_id: dict[int, RequestState] = {}
+        self._prefill_cap = min(limits.C, limits.prefill_budget)
+        self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
             self._by_id[s.id] = s
             self.waiting.append(s)
+            self._note_size(s)
+
+    def _note_size(self, s: RequestState) -> None:
+        if s.input_tokens > self._prefill_cap:
+            self._too_big.append(s)
 
     # -- per-request quantities -----------------------------------------------------------------
     @staticmethod
@@ -266,66 +286,115 @@ class AptServeScheduler(Scheduler):
     # -- planning -------------------------------------------------------------------------------
     def next_batch(self, now_s: float) -> ScheduledBatch:
         lim = self.limits
-        p_wait = [self.pending_s(s, now_s) for s in self.waiting]
+        self._raise_if_too_big()
         p_run = [self.pending_s(s, now_s) for s in self.running]
-        v_wait = [self.violates(s, p) for s, p in zip(self.waiting, p_wait)]
         v_run = [self.violates(s, p) for s, p in zip(self.running, p_run)]
         n = len(self.waiting) + len(self.running)
         if self.options.n_minus_violators:
-            n -= sum(v_wait) + sum(v_run)
+            n -= self.waiting.violators(now_s) + sum(v_run)
         used = sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
         if self.options.prefill_memory == "paper":
             free = lim.M - sum(lim.blocks(s.m) for s in self.running)
         else:
             free = lim.M - used
-        waiting = list(self.waiting)
-        chosen = self._select(waiting, p_wait, v_wait, n, max(free, 0), prefill=True, holders=len(self.running))
+        chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(self.running))
         decode = bool(self.running) and (
-            (sum(p_run) > sum(p_wait) if self.options.adaptive else False) or not chosen.forms)
+            (self.waiting.pending_sum_below(sum(p_run), now_s) if self.options.adaptive else False)
+            or not chosen.forms)
         if not decode:
             return self._prefill_batch(chosen)
-        kept = self._select(self.running, p_run, v_run, n, lim.M, prefill=False, holders=0)
+        kept = self._select_running(p_run, v_run, n)
         batch = self._decode_batch(kept)
         if batch.items:
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
         # waiting requests that fit the then empty memory; if none, defer the switches this once.
-        again = self._select(waiting, p_wait, v_wait, n, lim.M, prefill=True, holders=0)
+        again = self._select_waiting(now_s, n, lim.M, holders=0)
         if again.forms:
             prefill = self._prefill_batch(again)
             return ScheduledBatch(items=prefill.items, evict=batch.evict, hidden=prefill.hidden)
         return self._deferred_switch_batch(kept)
 
-    def _select(self, states, pending, violators, n, capacity, prefill: bool, holders: int) -> Selection:
+    def _raise_if_too_big(self) -> None:
+        """A waiting request whose whole prefill exceeds ``min(C, P)`` can never run (the first in
+        queue order is named, as a scan of the queue would find it)."""
+        waiting = [s for s in self._too_big if s.id in self._by_id and not s.finished and s.m == 0
+                   and s not in self.running]
+        self._too_big = []
+        if not waiting:
+            return
+        s = min(waiting, key=lambda r: self.waiting.position(r.id))
+        need = s.input_tokens
+        kind = "prompt" if need == s.req.prompt_tokens else "refill after preemption"
+        raise InfeasibleRequestError(
+            f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {self._prefill_cap}, and "
+            f"scheduler '{self.name}' does not chunk prefills; raise C/P")
+
+    def _admit(self, prefill: bool, holders: int, size_of: Callable[[Hashable], int]):
+        """The greedy's ``admit``: the token budget (``min(C, P)`` for prefills, ``C`` for decodes) and,
+        for prefills, ``Rmax`` holders."""
         lim = self.limits
-        token_cap = min(lim.C, lim.prefill_budget) if prefill else lim.C
+        token_cap = self._prefill_cap if prefill else lim.C
         seq_cap = lim.Rmax
-        sizes = {}
-        cands = []
-        for s, p, v in zip(states, pending, violators):
-            need = s.input_tokens if prefill else s.m + 1
-            if prefill and need > token_cap:
-                kind = "prompt" if need == s.req.prompt_tokens else "refill after preemption"
-                raise InfeasibleRequestError(
-                    f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {token_cap}, and "
-                    f"scheduler '{self.name}' does not chunk prefills; raise C/P")
-            sizes[s.id] = need if prefill else 1
-            cands.append(self._candidate(s, p, need, n, v and self.options.adaptive))
         tokens = [0]
 
         def admit(key, n_before: int) -> bool:
             if n_before == 0:
                 tokens[0] = 0
-            if tokens[0] + sizes[key] > token_cap:
+            size = size_of(key)
+            if tokens[0] + size > token_cap:
                 return False
             if prefill and seq_cap is not None and holders + n_before + 1 > seq_cap:
                 return False
-            tokens[0] += sizes[key]
+            tokens[0] += size
             return True
 
+        return admit
+
+    def _select_waiting(self, now_s: float, n: int, capacity: int, holders: int) -> Selection:
+        """The greedy (or FCFS) over the waiting requests' whole prefills, read lazily from the queue."""
+        by_id = self._by_id
+        admit = self._admit(True, holders, lambda key: by_id[key].input_tokens)
+        demote = self.options.adaptive
+        if not self.options.adaptive:
+            cands = (self._candidate(s, p, s.input_tokens, n, False)
+                     for s in self.waiting for p in (self.pending_s(s, now_s),))
+            return _fcfs_select(cands, capacity, admit)
+
+        def expand(s: RequestState, p: float) -> list[tuple]:
+            c = self._candidate(s, p, s.input_tokens, n, demote and self.violates(s, p))
+            return [(theta, size, step, c) for theta, size, step in _feasible_items(c, capacity)]
+
+        items = self.waiting.items(now_s, self._density_bound(n), expand)
+        return greedy_take(items, capacity, admit, self.options.double_check)
+
+    def _density_bound(self, n: int) -> Callable[[int, float], float]:
+        """Upper bound on any item density of a waiting request with a prefill of at least ``low``
+        tokens, pending ``p``: ``max(p/kv, (p − N·ρ·kv)/hidden)`` with both sizes at their least, at
+        least twice the demoted density, with ``BOUND_SLACK`` for rounding."""
+        lim, hybrid, n_rho = self.limits, self.options.hybrid, n * self.rho
+        sizes: dict[int, tuple[int, int]] = {}
+
+        def bound(low: int, p: float) -> float:
+            kv_hidden = sizes.get(low)
+            if kv_hidden is None:
+                kv_hidden = sizes[low] = (lim.blocks(low), cache_tokens(lim, low, True))
+            kv, hidden = kv_hidden
+            b = p / kv
+            if hybrid:
+                b = max(b, (p - n_rho * kv) / hidden)
+            return max(b, 2 * DEMOTED_DENSITY) * (1 + BOUND_SLACK)
+
+        return bound
+
+    def _select_running(self, p_run: list[float], v_run: list[bool], n: int) -> Selection:
+        """The greedy (or FCFS) over the running requests' next decode, with all of ``M``."""
+        demote = self.options.adaptive
+        cands = [self._candidate(s, p, s.m + 1, n, v and demote) for s, p, v in zip(self.running, p_run, v_run)]
+        admit = self._admit(False, 0, lambda key: 1)
         if self.options.adaptive:
-            return greedy_select(cands, capacity, admit, self.options.double_check)
-        return _fcfs_select(cands, capacity, admit)
+            return greedy_select(cands, self.limits.M, admit, self.options.double_check)
+        return _fcfs_select(cands, self.limits.M, admit)
 
     def _prefill_batch(self, chosen: Selection) -> ScheduledBatch:
         """Whole prefills (waiting requests hold no cache: ``input_tokens`` = prompt + generated)."""
@@ -367,13 +436,14 @@ class AptServeScheduler(Scheduler):
         if batch.evict:
             out = set(batch.evict)
             self.running = [s for s in self.running if s.id not in out]
-            self.waiting.extendleft(self._by_id[rid] for rid in reversed(batch.evict))
+            evicted = [self._by_id[rid] for rid in batch.evict]
+            self.waiting.extendleft_in_order(evicted)
+            for s in evicted:
+                self._note_size(s)
         running_ids = {s.id for s in self.running}
         admitted = [rid for rid, _ in batch.items if rid not in running_ids]
-        if admitted:
-            gone = set(admitted)
-            self.waiting = deque(s for s in self.waiting if s.id not in gone)
-            self.running.extend(self._by_id[rid] for rid in admitted)
+        for rid in admitted:
+            self.running.append(self.waiting.remove(rid))
         if finished:
             done = {s.id for s in finished}
             self.running = [s for s in self.running if s.id not in done]
@@ -383,7 +453,7 @@ class AptServeScheduler(Scheduler):
         return f"waiting={len(self.waiting)}, running={len(self.running)}, cache used={used}/{self.limits.M}"
 
 
-def _fcfs_select(cands: Sequence[Candidate], capacity: int, admit) -> Selection:
+def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:
     """Queue order: KV if it fits, else hidden if offered and it fits; stop at the first that fits neither."""
     forms: dict = {}
     value, used = 0.0, 0

@@ -1,0 +1,80 @@
+"""The indexed Apt-Serve scheduler makes exactly the plain version's decisions (tests/aptserve_reference.py,
+the scheduler as of fc1abe4, which scans every waiting request every batch) on random workloads: same
+batches (items, preemptions, cache forms), or the same error."""
+
+from __future__ import annotations
+
+import pytest
+from aptserve_reference import AptServeOptions as RefOptions
+from aptserve_reference import AptServeScheduler as RefScheduler
+from conftest import AffineCost
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.request import Request
+from infermax.schedulers.aptserve import AptServeOptions, AptServeScheduler
+
+OPTION_FIELDS = ("hybrid", "adaptive", "rho", "n_minus_violators", "demotion", "decay", "double_check",
+                 "reprefill_hidden", "prefill_memory")
+
+
+@st.composite
+def runs(draw):
+    n = draw(st.integers(1, 40))
+    # Integer-valued times (tie-heavy pending times and densities) or fractional ones.
+    integral = draw(st.booleans())
+    reqs = []
+    for i in range(n):
+        arrival = draw(st.integers(0, 30)) if integral else draw(st.floats(0.0, 3.0))
+        slo = draw(st.sampled_from([None, None, 0.5, 2.0, 20.0]))
+        tbt = draw(st.sampled_from([None, 0.2, 1.0, 5.0])) if slo is not None else None
+        reqs.append(Request(i, float(arrival), draw(st.integers(1, 60)), draw(st.integers(1, 30)), slo, tbt))
+    block = draw(st.sampled_from([1, 1, 4, 16]))
+    c = draw(st.integers(64, 160))
+    limits = Limits(C=c, P=draw(st.sampled_from([None, c, 64])), M=draw(st.integers(96, 400)) // block * block,
+                    Rmax=draw(st.sampled_from([None, None, 3, 8])), block_size=block)
+    options = AptServeOptions(
+        hybrid=draw(st.booleans()), adaptive=draw(st.sampled_from([True, True, True, False])),
+        rho=draw(st.sampled_from([0.0, 1e-4, 2e-3, 0.02, 0.1])), n_minus_violators=draw(st.booleans()),
+        demotion=draw(st.sampled_from(["near-zero", "decay"])), decay=draw(st.sampled_from([0.0, 0.4, 1.0])),
+        double_check=draw(st.booleans()), reprefill_hidden=draw(st.booleans()),
+        prefill_memory=draw(st.sampled_from(["free", "paper"])))
+    cost = AffineCost(1.0, 1.0) if integral else AffineCost(0.013, draw(st.sampled_from([0.00037, 0.0011])))
+    return reqs, limits, options, cost
+
+
+def outcome(scheduler, reqs, limits, cost):
+    try:
+        res = simulate(reqs, scheduler, limits, cost)
+    except Exception as exc:  # the same error (type and message) counts as the same decision
+        return type(exc).__name__, str(exc)
+    return [(b.items, b.evict, sorted(b.hidden)) for b in res.schedule.batches]
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs())
+def test_same_decisions_as_the_plain_scheduler(run):
+    reqs, limits, options, cost = run
+    ref_options = RefOptions(**{f: getattr(options, f) for f in OPTION_FIELDS})
+    ref = outcome(RefScheduler(limits, cost, ref_options), reqs, limits, cost)
+    new = outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost)
+    assert new == ref
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_same_decisions_on_a_loaded_queue(seed):
+    # Hundreds waiting at once, ties in arrival times, SLOs missed: the index is read lazily here.
+    import random
+
+    rng = random.Random(seed)
+    reqs = [Request(i, float(rng.randrange(0, 40)), rng.randrange(1, 200), rng.randrange(1, 40), 3.0, 0.5)
+            for i in range(300)]
+    limits = Limits(C=512, M=2000)
+    cost = AffineCost(0.01, 0.0005)
+    for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=1e-4, demotion="decay"),
+                    AptServeOptions(adaptive=False)):
+        ref_options = RefOptions(**{f: getattr(options, f) for f in OPTION_FIELDS})
+        assert outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost) == \
+            outcome(RefScheduler(limits, cost, ref_options), reqs, limits, cost)
