@@ -20,6 +20,7 @@ Every choice the paper leaves open is an ``AptServeOptions`` field; see docs/des
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Sequence
 
@@ -249,6 +250,7 @@ class AptServeScheduler(Scheduler):
         self._by_id: dict[int, RequestState] = {}
         self._prefill_cap = min(limits.C, limits.prefill_budget)
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
+        self._bucket_sizes: dict[int, tuple[int, int]] = {}  # bucket low -> (KV, hidden) memory
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -285,25 +287,27 @@ class AptServeScheduler(Scheduler):
 
     # -- planning -------------------------------------------------------------------------------
     def next_batch(self, now_s: float) -> ScheduledBatch:
-        lim = self.limits
+        lim, opt, running = self.limits, self.options, self.running
         self._raise_if_too_big()
-        p_run = [self.pending_s(s, now_s) for s in self.running]
-        v_run = [self.violates(s, p) for s, p in zip(self.running, p_run)]
-        n = len(self.waiting) + len(self.running)
-        if self.options.n_minus_violators:
-            n -= self.waiting.violators(now_s) + sum(v_run)
-        used = sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
-        if self.options.prefill_memory == "paper":
-            free = lim.M - sum(lim.blocks(s.m) for s in self.running)
+        # N enters only the hidden form's value: not computed for the KV-only variant.
+        n = 0
+        if opt.hybrid:
+            n = len(self.waiting) + len(running)
+            if opt.n_minus_violators:
+                n -= self.waiting.violators(now_s) + sum(
+                    self.violates(s, self.pending_s(s, now_s)) for s in running if s.req.ttft_slo_s is not None
+                    or s.req.tbt_slo_s is not None)
+        if opt.prefill_memory == "paper":
+            free = lim.M - sum(lim.blocks(s.m) for s in running)
         else:
-            free = lim.M - used
-        chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(self.running))
-        decode = bool(self.running) and (
-            (self.waiting.pending_sum_below(sum(p_run), now_s) if self.options.adaptive else False)
-            or not chosen.forms)
+            free = lim.M - self._used()
+        chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(running))
+        decode = bool(running) and (
+            not chosen.forms or (opt.adaptive and self.waiting.pending_sum_below(
+                sum([self.pending_s(s, now_s) for s in running]), now_s)))
         if not decode:
             return self._prefill_batch(chosen)
-        kept = self._select_running(p_run, v_run, n)
+        kept = self._select_running(now_s, n)
         batch = self._decode_batch(kept)
         if batch.items:
             return batch
@@ -314,6 +318,13 @@ class AptServeScheduler(Scheduler):
             prefill = self._prefill_batch(again)
             return ScheduledBatch(items=prefill.items, evict=batch.evict, hidden=prefill.hidden)
         return self._deferred_switch_batch(kept)
+
+    def _used(self) -> int:
+        """Memory the running requests hold (``cache_tokens`` summed)."""
+        lim = self.limits
+        if lim.block_size == 1:
+            return sum(-(-s.m // 2) if s.hidden else s.m for s in self.running)
+        return sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
 
     def _raise_if_too_big(self) -> None:
         """A waiting request whose whole prefill exceeds ``min(C, P)`` can never run (the first in
@@ -365,36 +376,61 @@ class AptServeScheduler(Scheduler):
             c = self._candidate(s, p, s.input_tokens, n, demote and self.violates(s, p))
             return [(theta, size, step, c) for theta, size, step in _feasible_items(c, capacity)]
 
-        items = self.waiting.items(now_s, self._density_bound(n), expand)
+        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
         return greedy_take(items, capacity, admit, self.options.double_check)
 
-    def _density_bound(self, n: int) -> Callable[[int, float], float]:
+    def _density_bound(self, n: int, capacity: int) -> Callable[[int, float], float | None]:
         """Upper bound on any item density of a waiting request with a prefill of at least ``low``
-        tokens, pending ``p``: ``max(p/kv, (p − N·ρ·kv)/hidden)`` with both sizes at their least, at
-        least twice the demoted density, with ``BOUND_SLACK`` for rounding."""
-        lim, hybrid, n_rho = self.limits, self.options.hybrid, n * self.rho
-        sizes: dict[int, tuple[int, int]] = {}
+        tokens, pending ``p``, or None when no such request has an option that fits ``capacity``.
 
-        def bound(low: int, p: float) -> float:
+        Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid
+        only) if that fits, ``(p − N·ρ·kv)/hidden`` at most; sizes are taken at their least
+        (``low``), a demoted request's KV density is below twice ``DEMOTED_DENSITY``, a decayed one
+        below the undecayed, an upgrade below its hidden step; ``BOUND_SLACK`` covers rounding."""
+        lim, hybrid, n_rho, sizes = self.limits, self.options.hybrid, n * self.rho, self._bucket_sizes
+        floor, slack = 2 * DEMOTED_DENSITY, 1 + BOUND_SLACK
+
+        def bound(low: int, p: float) -> float | None:
             kv_hidden = sizes.get(low)
             if kv_hidden is None:
                 kv_hidden = sizes[low] = (lim.blocks(low), cache_tokens(lim, low, True))
             kv, hidden = kv_hidden
-            b = p / kv
-            if hybrid:
-                b = max(b, (p - n_rho * kv) / hidden)
-            return max(b, 2 * DEMOTED_DENSITY) * (1 + BOUND_SLACK)
+            b = None
+            if kv <= capacity:
+                b = p / kv
+                if b < floor:
+                    b = floor
+            if hybrid and hidden <= capacity:
+                h = (p - n_rho * kv) / hidden
+                if h < 0:  # a hidden value below 0 is offered only decayed by 0 (density ±0)
+                    h = 0.0
+                if b is None or h > b:
+                    b = h
+            return None if b is None else b * slack
 
         return bound
 
-    def _select_running(self, p_run: list[float], v_run: list[bool], n: int) -> Selection:
-        """The greedy (or FCFS) over the running requests' next decode, with all of ``M``."""
+    def _select_running(self, now_s: float, n: int) -> Selection:
+        """The greedy (or FCFS) over the running requests' next decode, with all of ``M``.
+
+        When every running request's KV need fits ``M`` together (and ``C`` holds them all), both
+        take every item whatever the order (nothing blocks, nobody is refused), so each request is
+        selected in KV form: that answer is given without computing the values."""
+        lim, running = self.limits, self.running
+        if len(running) <= lim.C:
+            total = (sum(s.m for s in running) + len(running) if lim.block_size == 1
+                     else sum(lim.blocks(s.m + 1) for s in running))
+            if total <= lim.M:
+                return Selection({s.id: "kv" for s in running}, math.nan, total)  # value not needed
         demote = self.options.adaptive
-        cands = [self._candidate(s, p, s.m + 1, n, v and demote) for s, p, v in zip(self.running, p_run, v_run)]
+        cands = []
+        for s in running:
+            p = self.pending_s(s, now_s)
+            cands.append(self._candidate(s, p, s.m + 1, n, demote and self.violates(s, p)))
         admit = self._admit(False, 0, lambda key: 1)
         if self.options.adaptive:
-            return greedy_select(cands, self.limits.M, admit, self.options.double_check)
-        return _fcfs_select(cands, self.limits.M, admit)
+            return greedy_select(cands, lim.M, admit, self.options.double_check)
+        return _fcfs_select(cands, lim.M, admit)
 
     def _prefill_batch(self, chosen: Selection) -> ScheduledBatch:
         """Whole prefills (waiting requests hold no cache: ``input_tokens`` = prompt + generated)."""

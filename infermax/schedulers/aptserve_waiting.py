@@ -20,7 +20,7 @@ its prefill size are fixed while it waits, so the index keeps them by ``ref``:
   unexpanded bucket's bound: every item that could tie with it or precede it is already expanded, so
   the emitted sequence is exactly the full sort's prefix, ties in queue order included.
 - **Violators** (``violators``): per SLO value, refs sorted; ``now − ref > slo`` holds on a prefix.
-- **Summed pending time** (``pending_sum_below``): ``|W|·now − Σ ref`` kept exactly (fractions); the
+- **Summed pending time** (``pending_sum_below``): ``|W|·now − Σ ref`` kept exactly (fixed point); the
   float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
   comparison inside that margin sums the pending times one by one, in queue order, as before.
 - **Queue order**: a position key per request (preempted requests at the front get decreasing keys,
@@ -31,12 +31,18 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from fractions import Fraction
 from typing import Callable, Iterator
 
 from ..replay import RequestState
 
 BOUND_SLACK = 1e-9  # relative: covers the rounding of the exact densities against their bound
+_FIXED_BITS = 1100  # every finite double is an integer multiple of 2^-1074: times are summed exactly as ints
+
+
+def _fixed(x: float) -> int:
+    """``x · 2^_FIXED_BITS`` exactly."""
+    num, den = x.as_integer_ratio()
+    return num << (_FIXED_BITS - den.bit_length() + 1)
 
 
 def bucket_low(tokens: int) -> int:
@@ -66,7 +72,7 @@ class WaitingQueue:
         self._back = 0
         self._buckets: dict[int, list[tuple[float, int, int]]] = {}  # low -> sorted (ref, pos, id)
         self._slo_refs: dict[float, list[float]] = {}
-        self._ref_sum = Fraction(0)
+        self._ref_sum = 0  # Σ ref, fixed point (_fixed)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -101,7 +107,7 @@ class WaitingQueue:
         bisect.insort(self._buckets.setdefault(low, []), (ref, pos, s.id))
         if slo is not None:
             bisect.insort(self._slo_refs.setdefault(slo, []), ref)
-        self._ref_sum += Fraction(ref)
+        self._ref_sum += _fixed(ref)
 
     def remove(self, rid: int) -> RequestState:
         pos, ref, low, slo = self._entry.pop(rid)
@@ -115,7 +121,7 @@ class WaitingQueue:
             _delete(refs, ref)
             if not refs:
                 del self._slo_refs[slo]
-        self._ref_sum -= Fraction(ref)
+        self._ref_sum -= _fixed(ref)
         return self._states.pop(rid)
 
     # -- the aggregates -----------------------------------------------------------------------------
@@ -136,7 +142,7 @@ class WaitingQueue:
     def pending_sum_below(self, total_s: float, now_s: float) -> bool:
         """``total_s > sum(now − ref over the queue, in queue order)``, the float sum as a loop computes it."""
         n = len(self._order)
-        exact = float(n * Fraction(now_s) - self._ref_sum)
+        exact = (n * _fixed(now_s) - self._ref_sum) / (1 << _FIXED_BITS)  # int / int rounds correctly
         margin = (n + 4) * 2.0 ** -52 * abs(exact)
         if total_s > exact + margin:
             return True
@@ -151,12 +157,15 @@ class WaitingQueue:
         """The greedy's items ``(−θ, position, rank, size, step, candidate)`` in ascending order.
 
         ``bound(low, p)``: an upper bound on the density of any item of a request of that bucket
-        waiting ``p`` (nondecreasing in ``p``); ``expand(state, p)``: the request's items
+        waiting ``p`` (nondecreasing in ``p``), None if none of them has an item (then the bucket is
+        skipped; this depends on ``low`` only); ``expand(state, p)``: the request's items
         ``(θ, size, step, candidate)`` in rank order.
         """
         sources = []
         for low, bucket in self._buckets.items():
-            sources.append((-bound(low, now_s - bucket[0][0]), low, 0))
+            b = bound(low, now_s - bucket[0][0])
+            if b is not None:
+                sources.append((-b, low, 0))
         heapq.heapify(sources)
         ready: list[tuple] = []
         states, buckets = self._states, self._buckets
@@ -168,7 +177,7 @@ class WaitingQueue:
                 for rank, (theta, size, step, cand) in enumerate(expand(states[rid], now_s - ref)):
                     heapq.heappush(ready, (-theta, pos, rank, size, step, cand))
                 if i + 1 < len(bucket):
-                    heapq.heappush(sources, (-bound(low, now_s - bucket[i + 1][0]), low, i + 1))
+                    heapq.heappush(sources, (-bound(low, now_s - bucket[i + 1][0]), low, i + 1))  # not None: same low
             if not ready:
                 return
             yield heapq.heappop(ready)
