@@ -45,6 +45,19 @@ def runs(draw):
     return reqs, limits, options, cost
 
 
+class RecordingReference(RefScheduler):
+    """The reference, keeping every batch it planned (an error ends the run before it is returned)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.planned = []
+
+    def next_batch(self, now_s):
+        batch = super().next_batch(now_s)
+        self.planned.append((batch.items, batch.evict, sorted(batch.hidden)))
+        return batch
+
+
 def outcome(scheduler, reqs, limits, cost):
     try:
         res = simulate(reqs, scheduler, limits, cost)
@@ -53,14 +66,24 @@ def outcome(scheduler, reqs, limits, cost):
     return [(b.items, b.evict, sorted(b.hidden)) for b in res.schedule.batches]
 
 
+def check_same(reqs, limits, options, cost):
+    ref_scheduler = RecordingReference(limits, cost, RefOptions(**{f: getattr(options, f) for f in OPTION_FIELDS}))
+    ref = outcome(ref_scheduler, reqs, limits, cost)
+    new = outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost)
+    if isinstance(ref, tuple) and "refill after preemption" in ref[1]:
+        # The reference preempted a request whose refill exceeds min(C, P) in its last batch, so it could
+        # never run again; the fix (design.md) keeps such requests: the same batches up to that one.
+        assert not (isinstance(new, tuple) and "refill after preemption" in new[1])
+        if not isinstance(new, tuple):
+            assert new[:len(ref_scheduler.planned) - 1] == ref_scheduler.planned[:-1]
+        return
+    assert new == ref
+
+
 @settings(max_examples=300, deadline=None)
 @given(runs())
 def test_same_decisions_as_the_plain_scheduler(run):
-    reqs, limits, options, cost = run
-    ref_options = RefOptions(**{f: getattr(options, f) for f in OPTION_FIELDS})
-    ref = outcome(RefScheduler(limits, cost, ref_options), reqs, limits, cost)
-    new = outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost)
-    assert new == ref
+    check_same(*run)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -75,6 +98,4 @@ def test_same_decisions_on_a_loaded_queue(seed):
     cost = AffineCost(0.01, 0.0005)
     for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=1e-4, demotion="decay"),
                     AptServeOptions(adaptive=False)):
-        ref_options = RefOptions(**{f: getattr(options, f) for f in OPTION_FIELDS})
-        assert outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost) == \
-            outcome(RefScheduler(limits, cost, ref_options), reqs, limits, cost)
+        check_same(reqs, limits, options, cost)

@@ -309,6 +309,9 @@ class AptServeScheduler(Scheduler):
             return self._prefill_batch(chosen)
         kept = self._select_running(now_s, n)
         batch = self._decode_batch(kept)
+        if batch.evict and self._unrefillable(batch.evict):
+            kept = self._select_running_pinned(now_s, n)
+            batch = self._decode_batch(kept, pinned=True)
         if batch.items:
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
@@ -341,11 +344,12 @@ class AptServeScheduler(Scheduler):
             f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {self._prefill_cap}, and "
             f"scheduler '{self.name}' does not chunk prefills; raise C/P")
 
-    def _admit(self, prefill: bool, holders: int, size_of: Callable[[Hashable], int]):
-        """The greedy's ``admit``: the token budget (``min(C, P)`` for prefills, ``C`` for decodes) and,
-        for prefills, ``Rmax`` holders."""
+    def _admit(self, prefill: bool, holders: int, size_of: Callable[[Hashable], int], token_cap: int | None = None):
+        """The greedy's ``admit``: the token budget (``min(C, P)`` for prefills, ``C`` for decodes, unless
+        ``token_cap`` is given) and, for prefills, ``Rmax`` holders."""
         lim = self.limits
-        token_cap = self._prefill_cap if prefill else lim.C
+        if token_cap is None:
+            token_cap = self._prefill_cap if prefill else lim.C
         seq_cap = lim.Rmax
         tokens = [0]
 
@@ -437,13 +441,50 @@ class AptServeScheduler(Scheduler):
         items = [(rid, self._by_id[rid].input_tokens) for rid in chosen.forms]
         return ScheduledBatch(items=items, hidden=frozenset(k for k, f in chosen.forms.items() if f == "hidden"))
 
-    def _decode_batch(self, chosen: Selection) -> ScheduledBatch:
-        """Selected running requests keeping their form decode; the others are preempted."""
+    def _unrefillable(self, rids) -> list[RequestState]:
+        """Running requests among ``rids`` whose refill after a preemption (prompt + generated tokens)
+        would exceed ``min(C, P)``: preempted, they could never be prefilled again (no chunking)."""
+        cap, by_id = self._prefill_cap, self._by_id
+        return [s for s in (by_id[rid] for rid in rids) if s.req.prompt_tokens + s.generated > cap]
+
+    def _select_running_pinned(self, now_s: float, n: int) -> Selection:
+        """The decode selection when the greedy would preempt an unrefillable request (design.md):
+        every unrefillable request keeps its form and decodes; the greedy (or FCFS) chooses among
+        the others with the memory and token budget that remain."""
+        lim, running = self.limits, self.running
+        pinned = {s.id for s in self._unrefillable(s.id for s in running)}
+        need = sum(cache_tokens(lim, s.m + 1, s.hidden) for s in running if s.id in pinned)
+        if need > lim.M or len(pinned) > lim.C:
+            raise InfeasibleRequestError(
+                f"scheduler '{self.name}': the {len(pinned)} running requests whose refill would exceed min(C, P) = "
+                f"{self._prefill_cap} need {need} tokens of memory and {len(pinned)} of C = {lim.C} to decode, more "
+                f"than the limits (M = {lim.M}); one must be preempted and could never run again; raise C/P or M")
+        demote = self.options.adaptive
+        cands = []
+        for s in running:
+            if s.id not in pinned:
+                p = self.pending_s(s, now_s)
+                cands.append(self._candidate(s, p, s.m + 1, n, demote and self.violates(s, p)))
+        token_cap = lim.C - len(pinned)
+        admit = self._admit(False, 0, lambda key: 1, token_cap)
+        if self.options.adaptive:
+            rest = greedy_select(cands, lim.M - need, admit, self.options.double_check)
+        else:
+            rest = _fcfs_select(cands, lim.M - need, admit)
+        forms = {s.id: ("hidden" if s.hidden else "kv") for s in running if s.id in pinned}
+        forms.update(rest.forms)
+        return Selection(forms, math.nan, rest.used + need)  # value not needed
+
+    def _decode_batch(self, chosen: Selection, pinned: bool = False) -> ScheduledBatch:
+        """Selected running requests keeping their form decode; the others are preempted. With
+        ``pinned``, unrefillable requests are never re-prefilled (``reprefill_hidden``)."""
         items, evict, hidden = [], [], set()
+        cap = self._prefill_cap
         for s in self.running:
             form = chosen.forms.get(s.id)
             keeps = form is not None and (form == "hidden") == s.hidden
-            if keeps and form == "hidden" and self.options.reprefill_hidden:
+            if keeps and form == "hidden" and self.options.reprefill_hidden and not (
+                    pinned and s.req.prompt_tokens + s.generated > cap):
                 keeps = False
             if not keeps:
                 evict.append(s.id)
