@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
@@ -41,10 +41,10 @@ PREFILL_MEMORY = ("free", "paper")
 # The greedy (pure: tested against brute force)
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One request's options: KV (``kv_value``, ``kv_size``) or hidden (``hidden_value``,
-    ``hidden_size``; ``hidden_value`` None = not offered)."""
+    ``hidden_size``; ``hidden_value`` None = not offered). A named tuple: one is built per request
+    read, every batch, and a tuple is about 3x cheaper to build than a frozen dataclass."""
 
     key: Hashable
     kv_value: float
@@ -304,7 +304,8 @@ class AptServeScheduler(Scheduler):
         chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(running))
         decode = bool(running) and (
             not chosen.forms or (opt.adaptive and self.waiting.pending_sum_below(
-                sum([self.pending_s(s, now_s) for s in running]), now_s)))
+                sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in running]),
+                now_s)))  # Σ pending_s in running order, inlined (every batch)
         if not decode:
             return self._prefill_batch(chosen)
         kept = self._select_running(now_s, n)
