@@ -99,3 +99,15 @@ def test_same_decisions_on_a_loaded_queue(seed):
     for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=1e-4, demotion="decay"),
                     AptServeOptions(adaptive=False)):
         check_same(reqs, limits, options, cost)
+
+
+# Found by the test above: the reference's corner case (every running request preempted, nothing
+# waiting fits) defers the switches, so request 28 (refill 81 > 80 tokens) is not preempted in batch 449;
+# the unrefillable-request rule must look at the final batch, not at the greedy's first answer.
+REGRESSION_ROWS = [(0.341315848852371,49,3,None,None),(1.9995932294976213,14,8,None,None),(0.0,44,13,0.5,None),(1.175494351e-38,21,19,0.5,None),(0.03,30,29,0.5,None),(0.4567881872933802,14,2,0.5,None),(3.691827625239895e-142,21,14,0.5,None),(2.5498532887721748,4,28,None,None),(2.9372527542025164,29,24,0.5,None),(0.1342,43,26,0.5,None),(5e-324,26,8,0.5,None),(2.4775971595542527,3,20,None,None),(2.695280862933589,1,26,20.0,None),(0.7151927383732122,32,23,0.5,1.0),(2.5950428709948117,2,22,2.0,0.2),(2.2250738585e-313,11,9,None,None),(1e-05,10,24,None,None),(3.3909762572403903e-282,38,7,20.0,0.2),(0.2,53,7,None,None),(0.46647539551294026,17,28,0.5,5.0),(1.5,18,12,None,None),(1.3127421910485326,3,28,0.5,5.0),(2.068327083973433,51,24,None,None),(0.3333333333333333,50,21,None,None),(2.0733275004314193,21,2,0.5,None),(0.3223901398905903,17,15,None,None),(1.4745371627170902,28,28,20.0,1.0),(0.08205544352344132,11,7,None,None),(0.0718842576126977,58,26,0.5,5.0),(2.8247646036914857,55,17,20.0,None),(1.4791103079656684,3,26,None,None),(2.8706570831153795,15,20,0.5,None),(1.636886855985388,32,11,None,None),(0.3019563327797258,8,2,20.0,0.2),(1.3513692825847552,14,26,None,None),(1.4072829650316327,2,6,20.0,1.0),(0.7631991222272376,7,11,None,None),(0.7631991222272376,32,22,None,None),(0.007247675504205688,35,3,0.5,1.0),(0.7865778440543401,13,11,None,None)]
+
+
+def test_unrefillable_rule_after_the_corner_case():
+    reqs = [Request(i, a, p, o, t, b) for i, (a, p, o, t, b) in enumerate(REGRESSION_ROWS)]
+    options = AptServeOptions(rho=0.0, demotion="decay", decay=1.0, double_check=False, reprefill_hidden=True)
+    check_same(reqs, Limits(C=80, P=80, M=128, Rmax=3, block_size=16), options, AffineCost(0.013, 0.00037))

@@ -308,16 +308,19 @@ class AptServeScheduler(Scheduler):
                 now_s)))  # Σ pending_s in running order, inlined (every batch)
         if not decode:
             return self._prefill_batch(chosen)
+        batch = self._decode_iteration(now_s, n)
+        if batch.evict and self._unrefillable(batch.evict):
+            return self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
+        return batch
+
+    def _decode_iteration(self, now_s: float, n: int) -> ScheduledBatch:
         kept = self._select_running(now_s, n)
         batch = self._decode_batch(kept)
-        if batch.evict and self._unrefillable(batch.evict):
-            kept = self._select_running_pinned(now_s, n)
-            batch = self._decode_batch(kept, pinned=True)
         if batch.items:
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
         # waiting requests that fit the then empty memory; if none, defer the switches this once.
-        again = self._select_waiting(now_s, n, lim.M, holders=0)
+        again = self._select_waiting(now_s, n, self.limits.M, holders=0)
         if again.forms:
             prefill = self._prefill_batch(again)
             return ScheduledBatch(items=prefill.items, evict=batch.evict, hidden=prefill.hidden)
@@ -384,36 +387,8 @@ class AptServeScheduler(Scheduler):
         items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
         return greedy_take(items, capacity, admit, self.options.double_check)
 
-    def _density_bound(self, n: int, capacity: int) -> Callable[[int, float], float | None]:
-        """Upper bound on any item density of a waiting request with a prefill of at least ``low``
-        tokens, pending ``p``, or None when no such request has an option that fits ``capacity``.
-
-        Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid
-        only) if that fits, ``(p − N·ρ·kv)/hidden`` at most; sizes are taken at their least
-        (``low``), a demoted request's KV density is below twice ``DEMOTED_DENSITY``, a decayed one
-        below the undecayed, an upgrade below its hidden step; ``BOUND_SLACK`` covers rounding."""
-        lim, hybrid, n_rho, sizes = self.limits, self.options.hybrid, n * self.rho, self._bucket_sizes
-        floor, slack = 2 * DEMOTED_DENSITY, 1 + BOUND_SLACK
-
-        def bound(low: int, p: float) -> float | None:
-            kv_hidden = sizes.get(low)
-            if kv_hidden is None:
-                kv_hidden = sizes[low] = (lim.blocks(low), cache_tokens(lim, low, True))
-            kv, hidden = kv_hidden
-            b = None
-            if kv <= capacity:
-                b = p / kv
-                if b < floor:
-                    b = floor
-            if hybrid and hidden <= capacity:
-                h = (p - n_rho * kv) / hidden
-                if h < 0:  # a hidden value below 0 is offered only decayed by 0 (density ±0)
-                    h = 0.0
-                if b is None or h > b:
-                    b = h
-            return None if b is None else b * slack
-
-        return bound
+    def _density_bound(self, n: int, capacity: int) -> "_DensityBound":
+        return _DensityBound(self, n, capacity)
 
     def _select_running(self, now_s: float, n: int) -> Selection:
         """The greedy (or FCFS) over the running requests' next decode, with all of ``M``.
@@ -529,6 +504,70 @@ class AptServeScheduler(Scheduler):
     def describe_state(self) -> str:
         used = sum(cache_tokens(self.limits, s.m, s.hidden) for s in self.running)
         return f"waiting={len(self.waiting)}, running={len(self.running)}, cache used={used}/{self.limits.M}"
+
+
+class _DensityBound:
+    """Upper bound on any item density of a waiting request with a prefill of at least ``low`` tokens,
+    pending ``p``, or None when no such request has an option that fits ``capacity``.
+
+    Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
+    if that fits, ``(p − N·ρ·kv)/hidden`` at most; sizes are taken at their least (``low``), a
+    demoted request's KV density is below twice ``DEMOTED_DENSITY``, a decayed one below the
+    undecayed, an upgrade below its hidden step; ``BOUND_SLACK`` covers rounding."""
+
+    def __init__(self, scheduler: AptServeScheduler, n: int, capacity: int):
+        self.limits, self.hybrid, self.n_rho = scheduler.limits, scheduler.options.hybrid, n * scheduler.rho
+        self.sizes, self.capacity = scheduler._bucket_sizes, capacity
+
+    def __call__(self, low: int, p: float) -> float | None:
+        sizes = self.sizes
+        kv_hidden = sizes.get(low)
+        if kv_hidden is None:
+            kv_hidden = sizes[low] = (self.limits.blocks(low), cache_tokens(self.limits, low, True))
+        return self._bound(kv_hidden, p)
+
+    def _bound(self, kv_hidden: tuple[int, int], p: float) -> float | None:
+        kv, hidden = kv_hidden
+        b = None
+        if kv <= self.capacity:
+            b = p / kv
+            if b < 2 * DEMOTED_DENSITY:
+                b = 2 * DEMOTED_DENSITY
+        if self.hybrid and hidden <= self.capacity:
+            h = (p - self.n_rho * kv) / hidden
+            if h < 0:  # a hidden value below 0 is offered only decayed by 0 (density ±0)
+                h = 0.0
+            if b is None or h > b:
+                b = h
+        return None if b is None else b * (1 + BOUND_SLACK)
+
+    def heads(self, buckets: dict, now_s: float) -> list[tuple[int, float]]:
+        """``(low, bound)`` of every bucket's oldest request (the same values, one loop)."""
+        sizes, out = self.sizes, []
+        cap, hybrid, n_rho = self.capacity, self.hybrid, self.n_rho
+        floor, slack = 2 * DEMOTED_DENSITY, 1 + BOUND_SLACK
+        for low, bucket in buckets.items():
+            kv_hidden = sizes.get(low)
+            if kv_hidden is None:
+                kv_hidden = sizes[low] = (self.limits.blocks(low), cache_tokens(self.limits, low, True))
+            kv, hidden = kv_hidden
+            p = now_s - bucket[0][0]
+            if kv <= cap:
+                b = p / kv
+                if b < floor:
+                    b = floor
+                if hybrid and hidden <= cap:
+                    h = (p - n_rho * kv) / hidden
+                    if h > b:
+                        b = h
+            elif hybrid and hidden <= cap:
+                b = (p - n_rho * kv) / hidden
+                if b < 0:
+                    b = 0.0
+            else:
+                continue
+            out.append((low, b * slack))
+        return out
 
 
 def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:
