@@ -384,7 +384,12 @@ class AptServeScheduler(Scheduler):
             c = self._candidate(s, p, s.input_tokens, n, demote and self.violates(s, p))
             return [(theta, size, step, c) for theta, size, step in _feasible_items(c, capacity)]
 
-        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
+        lim, hybrid = self.limits, self.options.hybrid
+
+        def may_fit(tokens: int) -> bool:  # a KV or hidden option within capacity (_feasible_items)
+            return lim.blocks(tokens) <= capacity or (hybrid and cache_tokens(lim, tokens, True) <= capacity)
+
+        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand, may_fit)
         return greedy_take(items, capacity, admit, self.options.double_check)
 
     def _density_bound(self, n: int, capacity: int) -> "_DensityBound":

@@ -70,7 +70,7 @@ class WaitingQueue:
         self._order: list[tuple[int, int]] = []  # (pos, id), sorted
         self._front = 0  # next front position is _front - 1
         self._back = 0
-        self._buckets: dict[int, list[tuple[float, int, int]]] = {}  # low -> sorted (ref, pos, id)
+        self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # low -> sorted (ref, pos, id, tokens)
         self._slo_refs: dict[float, list[float]] = {}
         self._ref_sum = 0  # Σ ref, fixed point (_fixed)
 
@@ -102,18 +102,18 @@ class WaitingQueue:
     def _add(self, s: RequestState, pos: int) -> None:
         ref, slo, low = ref_s(s), slo_s(s), bucket_low(s.input_tokens)
         self._states[s.id] = s
-        self._entry[s.id] = (pos, ref, low, slo)
+        self._entry[s.id] = (pos, ref, low, slo, s.input_tokens)
         bisect.insort(self._order, (pos, s.id))
-        bisect.insort(self._buckets.setdefault(low, []), (ref, pos, s.id))
+        bisect.insort(self._buckets.setdefault(low, []), (ref, pos, s.id, s.input_tokens))
         if slo is not None:
             bisect.insort(self._slo_refs.setdefault(slo, []), ref)
         self._ref_sum += _fixed(ref)
 
     def remove(self, rid: int) -> RequestState:
-        pos, ref, low, slo = self._entry.pop(rid)
+        pos, ref, low, slo, tokens = self._entry.pop(rid)
         _delete(self._order, (pos, rid))
         bucket = self._buckets[low]
-        _delete(bucket, (ref, pos, rid))
+        _delete(bucket, (ref, pos, rid, tokens))
         if not bucket:
             del self._buckets[low]
         if slo is not None:
@@ -153,14 +153,16 @@ class WaitingQueue:
 
     # -- density order ------------------------------------------------------------------------------
     def items(self, now_s: float, bound: Callable[[int, float], float],
-              expand: Callable[[RequestState, float], list[tuple]]) -> Iterator[tuple]:
+              expand: Callable[[RequestState, float], list[tuple]],
+              may_fit: Callable[[int], bool] | None = None) -> Iterator[tuple]:
         """The greedy's items ``(−θ, position, rank, size, step, candidate)`` in ascending order.
 
         ``bound(low, p)``: an upper bound on the density of any item of a request of that bucket
         waiting ``p`` (nondecreasing in ``p``), None if none of them has an item (then the bucket is
         skipped; this depends on ``low`` only); if it has a ``heads(buckets, now)`` method, that gives
         ``(low, bound)`` of every bucket's oldest request at once (faster); ``expand(state, p)``: the request's items
-        ``(θ, size, step, candidate)`` in rank order.
+        ``(θ, size, step, candidate)`` in rank order; ``may_fit(tokens)``: False when a request with
+        that prefill has no item at all (it is then skipped without being expanded).
         """
         sources = [(-b, low, 0) for low, b in bound.heads(self._buckets, now_s)] if hasattr(bound, "heads") else [
             (-b, low, 0) for low, bucket in self._buckets.items()
@@ -172,7 +174,12 @@ class WaitingQueue:
             while sources and (not ready or sources[0][0] <= ready[0][0]):
                 _, low, i = heapq.heappop(sources)
                 bucket = buckets[low]
-                ref, pos, rid = bucket[i]
+                if may_fit is not None:  # later entries wait less: the bound still holds for them
+                    while i < len(bucket) and not may_fit(bucket[i][3]):
+                        i += 1
+                    if i == len(bucket):
+                        continue
+                ref, pos, rid, _ = bucket[i]
                 for rank, (theta, size, step, cand) in enumerate(expand(states[rid], now_s - ref)):
                     heapq.heappush(ready, (-theta, pos, rank, size, step, cand))
                 if i + 1 < len(bucket):
