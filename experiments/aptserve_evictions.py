@@ -7,7 +7,8 @@ workload (``sampled(2000, lognormal:2500:0.3:4000, lognormal:200:1.0:3900, seed 
 seed 0; default limits and cost model) and prints, for the hybrid run, what the greedy saw when it
 gave a waiting request the hidden form and when it later preempted a hidden-form running request:
 pending time ``p``, ``N = |W| + |R|`` and the KV size ``m``, against the threshold ``2·N·ρ·m`` above
-which the hidden form is offered (``θ_hidden ≥ θ_KV``; specs §3.1).
+which the hidden form is offered (``θ_hidden ≥ θ_KV``; specs §3.1); then the three variants again with
+LongBench's SLOs attached.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from infermax.costmodel import load_cost_model
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.schedulers import AptServeOptions, AptServeScheduler
-from infermax.workload import sampled, with_arrivals
+from infermax.workload import sampled, with_arrivals, with_slo
 
 
 class Recording(AptServeScheduler):
@@ -75,6 +76,12 @@ def main() -> None:
         above = sum(r[0] >= 2 * r[1] * rho * r[2] for r in rows) / len(rows)
         print(f"{label} ({len(rows):,}): p {quartiles(p)} s; N {quartiles(n)}; m {quartiles(m)}; "
               f"2·N·ρ·m {quartiles([2 * r[1] * rho * r[2] for r in rows])} s; share with p >= 2·N·ρ·m {above:.3f}")
+    # The same requests with LongBench's SLOs (TTFT 4 s, P99 TBT 1 s): late requests are demoted.
+    for name in ("aptserve", "aptserve-decay", "aptserve-kv"):
+        s = simulate(with_slo(reqs, 4.0, 1.0), name, limits, cost).summary
+        print(f"SLO 4 s / 1 s, {name}: {s['num_batches']:,} batches, {s['evictions']:,} preemptions, "
+              f"{s['refilled_tokens']:,} refilled tokens, makespan {s['makespan_s']:,.0f} s, hidden share "
+              f"{s['hidden_item_share']:.3f}")
 
 
 if __name__ == "__main__":
