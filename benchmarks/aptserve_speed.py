@@ -1,6 +1,6 @@
 """Wall time per simulated batch of the Apt-Serve variants and Sarathi on issue 17's workloads.
 
-    PYTHONPATH=<worktree> python benchmarks/aptserve_speed.py WORKLOAD [--timeout S] [--C N] [NAME ...]
+    PYTHONPATH=<worktree> python benchmarks/aptserve_speed.py WORKLOAD [NAME ...] [--timeout S] [--C N]
 
 WORKLOAD: ``azure-conv`` / ``azure-code`` (the full traces) or ``long`` (2,000 requests, prompts
 lognormal:2500:0.3:4000, outputs lognormal:200:1.0:3900, Poisson 2 req/s, seed 0: the CLI's
