@@ -54,13 +54,14 @@ class RecordingReference(RefScheduler):
 
     def next_batch(self, now_s):
         batch = super().next_batch(now_s)
-        self.planned.append((batch.items, batch.evict, sorted(batch.hidden)))
+        if batch.items:  # an empty one only waits for the next arrival
+            self.planned.append((batch.items, batch.evict, sorted(batch.hidden)))
         return batch
 
 
-def outcome(scheduler, reqs, limits, cost):
+def outcome(scheduler, reqs, limits, cost, fast_forward=True):
     try:
-        res = simulate(reqs, scheduler, limits, cost)
+        res = simulate(reqs, scheduler, limits, cost, fast_forward=fast_forward)
     except Exception as exc:  # the same error (type and message) counts as the same decision
         return type(exc).__name__, str(exc)
     return [(b.items, b.evict, sorted(b.hidden)) for b in res.schedule.batches]
@@ -72,8 +73,12 @@ def check_same(reqs, limits, options, cost):
     new = outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost)
     if isinstance(ref, tuple) and "refill after preemption" in ref[1]:
         # The reference preempted a request whose refill exceeds min(C, P) in its last batch, so it could
-        # never run again; the fix (design.md) keeps such requests: the same batches up to that one.
+        # never run again; the fix (design.md) keeps such requests: the same batches up to that one
+        # (stepped batch by batch, so that every batch is a planned one).
         assert not (isinstance(new, tuple) and "refill after preemption" in new[1])
+        ref_scheduler = RecordingReference(limits, cost, RefOptions(**{f: getattr(options, f) for f in OPTION_FIELDS}))
+        outcome(ref_scheduler, reqs, limits, cost, fast_forward=False)
+        new = outcome(AptServeScheduler(limits, cost, options), reqs, limits, cost, fast_forward=False)
         if not isinstance(new, tuple):
             assert new[:len(ref_scheduler.planned) - 1] == ref_scheduler.planned[:-1]
         return
