@@ -115,3 +115,24 @@ def test_variants_replay_on_the_fitted_model(name):
     assert (res.requests.generated_tokens == res.requests.output_tokens).all()
     if name in ("aptserve-code", "aptserve-authors-rho"):
         assert res.summary["hidden_item_share"] > 0  # this load uses the hidden form
+
+
+def test_a_request_whose_refill_would_exceed_c_is_not_preempted():
+    # C = 8, M = 13, affine time 1 + tokens. B (I=1, O=4) arrives at 1 and is prefilled (t=3); A (I=7, O=4)
+    # is prefilled at 3 (t=11); both decode at 11 and 14 (needs 2+8, 3+9 <= 13). At 17 they need 4 + 10 > 13
+    # and both have p = 0 (density 0, running order): B fits, A is cut. Preempted, A would have to refill
+    # 7 + 3 = 10 > C tokens, which no later batch can hold (no chunking): the plain greedy (the reference,
+    # fc1abe4) fails there. A keeps its cache instead; B, refill 4 tokens, is preempted.
+    from aptserve_reference import AptServeScheduler as Reference
+
+    from infermax.schedulers.base import InfeasibleRequestError
+
+    reqs = [Request(0, 2.0, 7, 4), Request(1, 1.0, 1, 4)]
+    limits = Limits(C=8, M=13)
+    res = simulate(reqs, AptServeScheduler(limits, AffineCost()), limits, AffineCost())
+    batches = [(b.items, b.evict) for b in res.schedule.batches]
+    assert batches == [([(1, 1)], []), ([(0, 7)], []), ([(1, 1), (0, 1)], []), ([(1, 1), (0, 1)], []),
+                       ([(0, 1)], [1]), ([(1, 4)], [])]
+    assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+    with pytest.raises(InfeasibleRequestError, match="refill after preemption"):
+        simulate(reqs, Reference(limits, AffineCost()), limits, AffineCost())

@@ -20,14 +20,15 @@ Every choice the paper leaves open is an ``AptServeOptions`` field; see docs/des
 
 from __future__ import annotations
 
-from collections import deque
+import math
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState, cache_tokens
 from ..schedule import ScheduledBatch
+from .aptserve_waiting import BOUND_SLACK, WaitingQueue
 from .base import InfeasibleRequestError, Scheduler
 
 DEMOTED_DENSITY = 1e-12  # value per memory unit of a demoted request: below every other positive density
@@ -40,10 +41,10 @@ PREFILL_MEMORY = ("free", "paper")
 # The greedy (pure: tested against brute force)
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One request's options: KV (``kv_value``, ``kv_size``) or hidden (``hidden_value``,
-    ``hidden_size``; ``hidden_value`` None = not offered)."""
+    ``hidden_size``; ``hidden_value`` None = not offered). A named tuple: one is built per request
+    read, every batch, and a tuple is about 3x cheaper to build than a frozen dataclass."""
 
     key: Hashable
     kv_value: float
@@ -106,6 +107,14 @@ def greedy_select(candidates: Sequence[Candidate], capacity: int,
         for rank, (theta, size, step) in enumerate(_feasible_items(c, capacity)):
             items.append((-theta, order, rank, size, step, c))
     items.sort(key=lambda t: (t[0], t[1], t[2]))
+    return greedy_take(items, capacity, admit, double_check)
+
+
+def greedy_take(items: Iterable[tuple], capacity: int, admit: Callable[[Hashable, int], bool] | None = None,
+                double_check: bool = True) -> Selection:
+    """``greedy_select``'s loop over items ``(−θ, order, rank, size, step, candidate)`` already in
+    ascending order; it stops reading at the first item that does not fit or is refused, so a lazy
+    iterator (``WaitingQueue.items``) is read only that far."""
     forms: dict = {}
     value, used = 0.0, 0
     blocked: Candidate | None = None
@@ -213,6 +222,11 @@ class AptServeScheduler(Scheduler):
     requests in queue order (waiting: arrival, preempted first; running: admission order), each
     in KV form if it fits, else in hidden form if that fits, stopping at the first that fits in
     neither; it prefills whenever a waiting request fits (vLLM's rule) and demotes nobody.
+
+    The waiting requests live in a ``WaitingQueue``: a batch reads only those the greedy takes (plus
+    the few whose bound could tie with them), never the whole queue; the running requests, which all
+    decode, are read in full as the paper's greedy does. The decisions are those of the plain version
+    (``tests/aptserve_reference.py``; ``tests/test_aptserve_equivalence.py`` checks them).
     """
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
@@ -231,14 +245,22 @@ class AptServeScheduler(Scheduler):
             _check_hidden_halves_memory(getattr(cost_model, "model", None))
         self.rho = (options.rho if not isinstance(options.rho, str)
                     else rho_from_cost_model(cost_model, options.rho)) if options.hybrid else 0.0
-        self.waiting: deque[RequestState] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[RequestState] = []
         self._by_id: dict[int, RequestState] = {}
+        self._prefill_cap = min(limits.C, limits.prefill_budget)
+        self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
+        self._bucket_sizes: dict[int, tuple[int, int]] = {}  # bucket low -> (KV, hidden) memory
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
             self._by_id[s.id] = s
             self.waiting.append(s)
+            self._note_size(s)
+
+    def _note_size(self, s: RequestState) -> None:
+        if s.input_tokens > self._prefill_cap:
+            self._too_big.append(s)
 
     # -- per-request quantities -----------------------------------------------------------------
     @staticmethod
@@ -265,80 +287,185 @@ class AptServeScheduler(Scheduler):
 
     # -- planning -------------------------------------------------------------------------------
     def next_batch(self, now_s: float) -> ScheduledBatch:
-        lim = self.limits
-        p_wait = [self.pending_s(s, now_s) for s in self.waiting]
-        p_run = [self.pending_s(s, now_s) for s in self.running]
-        v_wait = [self.violates(s, p) for s, p in zip(self.waiting, p_wait)]
-        v_run = [self.violates(s, p) for s, p in zip(self.running, p_run)]
-        n = len(self.waiting) + len(self.running)
-        if self.options.n_minus_violators:
-            n -= sum(v_wait) + sum(v_run)
-        used = sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
-        if self.options.prefill_memory == "paper":
-            free = lim.M - sum(lim.blocks(s.m) for s in self.running)
+        lim, opt, running = self.limits, self.options, self.running
+        self._raise_if_too_big()
+        # N enters only the hidden form's value: not computed for the KV-only variant.
+        n = 0
+        if opt.hybrid:
+            n = len(self.waiting) + len(running)
+            if opt.n_minus_violators:
+                n -= self.waiting.violators(now_s) + sum(
+                    self.violates(s, self.pending_s(s, now_s)) for s in running if s.req.ttft_slo_s is not None
+                    or s.req.tbt_slo_s is not None)
+        if opt.prefill_memory == "paper":
+            free = lim.M - sum(lim.blocks(s.m) for s in running)
         else:
-            free = lim.M - used
-        waiting = list(self.waiting)
-        chosen = self._select(waiting, p_wait, v_wait, n, max(free, 0), prefill=True, holders=len(self.running))
-        decode = bool(self.running) and (
-            (sum(p_run) > sum(p_wait) if self.options.adaptive else False) or not chosen.forms)
+            free = lim.M - self._used()
+        chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(running))
+        decode = bool(running) and (
+            not chosen.forms or (opt.adaptive and self.waiting.pending_sum_below(
+                sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in running]),
+                now_s)))  # Σ pending_s in running order, inlined (every batch)
         if not decode:
             return self._prefill_batch(chosen)
-        kept = self._select(self.running, p_run, v_run, n, lim.M, prefill=False, holders=0)
+        batch = self._decode_iteration(now_s, n)
+        if batch.evict and self._unrefillable(batch.evict):
+            return self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
+        return batch
+
+    def _decode_iteration(self, now_s: float, n: int) -> ScheduledBatch:
+        kept = self._select_running(now_s, n)
         batch = self._decode_batch(kept)
         if batch.items:
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
         # waiting requests that fit the then empty memory; if none, defer the switches this once.
-        again = self._select(waiting, p_wait, v_wait, n, lim.M, prefill=True, holders=0)
+        again = self._select_waiting(now_s, n, self.limits.M, holders=0)
         if again.forms:
             prefill = self._prefill_batch(again)
             return ScheduledBatch(items=prefill.items, evict=batch.evict, hidden=prefill.hidden)
         return self._deferred_switch_batch(kept)
 
-    def _select(self, states, pending, violators, n, capacity, prefill: bool, holders: int) -> Selection:
+    def _used(self) -> int:
+        """Memory the running requests hold (``cache_tokens`` summed)."""
         lim = self.limits
-        token_cap = min(lim.C, lim.prefill_budget) if prefill else lim.C
+        if lim.block_size == 1:
+            return sum(-(-s.m // 2) if s.hidden else s.m for s in self.running)
+        return sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
+
+    def _raise_if_too_big(self) -> None:
+        """A waiting request whose whole prefill exceeds ``min(C, P)`` can never run (the first in
+        queue order is named, as a scan of the queue would find it)."""
+        waiting = [s for s in self._too_big if s.id in self._by_id and not s.finished and s.m == 0
+                   and s not in self.running]
+        self._too_big = []
+        if not waiting:
+            return
+        s = min(waiting, key=lambda r: self.waiting.position(r.id))
+        need = s.input_tokens
+        kind = "prompt" if need == s.req.prompt_tokens else "refill after preemption"
+        raise InfeasibleRequestError(
+            f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {self._prefill_cap}, and "
+            f"scheduler '{self.name}' does not chunk prefills; raise C/P")
+
+    def _admit(self, prefill: bool, holders: int, size_of: Callable[[Hashable], int], token_cap: int | None = None):
+        """The greedy's ``admit``: the token budget (``min(C, P)`` for prefills, ``C`` for decodes, unless
+        ``token_cap`` is given) and, for prefills, ``Rmax`` holders."""
+        lim = self.limits
+        if token_cap is None:
+            token_cap = self._prefill_cap if prefill else lim.C
         seq_cap = lim.Rmax
-        sizes = {}
-        cands = []
-        for s, p, v in zip(states, pending, violators):
-            need = s.input_tokens if prefill else s.m + 1
-            if prefill and need > token_cap:
-                kind = "prompt" if need == s.req.prompt_tokens else "refill after preemption"
-                raise InfeasibleRequestError(
-                    f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {token_cap}, and "
-                    f"scheduler '{self.name}' does not chunk prefills; raise C/P")
-            sizes[s.id] = need if prefill else 1
-            cands.append(self._candidate(s, p, need, n, v and self.options.adaptive))
         tokens = [0]
 
         def admit(key, n_before: int) -> bool:
             if n_before == 0:
                 tokens[0] = 0
-            if tokens[0] + sizes[key] > token_cap:
+            size = size_of(key)
+            if tokens[0] + size > token_cap:
                 return False
             if prefill and seq_cap is not None and holders + n_before + 1 > seq_cap:
                 return False
-            tokens[0] += sizes[key]
+            tokens[0] += size
             return True
 
+        return admit
+
+    def _select_waiting(self, now_s: float, n: int, capacity: int, holders: int) -> Selection:
+        """The greedy (or FCFS) over the waiting requests' whole prefills, read lazily from the queue."""
+        by_id = self._by_id
+        admit = self._admit(True, holders, lambda key: by_id[key].input_tokens)
+        demote = self.options.adaptive
+        if not self.options.adaptive:
+            cands = (self._candidate(s, p, s.input_tokens, n, False)
+                     for s in self.waiting for p in (self.pending_s(s, now_s),))
+            return _fcfs_select(cands, capacity, admit)
+
+        def expand(s: RequestState, p: float) -> list[tuple]:
+            c = self._candidate(s, p, s.input_tokens, n, demote and self.violates(s, p))
+            return [(theta, size, step, c) for theta, size, step in _feasible_items(c, capacity)]
+
+        lim, hybrid = self.limits, self.options.hybrid
+
+        def may_fit(tokens: int) -> bool:  # a KV or hidden option within capacity (_feasible_items)
+            return lim.blocks(tokens) <= capacity or (hybrid and cache_tokens(lim, tokens, True) <= capacity)
+
+        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand, may_fit)
+        return greedy_take(items, capacity, admit, self.options.double_check)
+
+    def _density_bound(self, n: int, capacity: int) -> "_DensityBound":
+        return _DensityBound(self, n, capacity)
+
+    def _select_running(self, now_s: float, n: int) -> Selection:
+        """The greedy (or FCFS) over the running requests' next decode, with all of ``M``.
+
+        When every running request's KV need fits ``M`` together (and ``C`` holds them all), both
+        take every item whatever the order (nothing blocks, nobody is refused), so each request is
+        selected in KV form: that answer is given without computing the values."""
+        lim, running = self.limits, self.running
+        if len(running) <= lim.C:
+            total = (sum(s.m for s in running) + len(running) if lim.block_size == 1
+                     else sum(lim.blocks(s.m + 1) for s in running))
+            if total <= lim.M:
+                return Selection({s.id: "kv" for s in running}, math.nan, total)  # value not needed
+        demote = self.options.adaptive
+        cands = []
+        for s in running:
+            p = self.pending_s(s, now_s)
+            cands.append(self._candidate(s, p, s.m + 1, n, demote and self.violates(s, p)))
+        admit = self._admit(False, 0, lambda key: 1)
         if self.options.adaptive:
-            return greedy_select(cands, capacity, admit, self.options.double_check)
-        return _fcfs_select(cands, capacity, admit)
+            return greedy_select(cands, lim.M, admit, self.options.double_check)
+        return _fcfs_select(cands, lim.M, admit)
 
     def _prefill_batch(self, chosen: Selection) -> ScheduledBatch:
         """Whole prefills (waiting requests hold no cache: ``input_tokens`` = prompt + generated)."""
         items = [(rid, self._by_id[rid].input_tokens) for rid in chosen.forms]
         return ScheduledBatch(items=items, hidden=frozenset(k for k, f in chosen.forms.items() if f == "hidden"))
 
-    def _decode_batch(self, chosen: Selection) -> ScheduledBatch:
-        """Selected running requests keeping their form decode; the others are preempted."""
+    def _unrefillable(self, rids) -> list[RequestState]:
+        """Running requests among ``rids`` whose refill after a preemption (prompt + generated tokens)
+        would exceed ``min(C, P)``: preempted, they could never be prefilled again (no chunking)."""
+        cap, by_id = self._prefill_cap, self._by_id
+        return [s for s in (by_id[rid] for rid in rids) if s.req.prompt_tokens + s.generated > cap]
+
+    def _select_running_pinned(self, now_s: float, n: int) -> Selection:
+        """The decode selection when the greedy would preempt an unrefillable request (design.md):
+        every unrefillable request keeps its form and decodes; the greedy (or FCFS) chooses among
+        the others with the memory and token budget that remain."""
+        lim, running = self.limits, self.running
+        pinned = {s.id for s in self._unrefillable(s.id for s in running)}
+        need = sum(cache_tokens(lim, s.m + 1, s.hidden) for s in running if s.id in pinned)
+        if need > lim.M or len(pinned) > lim.C:
+            raise InfeasibleRequestError(
+                f"scheduler '{self.name}': the {len(pinned)} running requests whose refill would exceed min(C, P) = "
+                f"{self._prefill_cap} need {need} tokens of memory and {len(pinned)} of C = {lim.C} to decode, more "
+                f"than the limits (M = {lim.M}); one must be preempted and could never run again; raise C/P or M")
+        demote = self.options.adaptive
+        cands = []
+        for s in running:
+            if s.id not in pinned:
+                p = self.pending_s(s, now_s)
+                cands.append(self._candidate(s, p, s.m + 1, n, demote and self.violates(s, p)))
+        token_cap = lim.C - len(pinned)
+        admit = self._admit(False, 0, lambda key: 1, token_cap)
+        if self.options.adaptive:
+            rest = greedy_select(cands, lim.M - need, admit, self.options.double_check)
+        else:
+            rest = _fcfs_select(cands, lim.M - need, admit)
+        forms = {s.id: ("hidden" if s.hidden else "kv") for s in running if s.id in pinned}
+        forms.update(rest.forms)
+        return Selection(forms, math.nan, rest.used + need)  # value not needed
+
+    def _decode_batch(self, chosen: Selection, pinned: bool = False) -> ScheduledBatch:
+        """Selected running requests keeping their form decode; the others are preempted. With
+        ``pinned``, unrefillable requests are never re-prefilled (``reprefill_hidden``)."""
         items, evict, hidden = [], [], set()
+        cap = self._prefill_cap
         for s in self.running:
             form = chosen.forms.get(s.id)
             keeps = form is not None and (form == "hidden") == s.hidden
-            if keeps and form == "hidden" and self.options.reprefill_hidden:
+            if keeps and form == "hidden" and self.options.reprefill_hidden and not (
+                    pinned and s.req.prompt_tokens + s.generated > cap):
                 keeps = False
             if not keeps:
                 evict.append(s.id)
@@ -367,13 +494,14 @@ class AptServeScheduler(Scheduler):
         if batch.evict:
             out = set(batch.evict)
             self.running = [s for s in self.running if s.id not in out]
-            self.waiting.extendleft(self._by_id[rid] for rid in reversed(batch.evict))
+            evicted = [self._by_id[rid] for rid in batch.evict]
+            self.waiting.extendleft_in_order(evicted)
+            for s in evicted:
+                self._note_size(s)
         running_ids = {s.id for s in self.running}
         admitted = [rid for rid, _ in batch.items if rid not in running_ids]
-        if admitted:
-            gone = set(admitted)
-            self.waiting = deque(s for s in self.waiting if s.id not in gone)
-            self.running.extend(self._by_id[rid] for rid in admitted)
+        for rid in admitted:
+            self.running.append(self.waiting.remove(rid))
         if finished:
             done = {s.id for s in finished}
             self.running = [s for s in self.running if s.id not in done]
@@ -383,7 +511,71 @@ class AptServeScheduler(Scheduler):
         return f"waiting={len(self.waiting)}, running={len(self.running)}, cache used={used}/{self.limits.M}"
 
 
-def _fcfs_select(cands: Sequence[Candidate], capacity: int, admit) -> Selection:
+class _DensityBound:
+    """Upper bound on any item density of a waiting request with a prefill of at least ``low`` tokens,
+    pending ``p``, or None when no such request has an option that fits ``capacity``.
+
+    Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
+    if that fits, ``(p − N·ρ·kv)/hidden`` at most; sizes are taken at their least (``low``), a
+    demoted request's KV density is below twice ``DEMOTED_DENSITY``, a decayed one below the
+    undecayed, an upgrade below its hidden step; ``BOUND_SLACK`` covers rounding."""
+
+    def __init__(self, scheduler: AptServeScheduler, n: int, capacity: int):
+        self.limits, self.hybrid, self.n_rho = scheduler.limits, scheduler.options.hybrid, n * scheduler.rho
+        self.sizes, self.capacity = scheduler._bucket_sizes, capacity
+
+    def __call__(self, low: int, p: float) -> float | None:
+        sizes = self.sizes
+        kv_hidden = sizes.get(low)
+        if kv_hidden is None:
+            kv_hidden = sizes[low] = (self.limits.blocks(low), cache_tokens(self.limits, low, True))
+        return self._bound(kv_hidden, p)
+
+    def _bound(self, kv_hidden: tuple[int, int], p: float) -> float | None:
+        kv, hidden = kv_hidden
+        b = None
+        if kv <= self.capacity:
+            b = p / kv
+            if b < 2 * DEMOTED_DENSITY:
+                b = 2 * DEMOTED_DENSITY
+        if self.hybrid and hidden <= self.capacity:
+            h = (p - self.n_rho * kv) / hidden
+            if h < 0:  # a hidden value below 0 is offered only decayed by 0 (density ±0)
+                h = 0.0
+            if b is None or h > b:
+                b = h
+        return None if b is None else b * (1 + BOUND_SLACK)
+
+    def heads(self, buckets: dict, now_s: float) -> list[tuple[int, float]]:
+        """``(low, bound)`` of every bucket's oldest request (the same values, one loop)."""
+        sizes, out = self.sizes, []
+        cap, hybrid, n_rho = self.capacity, self.hybrid, self.n_rho
+        floor, slack = 2 * DEMOTED_DENSITY, 1 + BOUND_SLACK
+        for low, bucket in buckets.items():
+            kv_hidden = sizes.get(low)
+            if kv_hidden is None:
+                kv_hidden = sizes[low] = (self.limits.blocks(low), cache_tokens(self.limits, low, True))
+            kv, hidden = kv_hidden
+            p = now_s - bucket[0][0]
+            if kv <= cap:
+                b = p / kv
+                if b < floor:
+                    b = floor
+                if hybrid and hidden <= cap:
+                    h = (p - n_rho * kv) / hidden
+                    if h > b:
+                        b = h
+            elif hybrid and hidden <= cap:
+                b = (p - n_rho * kv) / hidden
+                if b < 0:
+                    b = 0.0
+            else:
+                continue
+            out.append((low, b * slack))
+        return out
+
+
+def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:
     """Queue order: KV if it fits, else hidden if offered and it fits; stop at the first that fits neither."""
     forms: dict = {}
     value, used = 0.0, 0

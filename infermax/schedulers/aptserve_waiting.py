@@ -1,0 +1,196 @@
+"""Apt-Serve's waiting queue, indexed so that a batch touches only the waiting requests it selects.
+
+The scheduler needs four things from the waiting requests every iteration, and the straightforward
+way computes each over all of them (``O(|W| log |W|)`` per batch, with thousands waiting on a trace):
+
+- the greedy's items in descending value density, but only up to the first that does not fit;
+- how many are SLO violators (``N`` excludes them);
+- whether the running requests' summed pending time exceeds theirs (the iteration type);
+- queue order (ties between densities, the FCFS ablation).
+
+A request's pending time ``p = now − ref`` (``ref``: arrival, or its last token once it has one) and
+its prefill size are fixed while it waits, so the index keeps them by ``ref``:
+
+- **Density order** (``items``): requests are bucketed by prefill size (``[lo, lo + lo/16)``), each
+  bucket sorted by ``ref``. A request's best item density is at most
+  ``max(p/kv(lo), (p − N·ρ·kv(lo))/hidden(lo))`` (a demoted or decayed value is smaller; an upgrade
+  is never denser than its hidden step), which grows with ``p``, so a bucket's oldest unexpanded
+  request bounds the whole bucket. Requests are expanded (their exact candidate computed as before)
+  bucket by bucket in bound order, and an item is emitted only once its density exceeds every
+  unexpanded bucket's bound: every item that could tie with it or precede it is already expanded, so
+  the emitted sequence is exactly the full sort's prefix, ties in queue order included.
+- **Violators** (``violators``): per SLO value, refs sorted; ``now − ref > slo`` holds on a prefix.
+- **Summed pending time** (``pending_sum_below``): ``|W|·now − Σ ref`` kept exactly (fixed point); the
+  float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
+  comparison inside that margin sums the pending times one by one, in queue order, as before.
+- **Queue order**: a position key per request (preempted requests at the front get decreasing keys,
+  arrivals increasing ones) and a sorted list of keys.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Callable, Iterator
+
+from ..replay import RequestState
+
+BOUND_SLACK = 1e-9  # relative: covers the rounding of the exact densities against their bound
+_FIXED_BITS = 1100  # every finite double is an integer multiple of 2^-1074: times are summed exactly as ints
+
+
+def _fixed(x: float) -> int:
+    """``x · 2^_FIXED_BITS`` exactly."""
+    num, den = x.as_integer_ratio()
+    return num << (_FIXED_BITS - den.bit_length() + 1)
+
+
+def bucket_low(tokens: int) -> int:
+    """Low end of the size bucket of a ``tokens``-token prefill: the top 5 bits kept (≤ 6.25% wide)."""
+    shift = max(tokens.bit_length() - 5, 0)
+    return (tokens >> shift) << shift
+
+
+def ref_s(s: RequestState) -> float:
+    """The time a request's pending time counts from: arrival before its first token, else its last token."""
+    return s.req.arrival_s if s.last_token_s is None else s.last_token_s
+
+
+def slo_s(s: RequestState) -> float | None:
+    """The target its pending time is compared with: TTFT before the first token, else TBT."""
+    return s.req.ttft_slo_s if s.last_token_s is None else s.req.tbt_slo_s
+
+
+class WaitingQueue:
+    """The waiting requests in queue order, with the indexes described in the module docstring."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, RequestState] = {}
+        self._entry: dict[int, tuple] = {}  # id -> (pos, ref, bucket low, slo)
+        self._order: list[tuple[int, int]] = []  # (pos, id), sorted
+        self._front = 0  # next front position is _front - 1
+        self._back = 0
+        self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # low -> sorted (ref, pos, id, tokens)
+        self._slo_refs: dict[float, list[float]] = {}
+        self._ref_sum = 0  # Σ ref, fixed point (_fixed)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __bool__(self) -> bool:
+        return bool(self._order)
+
+    def __iter__(self) -> Iterator[RequestState]:
+        """Queue order."""
+        states = self._states
+        return (states[rid] for _, rid in self._order)
+
+    def position(self, rid: int) -> int:
+        return self._entry[rid][0]
+
+    def append(self, s: RequestState) -> None:
+        """At the back (an arrival)."""
+        self._add(s, self._back)
+        self._back += 1
+
+    def extendleft_in_order(self, states: list[RequestState]) -> None:
+        """At the front, keeping the order of ``states`` (preempted requests)."""
+        for s in reversed(states):
+            self._front -= 1
+            self._add(s, self._front)
+
+    def _add(self, s: RequestState, pos: int) -> None:
+        ref, slo, low = ref_s(s), slo_s(s), bucket_low(s.input_tokens)
+        self._states[s.id] = s
+        self._entry[s.id] = (pos, ref, low, slo, s.input_tokens)
+        bisect.insort(self._order, (pos, s.id))
+        bisect.insort(self._buckets.setdefault(low, []), (ref, pos, s.id, s.input_tokens))
+        if slo is not None:
+            bisect.insort(self._slo_refs.setdefault(slo, []), ref)
+        self._ref_sum += _fixed(ref)
+
+    def remove(self, rid: int) -> RequestState:
+        pos, ref, low, slo, tokens = self._entry.pop(rid)
+        _delete(self._order, (pos, rid))
+        bucket = self._buckets[low]
+        _delete(bucket, (ref, pos, rid, tokens))
+        if not bucket:
+            del self._buckets[low]
+        if slo is not None:
+            refs = self._slo_refs[slo]
+            _delete(refs, ref)
+            if not refs:
+                del self._slo_refs[slo]
+        self._ref_sum -= _fixed(ref)
+        return self._states.pop(rid)
+
+    # -- the aggregates -----------------------------------------------------------------------------
+    def violators(self, now_s: float) -> int:
+        """How many waiting requests have ``now − ref > slo`` (the per-gap test of ``violates``)."""
+        count = 0
+        for slo, refs in self._slo_refs.items():
+            lo, hi = 0, len(refs)
+            while lo < hi:  # now − ref (rounded) does not grow with ref: the violators are a prefix
+                mid = (lo + hi) // 2
+                if now_s - refs[mid] > slo:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            count += lo
+        return count
+
+    def pending_sum_below(self, total_s: float, now_s: float) -> bool:
+        """``total_s > sum(now − ref over the queue, in queue order)``, the float sum as a loop computes it."""
+        n = len(self._order)
+        exact = (n * _fixed(now_s) - self._ref_sum) / (1 << _FIXED_BITS)  # int / int rounds correctly
+        margin = (n + 4) * 2.0 ** -52 * abs(exact)
+        if total_s > exact + margin:
+            return True
+        if total_s < exact - margin:
+            return False
+        entry = self._entry
+        return total_s > sum(now_s - entry[rid][1] for _, rid in self._order)
+
+    # -- density order ------------------------------------------------------------------------------
+    def items(self, now_s: float, bound: Callable[[int, float], float],
+              expand: Callable[[RequestState, float], list[tuple]],
+              may_fit: Callable[[int], bool] | None = None) -> Iterator[tuple]:
+        """The greedy's items ``(−θ, position, rank, size, step, candidate)`` in ascending order.
+
+        ``bound(low, p)``: an upper bound on the density of any item of a request of that bucket
+        waiting ``p`` (nondecreasing in ``p``), None if none of them has an item (then the bucket is
+        skipped; this depends on ``low`` only); if it has a ``heads(buckets, now)`` method, that gives
+        ``(low, bound)`` of every bucket's oldest request at once (faster); ``expand(state, p)``: the request's items
+        ``(θ, size, step, candidate)`` in rank order; ``may_fit(tokens)``: False when a request with
+        that prefill has no item at all (it is then skipped without being expanded).
+        """
+        sources = [(-b, low, 0) for low, b in bound.heads(self._buckets, now_s)] if hasattr(bound, "heads") else [
+            (-b, low, 0) for low, bucket in self._buckets.items()
+            for b in (bound(low, now_s - bucket[0][0]),) if b is not None]
+        heapq.heapify(sources)
+        ready: list[tuple] = []
+        states, buckets = self._states, self._buckets
+        while True:
+            while sources and (not ready or sources[0][0] <= ready[0][0]):
+                _, low, i = heapq.heappop(sources)
+                bucket = buckets[low]
+                if may_fit is not None:  # later entries wait less: the bound still holds for them
+                    while i < len(bucket) and not may_fit(bucket[i][3]):
+                        i += 1
+                    if i == len(bucket):
+                        continue
+                ref, pos, rid, _ = bucket[i]
+                for rank, (theta, size, step, cand) in enumerate(expand(states[rid], now_s - ref)):
+                    heapq.heappush(ready, (-theta, pos, rank, size, step, cand))
+                if i + 1 < len(bucket):
+                    heapq.heappush(sources, (-bound(low, now_s - bucket[i + 1][0]), low, i + 1))  # not None: same low
+            if not ready:
+                return
+            yield heapq.heappop(ready)
+
+
+def _delete(sorted_list: list, key) -> None:
+    i = bisect.bisect_left(sorted_list, key)
+    if i == len(sorted_list) or sorted_list[i] != key:
+        raise KeyError(key)
+    del sorted_list[i]
