@@ -172,6 +172,7 @@ class EcoServeScheduler(Scheduler):
         self.tasks: dict[int, _Task] = {}
         self.q_p = PromptQueue(o.ordering, limits.block_size)  # kept in priority order between batches
         self.q_g: dict[int, _Task] = {}  # insertion order (bounded by the KV-resident requests)
+        self._g_fcfs: list[tuple[float, int]] = []  # q_g's (arrival, id), sorted: the order without ``ordering``
         self.holding: set[int] = set()  # requests with GPU-resident KV (the replayer's holders)
         self._prompts_prev: set[int] = set()  # the PTs of the previous batch
         self._now = 0.0
@@ -209,7 +210,18 @@ class EcoServeScheduler(Scheduler):
 
     def _to_gt_queue(self, t: _Task) -> None:
         self._regroup_if_needed(t)
+        self._queue_gt(t)
+
+    def _queue_gt(self, t: _Task) -> None:
+        """Append ``t`` to the GT queue (moving it to the end if it is there)."""
+        if t.s.id in self.q_g:
+            self._unqueue_gt(t)
         self.q_g[t.s.id] = t
+        bisect.insort(self._g_fcfs, (t.s.req.arrival_s, t.s.id))
+
+    def _unqueue_gt(self, t: _Task) -> None:
+        del self.q_g[t.s.id]
+        del self._g_fcfs[bisect.bisect_left(self._g_fcfs, (t.s.req.arrival_s, t.s.id))]
 
     def _regroup(self, t: _Task) -> None:
         """After an under-prediction: a new remaining length (specs §6.1)."""
@@ -301,7 +313,7 @@ class EcoServeScheduler(Scheduler):
         if g.s.id in self.running:
             self._leave_running(g)
         else:
-            del self.q_g[s.id]
+            self._unqueue_gt(g)
         g.preempted = True
         g.left_at = self.iteration
         self.stats.preemptions[s.id] = self.stats.preemptions.get(s.id, 0) + 1
@@ -309,7 +321,7 @@ class EcoServeScheduler(Scheduler):
             batch.swap_out.append((s.id, in_slot))
             self.ledger.vacate(s.id, s.gpu_tokens - in_slot)
             self._regroup_if_needed(g)
-            self.q_g[s.id] = g
+            self._queue_gt(g)
             self.stats.set(s.id, "preemption")
         elif in_slot > 0:
             self.ledger.vacate(s.id, 0)
@@ -317,7 +329,7 @@ class EcoServeScheduler(Scheduler):
         else:
             self.ledger.vacate(s.id, s.gpu_tokens)
             self._regroup_if_needed(g)
-            self.q_g[s.id] = g
+            self._queue_gt(g)
             self.stats.set(s.id, "preemption")
 
     def _regroup_if_needed(self, g: _Task) -> None:
@@ -334,7 +346,7 @@ class EcoServeScheduler(Scheduler):
         t.preempted = True
         self.stats.preemptions[s.id] = self.stats.preemptions.get(s.id, 0) + 1
         self._regroup(t)
-        self.q_g[s.id] = t
+        self._queue_gt(t)
         self.stats.set(s.id, "preemption")
 
     def _evict(self, t: _Task, batch: ScheduledBatch, from_queue: bool = True) -> None:
@@ -342,7 +354,7 @@ class EcoServeScheduler(Scheduler):
         s = t.s
         if from_queue:
             if s.id in self.q_g:
-                del self.q_g[s.id]
+                self._unqueue_gt(t)
             else:
                 self.q_p.remove(t)
             self.ledger.release(s.id)
@@ -371,9 +383,16 @@ class EcoServeScheduler(Scheduler):
         if not trigger or not self.q_g:
             return
         room = lim.M - self.reserve_tokens - self.ledger.used
-        eligible = [t for t in self.q_g.values() if t.left_at != self.iteration and not self._held_in_slot(t)]
-        eligible.sort(key=self._gt_order(now))
         admitted: list[_Task] = []
+        if not o.sync and not o.ordering:  # FCFS one by one: look only at the GTs up to the first that does not fit
+            head = self._admit_fcfs(batch, room, admitted)
+            eligible = [] if head is None else [head]
+        else:
+            if o.ordering:
+                eligible = [t for t in self.q_g.values() if self._eligible(t)]
+                eligible.sort(key=self._gt_order(now))
+            else:
+                eligible = [t for t in (self.q_g[rid] for _, rid in self._g_fcfs) if self._eligible(t)]
         if o.sync:
             by_key: dict[int, list[_Task]] = {}
             for t in eligible:
@@ -388,7 +407,7 @@ class EcoServeScheduler(Scheduler):
                         room -= cost
                         gid = self._start(t, batch, gid)
                         admitted.append(t)
-        else:
+        elif o.ordering:
             for t in eligible:
                 cost = self._admission_cost(t)
                 if cost > room or len(self.running) >= lim.C:
@@ -410,6 +429,28 @@ class EcoServeScheduler(Scheduler):
                 if t.s.id in self.running and self.ledger.allocs[t.s.id].lender is None:
                     self._host(t, batch, now)
 
+    def _eligible(self, t: _Task) -> bool:
+        """A queued GT may be admitted: not taken out in this iteration, not holding a lender's slot."""
+        return t.left_at != self.iteration and not self._held_in_slot(t)
+
+    def _admit_fcfs(self, batch: ScheduledBatch, room: int, admitted: list[_Task]) -> _Task | None:
+        """EcoServe-D's admission (FCFS, one by one, until the first GT that does not fit); returns the
+        first eligible GT (``None`` if there is none)."""
+        keys, head, i = self._g_fcfs, None, 0
+        while i < len(keys):
+            t = self.q_g[keys[i][1]]
+            if not self._eligible(t):
+                i += 1
+                continue
+            head = head or t
+            cost = self._admission_cost(t)
+            if cost > room or len(self.running) >= self.limits.C:
+                break
+            room -= cost
+            self._start(t, batch, None)  # removes keys[i]
+            admitted.append(t)
+        return head
+
     def _held_in_slot(self, t: _Task) -> bool:
         a = self.ledger.allocs.get(t.s.id)
         return a is not None and a.holds_slot
@@ -419,7 +460,7 @@ class EcoServeScheduler(Scheduler):
 
     def _start(self, t: _Task, batch: ScheduledBatch, gid: int | None, gen: int | None = None) -> int:
         s = t.s
-        del self.q_g[s.id]
+        self._unqueue_gt(t)
         if s.cpu_tokens:
             batch.swap_in.append((s.id, s.cpu_tokens))
         self.ledger.admit(s.id, s.m, t.gen_alloc if gen is None else gen)
@@ -459,7 +500,7 @@ class EcoServeScheduler(Scheduler):
         for writer, rid, slot, _ in plan:
             owner = self.ledger.allocs[placed[writer].s.id]
             g = self.tasks[rid]
-            del self.q_g[rid]
+            self._unqueue_gt(g)
             self.ledger.lend(owner, slot, rid, g.s.m)
             gid = host.group
             self.groups[gid].add(rid)
