@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from itertools import chain
 from dataclasses import dataclass
 from math import lcm
 from time import perf_counter
@@ -42,10 +43,9 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import Scheduler
 from .ecoserve_kv import KVLedger, hosting_plan
+from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, PromptQueue, slack_bucket  # noqa: F401
 
 STATES = ("waiting", "execution", "gt_queue", "preemption")
-SLACK_BUCKETS_S = (0.5, 2.0)  # specs §6.12
-KV_BUCKET = LEN_BUCKET = 128
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,18 @@ class EcoServeOptions:
 
 class EcoServeStats:
     """What the scheduler measured: time per request in each state, preemptions, allocated KV per
-    iteration, and the wall-clock time spent deciding batches (``perf_counter``)."""
+    iteration, and the wall-clock time spent deciding batches (``perf_counter``).
+
+    Time is attributed per planning interval: the interval between two ``advance`` calls (batch plans)
+    counts in the state a request holds when the second one starts. The accounting is lazy: ``set``
+    closes a request's open interval only when its state changes, so a batch costs the requests whose
+    state it changes, not every request in the system."""
 
     def __init__(self):
         self.parts: dict[str, dict[int, float]] = {k: {} for k in STATES}
         self.state: dict[int, str] = {}
-        self.since: dict[int, float] = {}
+        self.since: dict[int, float] = {}  # start of the time not yet added to parts[state]
+        self.now = 0.0  # the last advance
         self.preemptions: dict[int, int] = {}
         self.ledger_per_iteration: list[int] = []
         self.decision_s = 0.0
@@ -116,16 +122,25 @@ class EcoServeStats:
             self.parts[k][rid] = 0.0
 
     def advance(self, now: float) -> None:
-        for rid, state in self.state.items():
-            self.parts[state][rid] += now - self.since[rid]
-            self.since[rid] = now
+        self.now = now
+
+    def set(self, rid: int, state: str) -> None:
+        """``rid`` is in ``state`` from now on; up to the last ``advance`` it was in its old state."""
+        old = self.state[rid]
+        if old != state:
+            self.parts[old][rid] += self.now - self.since[rid]
+            self.since[rid], self.state[rid] = self.now, state
 
     def finish(self, rid: int, t: float) -> None:
         self.parts[self.state.pop(rid)][rid] += t - self.since.pop(rid)
 
     def jct_parts(self) -> pd.DataFrame:
-        """Seconds per request in each state (waiting, execution, gt_queue, preemption); rows sum to the JCT."""
-        return pd.DataFrame(self.parts).rename_axis("id").sort_index()
+        """Seconds per request in each state (waiting, execution, gt_queue, preemption); rows sum to the JCT
+        (for requests still in the system: the time up to the last batch plan)."""
+        parts = {k: dict(v) for k, v in self.parts.items()}
+        for rid, state in self.state.items():
+            parts[state][rid] += self.now - self.since[rid]
+        return pd.DataFrame(parts).rename_axis("id").sort_index()
 
 
 class _Task:
@@ -155,8 +170,12 @@ class EcoServeScheduler(Scheduler):
         self.unit = lcm(o.alloc_block, limits.block_size)
         self.reserve_tokens = int(o.reserve * limits.M)
         self.tasks: dict[int, _Task] = {}
-        self.q_p: list[_Task] = []
-        self.q_g: list[_Task] = []
+        self.q_p = PromptQueue(o.ordering, limits.block_size)  # kept in priority order between batches
+        self.q_g: dict[int, _Task] = {}  # insertion order (bounded by the KV-resident requests)
+        self._g_fcfs: list[tuple[float, int]] = []  # q_g's (arrival, id), sorted: the order without ``ordering``
+        self.holding: set[int] = set()  # requests with GPU-resident KV (the replayer's holders)
+        self._prompts_prev: set[int] = set()  # the PTs of the previous batch
+        self._now = 0.0
         self.running: dict[int, _Task] = {}  # insertion order = admission order
         self.groups: dict[int, set[int]] = {}
         self.held: dict[int, list[int]] = {}  # release="group": finished members' ids per group
@@ -173,7 +192,7 @@ class EcoServeScheduler(Scheduler):
                 else r.predicted_output_tokens
             t = _Task(s, pred, r.arrival_s + self.opt.slo_scale * self._solo_estimate_s(r.prompt_tokens, pred))
             self.tasks[s.id] = t
-            self.q_p.append(t)
+            self.q_p.add(t, self._now)
             self.stats.arrive(s.id, r.arrival_s)
 
     def _solo_estimate_s(self, prompt: int, pred: int) -> float:
@@ -191,7 +210,18 @@ class EcoServeScheduler(Scheduler):
 
     def _to_gt_queue(self, t: _Task) -> None:
         self._regroup_if_needed(t)
-        self.q_g.append(t)
+        self._queue_gt(t)
+
+    def _queue_gt(self, t: _Task) -> None:
+        """Append ``t`` to the GT queue (moving it to the end if it is there)."""
+        if t.s.id in self.q_g:
+            self._unqueue_gt(t)
+        self.q_g[t.s.id] = t
+        bisect.insort(self._g_fcfs, (t.s.req.arrival_s, t.s.id))
+
+    def _unqueue_gt(self, t: _Task) -> None:
+        del self.q_g[t.s.id]
+        del self._g_fcfs[bisect.bisect_left(self._g_fcfs, (t.s.req.arrival_s, t.s.id))]
 
     def _regroup(self, t: _Task) -> None:
         """After an under-prediction: a new remaining length (specs §6.1)."""
@@ -227,32 +257,31 @@ class EcoServeScheduler(Scheduler):
         return lambda t: (self._slack_bucket(t, now), -(t.s.gpu_tokens // KV_BUCKET), -(t.gen_alloc // LEN_BUCKET),
                           -t.gen_alloc, t.s.req.arrival_s, t.s.id)
 
-    def _pt_order(self, now: float):
-        if not self.opt.ordering:
-            return lambda t: (t.s.req.arrival_s, t.s.id)
-        return lambda t: (self._slack_bucket(t, now), -(t.s.m // KV_BUCKET), -(t.s.input_tokens // LEN_BUCKET),
-                          -t.s.input_tokens, t.s.req.arrival_s, t.s.id)
-
     @staticmethod
     def _slack_bucket(t: _Task, now: float) -> int:
-        slack = t.deadline - now
-        return sum(slack >= b for b in SLACK_BUCKETS_S)
+        return slack_bucket(t.deadline, now)
 
     # ---------------------------------------------------------------- the iteration
     def next_batch(self, now_s: float) -> ScheduledBatch:
         t0 = perf_counter()
         self.iteration += 1
+        self._now = now_s
         self.stats.advance(now_s)
         batch = ScheduledBatch()
         self._grow_running(batch)
         self._admit(batch, now_s)
         self._fill_prompts(batch, now_s)
-        state = self.stats.state
+        stats, q_p = self.stats, self.q_p.tasks
         prompts = {rid for rid, _ in batch.items}
-        for t in self.q_p:
-            state[t.s.id] = "execution" if t.s.id in prompts else ("preemption" if t.preempted else "waiting")
+        # A queued PT is executing iff in this batch, else waiting (preemption once preempted); only this
+        # batch's and the previous batch's PTs can have changed (every other change sets the state itself).
+        for rid in prompts | self._prompts_prev:
+            t = q_p.get(rid)
+            if t is not None:
+                stats.set(rid, "execution" if rid in prompts else ("preemption" if t.preempted else "waiting"))
+        self._prompts_prev = prompts
         for rid in self.running:
-            state[rid] = "execution"
+            stats.set(rid, "execution")
         batch.items = [(rid, 1) for rid in self.running] + batch.items
         self.stats.ledger_per_iteration.append(self.ledger.used)
         self.stats.decision_s += perf_counter() - t0
@@ -284,7 +313,7 @@ class EcoServeScheduler(Scheduler):
         if g.s.id in self.running:
             self._leave_running(g)
         else:
-            self.q_g.remove(g)
+            self._unqueue_gt(g)
         g.preempted = True
         g.left_at = self.iteration
         self.stats.preemptions[s.id] = self.stats.preemptions.get(s.id, 0) + 1
@@ -292,16 +321,16 @@ class EcoServeScheduler(Scheduler):
             batch.swap_out.append((s.id, in_slot))
             self.ledger.vacate(s.id, s.gpu_tokens - in_slot)
             self._regroup_if_needed(g)
-            self.q_g.append(g)
-            self.stats.state[s.id] = "preemption"
+            self._queue_gt(g)
+            self.stats.set(s.id, "preemption")
         elif in_slot > 0:
             self.ledger.vacate(s.id, 0)
             self._evict(g, batch, from_queue=False)
         else:
             self.ledger.vacate(s.id, s.gpu_tokens)
             self._regroup_if_needed(g)
-            self.q_g.append(g)
-            self.stats.state[s.id] = "preemption"
+            self._queue_gt(g)
+            self.stats.set(s.id, "preemption")
 
     def _regroup_if_needed(self, g: _Task) -> None:
         if g.pred - g.s.generated >= 1:
@@ -317,27 +346,30 @@ class EcoServeScheduler(Scheduler):
         t.preempted = True
         self.stats.preemptions[s.id] = self.stats.preemptions.get(s.id, 0) + 1
         self._regroup(t)
-        self.q_g.append(t)
-        self.stats.state[s.id] = "preemption"
+        self._queue_gt(t)
+        self.stats.set(s.id, "preemption")
 
     def _evict(self, t: _Task, batch: ScheduledBatch, from_queue: bool = True) -> None:
         """Recompute eviction: the request loses its KV and goes back to the PT queue."""
         s = t.s
         if from_queue:
-            (self.q_g if t in self.q_g else self.q_p).remove(t)
+            if s.id in self.q_g:
+                self._unqueue_gt(t)
+            else:
+                self.q_p.remove(t)
             self.ledger.release(s.id)
         batch.evict.append(s.id)
         t.preempted = True
         t.left_at = self.iteration
         self.stats.preemptions[s.id] = self.stats.preemptions.get(s.id, 0) + 1
-        self.q_p.append(t)
-        self.stats.state[s.id] = "preemption"
+        self.q_p.add(t, self._now)  # keyed again in batch_done, once the eviction is applied
+        self.stats.set(s.id, "preemption")
 
     def _evict_one_resident(self, batch: ScheduledBatch, keep: int) -> bool:
         """Evict the lowest-priority waiting request that holds GPU KV (deadlock breaking)."""
         evicted = set(batch.evict) | {rid for rid, _ in batch.swap_out}
-        for queue in (self.q_g, self.q_p):
-            for t in reversed(queue):
+        for queue in (self.q_g, self.q_p.tasks):
+            for t in reversed(queue.values()):
                 if t.s.id != keep and t.s.gpu_tokens > 0 and t.s.id not in evicted:
                     self._evict(t, batch)
                     return True
@@ -351,9 +383,16 @@ class EcoServeScheduler(Scheduler):
         if not trigger or not self.q_g:
             return
         room = lim.M - self.reserve_tokens - self.ledger.used
-        eligible = [t for t in self.q_g if t.left_at != self.iteration and not self._held_in_slot(t)]
-        eligible.sort(key=self._gt_order(now))
         admitted: list[_Task] = []
+        if not o.sync and not o.ordering:  # FCFS one by one: look only at the GTs up to the first that does not fit
+            head = self._admit_fcfs(batch, room, admitted)
+            eligible = [] if head is None else [head]
+        else:
+            if o.ordering:
+                eligible = [t for t in self.q_g.values() if self._eligible(t)]
+                eligible.sort(key=self._gt_order(now))
+            else:
+                eligible = [t for t in (self.q_g[rid] for _, rid in self._g_fcfs) if self._eligible(t)]
         if o.sync:
             by_key: dict[int, list[_Task]] = {}
             for t in eligible:
@@ -368,7 +407,7 @@ class EcoServeScheduler(Scheduler):
                         room -= cost
                         gid = self._start(t, batch, gid)
                         admitted.append(t)
-        else:
+        elif o.ordering:
             for t in eligible:
                 cost = self._admission_cost(t)
                 if cost > room or len(self.running) >= lim.C:
@@ -390,6 +429,28 @@ class EcoServeScheduler(Scheduler):
                 if t.s.id in self.running and self.ledger.allocs[t.s.id].lender is None:
                     self._host(t, batch, now)
 
+    def _eligible(self, t: _Task) -> bool:
+        """A queued GT may be admitted: not taken out in this iteration, not holding a lender's slot."""
+        return t.left_at != self.iteration and not self._held_in_slot(t)
+
+    def _admit_fcfs(self, batch: ScheduledBatch, room: int, admitted: list[_Task]) -> _Task | None:
+        """EcoServe-D's admission (FCFS, one by one, until the first GT that does not fit); returns the
+        first eligible GT (``None`` if there is none)."""
+        keys, head, i = self._g_fcfs, None, 0
+        while i < len(keys):
+            t = self.q_g[keys[i][1]]
+            if not self._eligible(t):
+                i += 1
+                continue
+            head = head or t
+            cost = self._admission_cost(t)
+            if cost > room or len(self.running) >= self.limits.C:
+                break
+            room -= cost
+            self._start(t, batch, None)  # removes keys[i]
+            admitted.append(t)
+        return head
+
     def _held_in_slot(self, t: _Task) -> bool:
         a = self.ledger.allocs.get(t.s.id)
         return a is not None and a.holds_slot
@@ -399,7 +460,7 @@ class EcoServeScheduler(Scheduler):
 
     def _start(self, t: _Task, batch: ScheduledBatch, gid: int | None, gen: int | None = None) -> int:
         s = t.s
-        self.q_g.remove(t)
+        self._unqueue_gt(t)
         if s.cpu_tokens:
             batch.swap_in.append((s.id, s.cpu_tokens))
         self.ledger.admit(s.id, s.m, t.gen_alloc if gen is None else gen)
@@ -415,7 +476,7 @@ class EcoServeScheduler(Scheduler):
     def _host(self, host: _Task, batch: ScheduledBatch, now: float) -> None:
         """KV pipelining for a newly admitted GT (``hosting_plan``); guests join the running set."""
         a = self.ledger.allocs[host.s.id]
-        pool = sorted((t for t in self.q_g if t.left_at != self.iteration and t.s.cpu_tokens == 0
+        pool = sorted((t for t in self.q_g.values() if t.left_at != self.iteration and t.s.cpu_tokens == 0
                        and not self._held_in_slot(t)),
                       key=lambda t: (t.gen_alloc, self._slack_bucket(t, now), -t.s.id))
         if not pool:
@@ -439,7 +500,7 @@ class EcoServeScheduler(Scheduler):
         for writer, rid, slot, _ in plan:
             owner = self.ledger.allocs[placed[writer].s.id]
             g = self.tasks[rid]
-            self.q_g.remove(g)
+            self._unqueue_gt(g)
             self.ledger.lend(owner, slot, rid, g.s.m)
             gid = host.group
             self.groups[gid].add(rid)
@@ -450,46 +511,80 @@ class EcoServeScheduler(Scheduler):
         """Step 3: PT chunks up to C − #running GTs tokens (≤ P), KV from anything free."""
         lim = self.limits
         budget = min(lim.C - len(self.running), lim.prefill_budget)
-        taken = {rid for rid, _ in batch.swap_out} | set(batch.evict)
-        cands = [t for t in self.q_p if t.left_at != self.iteration and t.s.id not in taken]
-        if budget < 1 or not cands:
+        if budget < 1:
             return
-        cands.sort(key=self._pt_order(now))
-        holders = sum(1 for t in self.tasks.values() if t.s.gpu_tokens > 0) - sum(
-            1 for rid in set(batch.evict) if self.tasks[rid].s.gpu_tokens > 0)
+        self.q_p.refresh(now)
+        taken = {rid for rid, _ in batch.swap_out} | set(batch.evict)
+        iteration = self.iteration
+
+        def skip(t: _Task) -> bool:  # not a candidate: taken out of the GPU in this very iteration
+            return t.left_at == iteration or t.s.id in taken
+
+        if self._first_candidate(skip) is None:
+            return
+        holders = len(self.holding) - sum(1 for rid in set(batch.evict) if self.tasks[rid].s.gpu_tokens > 0)
         # A swapped-out request keeps its GPU part, so swaps do not change the holder count.
         while True:
-            picked = self._pick_prompts(cands, budget, holders)
+            picked = self._pick_prompts(budget, holders, skip)
             if picked or self.running or batch.items:
                 break
-            if not self._evict_one_resident(batch, keep=cands[0].s.id):  # deadlock breaking
+            if not self._evict_one_resident(batch, keep=self._first_candidate(skip).s.id):  # deadlock breaking
                 break
-            cands = [t for t in cands if t.s.id not in set(batch.evict)]
             holders -= 1
         for t, c in picked:
             batch.items.append((t.s.id, c))
             self.ledger.set_resident(t.s.id, t.s.m + c)
 
-    def _pick_prompts(self, cands: list[_Task], budget: int, holders: int) -> list[tuple[_Task, int]]:
-        lim, blocks = self.limits, self.limits.blocks
+    def _first_candidate(self, skip) -> _Task | None:
+        task_of = self.q_p.task_of
+        for key in self.q_p.keys:
+            if not skip(task_of[key]):
+                return task_of[key]
+        return None
+
+    def _pick_prompts(self, budget: int, holders: int, skip) -> list[tuple[_Task, int]]:
+        """PTs in priority order (``skip`` ones left out); with ordering, a PT that does not fit the
+        budget whole yields to the closest-fitting one (the longest that fits) while one is left.
+
+        A PT is passed over when it may not start (``Rmax``) or no KV is left for a chunk of it. Once
+        no remaining PT can get a chunk (free KV below one block and no PT ends inside a block, or
+        ``Rmax`` reached and every PT is unstarted), nothing more can be picked: free KV and the
+        budget only fall and the holder count only grows, so the walk stops there instead of passing
+        over every waiting request."""
+        lim, blocks, b, rmax = self.limits, self.limits.blocks, self.limits.block_size, self.limits.Rmax
+        q = self.q_p
         free = lim.M - self.ledger.used
         if self.opt.pt_kv == "queue":
-            free -= sum(max(0, self._admission_cost(t)) for t in self.q_g)
-        picked = []
-        order = list(cands)
-        while order and budget > 0:
-            t = order.pop(0)
-            if self.opt.ordering and t.s.remaining_prefill > budget:
-                fit = [u for u in order if u.s.remaining_prefill <= budget]  # the closest-fitting PT (binary search)
-                if fit:
-                    u = max(fit, key=lambda u: u.s.remaining_prefill)
-                    order.remove(u)
-                    order.insert(0, t)
-                    t = u
-            s = t.s
-            if s.m == 0 and lim.Rmax is not None and holders >= lim.Rmax:
+            free -= sum(max(0, self._admission_cost(t)) for t in self.q_g.values())
+        keys, task_of = q.keys, q.task_of
+        picked: list[tuple[_Task, int]] = []
+        done: set[int] = set()  # looked at in this call (picked or passed over)
+
+        def gone(t: _Task) -> bool:
+            return t.s.id in done or skip(t)
+
+        fits_left = self.opt.ordering  # a PT that fits the budget whole may remain
+        i = 0
+        while i < len(keys) and budget > 0:
+            if (q.partial == 0) if free < b else (rmax is not None and holders >= rmax and q.started == 0):
+                break
+            h = task_of[keys[i]]
+            if gone(h):
+                i += 1
                 continue
-            b = lim.block_size  # the largest c with blocks(m + c) - blocks(m) <= free
+            t = h
+            if fits_left and h.s.remaining_prefill > budget:
+                u = q.closest_fit(budget, keys[i], gone)
+                if u is None:
+                    fits_left = False  # the budget only falls
+                else:
+                    t = u
+            if t is h:
+                i += 1
+            done.add(t.s.id)
+            s = t.s
+            if s.m == 0 and rmax is not None and holders >= rmax:
+                continue
             c = min(s.remaining_prefill, budget, b * ((free + blocks(s.m)) // b) - s.m)
             if c < 1:
                 continue
@@ -504,6 +599,7 @@ class EcoServeScheduler(Scheduler):
         done = {s.id for s in finished}
         for s in finished:
             t = self.tasks.pop(s.id)
+            self.holding.discard(s.id)
             self.stats.finish(s.id, s.finish_s)
             if s.id in self.running:
                 gid = t.group
@@ -524,7 +620,21 @@ class EcoServeScheduler(Scheduler):
             if s.m == s.input_tokens:  # prompt done: a GT now
                 self.q_p.remove(t)
                 self._to_gt_queue(t)
-                self.stats.state[rid] = "preemption" if t.preempted else "gt_queue"
+                self.stats.set(rid, "preemption" if t.preempted else "gt_queue")
+            else:
+                self.q_p.rekey(t)  # a chunk: m changed
+        for rid in batch.evict:
+            if rid in self.q_p:
+                self.q_p.rekey(self.tasks[rid])  # m is 0 now and the length may have grown
+        tasks, holding = self.tasks, self.holding
+        for rid in chain((rid for rid, _ in batch.items), batch.evict, (rid for rid, _ in batch.swap_out),
+                         (rid for rid, _ in batch.swap_in)):
+            t = tasks.get(rid)
+            if t is not None:
+                if t.s.gpu_tokens > 0:
+                    holding.add(rid)
+                else:
+                    holding.discard(rid)
 
     def run_summary(self, result) -> dict:
         """EcoServe's metrics (`ecoserve_eval.ecoserve_metrics`): SSR at scale 2 with t_p, t_g from the

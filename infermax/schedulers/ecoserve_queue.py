@@ -1,0 +1,149 @@
+"""EcoServe's PT queue kept in priority order between batches, so planning a batch touches only the
+prompts it looks at, not every waiting request.
+
+EcoServe orders prompts by (slack bucket, −⌊occupied KV/128⌋, −⌊length/128⌋, −length, arrival, id)
+(``ordering``) or FCFS by (arrival, id). Of those fields only two change while a request waits:
+
+- its cached tokens ``m`` and length ``input_tokens``, which only the batch that processes or evicts
+  it changes: the scheduler calls ``rekey`` for exactly those requests in ``batch_done``;
+- its slack bucket ``#{b ∈ (0.5 s, 2 s) : deadline − now ≥ b}``, which only falls as ``now`` grows:
+  ``refresh(now)`` moves the requests whose ``deadline − now`` crossed a threshold, found in one
+  deadline-ordered heap per bucket (each request moves at most twice).
+
+``keys`` (sorted) is then the priority order the old per-batch sort produced; ``by_rem`` holds
+(remaining prompt tokens, key) for the "closest-fitting PT" search. Keys end with the request id, so
+they are unique and the order is total. The insertion order (``tasks``, a dict) is kept for the
+deadlock breaking, which evicts the most recently queued holder first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, bisect_right, insort
+
+SLACK_BUCKETS_S = (0.5, 2.0)  # specs §6.12
+KV_BUCKET = LEN_BUCKET = 128
+
+
+def slack_bucket(deadline: float, now: float) -> int:
+    """0 (slack < 0.5 s), 1 (< 2 s) or 2: the number of thresholds the slack reaches."""
+    slack = deadline - now
+    return sum(slack >= b for b in SLACK_BUCKETS_S)
+
+
+class PromptQueue:
+    """The PT queue: insertion order (``tasks``) plus the priority index (see the module docstring).
+
+    Tasks need ``s`` (a ``RequestState``) and ``deadline``; the queue keeps their keys itself."""
+
+    def __init__(self, ordering: bool, block_size: int):
+        self.ordering, self.block_size = ordering, block_size
+        self.tasks: dict = {}  # rid -> task, insertion order
+        self.keys: list[tuple] = []  # priority order
+        self.by_rem: list[tuple] = []  # (remaining prompt tokens, key), ordering only
+        self.task_of: dict[tuple, object] = {}  # key -> task
+        self._key: dict[int, tuple] = {}
+        self._bucket: dict[int, int] = {}
+        self._rem: dict[int, int] = {}  # remaining prompt tokens and m when last keyed
+        self._m: dict[int, int] = {}
+        self._heaps: tuple[list, list, list] = ([], [], [])  # per bucket: (deadline, rid); bucket 0 unused
+        self.partial = 0  # members whose cached tokens end inside a block (m % block_size != 0)
+        self.started = 0  # members with m > 0
+
+    def __contains__(self, rid: int) -> bool:
+        return rid in self.tasks
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def _make_key(self, t, bucket: int) -> tuple:
+        s = t.s
+        if not self.ordering:
+            return (s.req.arrival_s, s.id)
+        return (bucket, -(s.m // KV_BUCKET), -(s.input_tokens // LEN_BUCKET), -s.input_tokens, s.req.arrival_s, s.id)
+
+    def _index(self, t, bucket: int) -> None:
+        s = t.s
+        key = self._make_key(t, bucket)
+        self._key[s.id], self._bucket[s.id] = key, bucket
+        self.task_of[key] = t
+        insort(self.keys, key)
+        if self.ordering:
+            insort(self.by_rem, (s.remaining_prefill, key))
+        self.partial += s.m % self.block_size != 0
+        self.started += s.m > 0
+
+    def _unindex(self, t) -> None:
+        s = t.s
+        key = self._key.pop(s.id)
+        del self.task_of[key]
+        del self.keys[bisect_left(self.keys, key)]
+        if self.ordering:
+            i = bisect_left(self.by_rem, (self._rem[s.id], key))
+            del self.by_rem[i]
+        self.partial -= self._m[s.id] % self.block_size != 0
+        self.started -= self._m[s.id] > 0
+
+    def add(self, t, now: float) -> None:
+        """Append ``t`` (keyed by its current ``m``, length and slack bucket at ``now``)."""
+        rid = t.s.id
+        self.tasks[rid] = t
+        bucket = slack_bucket(t.deadline, now) if self.ordering else 0
+        self._snapshot(t)
+        self._index(t, bucket)
+        if bucket:
+            heapq.heappush(self._heaps[bucket], (t.deadline, rid))
+
+    def remove(self, t) -> None:
+        rid = t.s.id
+        del self.tasks[rid]
+        self._unindex(t)
+        del self._bucket[rid], self._rem[rid], self._m[rid]
+
+    def rekey(self, t) -> None:
+        """``t``'s ``m`` or length changed (its batch was applied)."""
+        bucket = self._bucket[t.s.id]
+        self._unindex(t)
+        self._snapshot(t)
+        self._index(t, bucket)
+
+    def _snapshot(self, t) -> None:
+        # the fields a key and the counters were made from, to find the entries again after they change
+        self._rem[t.s.id], self._m[t.s.id] = t.s.remaining_prefill, t.s.m
+
+    def refresh(self, now: float) -> None:
+        """Move the members whose slack fell below a bucket threshold by ``now``."""
+        if not self.ordering:
+            return
+        for bucket in (2, 1):
+            heap, threshold = self._heaps[bucket], SLACK_BUCKETS_S[bucket - 1]
+            while heap and heap[0][0] - now < threshold:
+                _, rid = heapq.heappop(heap)
+                t = self.tasks.get(rid)
+                if t is None or self._bucket[rid] != bucket:
+                    continue  # left the queue or already moved
+                new = slack_bucket(t.deadline, now)
+                self._unindex(t)
+                self._snapshot(t)
+                self._index(t, new)
+                if new:
+                    heapq.heappush(self._heaps[new], (t.deadline, rid))
+
+    def closest_fit(self, budget: int, head_key: tuple, skip) -> object | None:
+        """Among members at or after ``head_key`` in priority order and not ``skip(task)``: one with
+        the largest remaining prompt ``≤ budget``, the first in priority order among equals."""
+        by_rem, i = self.by_rem, bisect_right(self.by_rem, (budget, (float("inf"),)))
+        best = None
+        while i > 0:
+            i -= 1
+            rem, key = by_rem[i]
+            if key >= head_key and not skip(self.task_of[key]):
+                best = rem
+                break
+        if best is None:
+            return None
+        for j in range(bisect_left(by_rem, (best,)), i + 1):
+            key = by_rem[j][1]
+            if key >= head_key and not skip(self.task_of[key]):
+                return self.task_of[key]
+        raise AssertionError("unreachable: the entry found above qualifies")
