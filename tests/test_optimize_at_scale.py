@@ -77,3 +77,17 @@ def test_search_results_replay_and_stay_above_the_bound(case, objective, policie
     assert not policy_violations(found.schedule, policies, COST)
     lb = LowerBounder(reqs, limits, COST, policies).of(objective).value_s
     assert lb <= found.value_s * (1 + TOL) + 1e-12
+
+
+def test_json_stdout_has_no_solver_banner():
+    """HiGHS prints its copyright banner from native code to file descriptor 1, which CliRunner cannot see:
+    run the real command in a subprocess and parse its whole stdout as JSON."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "infermax", "better", "-s", "vllm", "--margin", "0.1", "--I", "1",
+                          "--O", "3", "--B", "2", "--M", "3", "--C", "8", "--time-limit", "30", "--json"],
+                         capture_output=True, text=True, check=True)
+    ans = json.loads(out.stdout)
+    assert ans["answer"] == "no"
+    assert "HiGHS" not in out.stdout
