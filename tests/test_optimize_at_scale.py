@@ -14,10 +14,10 @@ from infermax.cli import app
 from infermax.costmodel import load_cost_model
 from infermax.limits import Limits
 from infermax.replay import replay
-from infermax.request import Request
 from solvers import Objective, Policies, policy_violations
 from solvers.lower_bound import LowerBounder
 from solvers.search import search
+from tests.test_lower_bound import workloads  # random small instances: online/offline, blocks, Rmax, P
 
 runner = CliRunner()
 COST = load_cost_model()
@@ -46,23 +46,6 @@ def test_better_json_is_json_alone():
     ans = json.loads(res.stdout)
     assert ans["answer"] in ("yes", "no", "unknown")
     assert ans["lower_bound_s"] <= ans["scheduler_objective_s"] * (1 + TOL)
-
-
-@st.composite
-def workloads(draw):
-    n = draw(st.integers(1, 8))
-    online = draw(st.booleans())
-    reqs, t = [], 0.0
-    for i in range(n):
-        if online:
-            t += draw(st.sampled_from([0.0, 0.005, 0.05, 1.0]))
-        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 24))))
-    block = draw(st.sampled_from([1, 1, 4, 16]))
-    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
-    C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 96))
-    M = draw(st.integers(peak, peak + peak // 2))
-    Rmax = draw(st.one_of(st.none(), st.integers(1, 6)))
-    return reqs, Limits(C=C, M=M, Rmax=Rmax, block_size=block)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
