@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from infermax.cli import app
 from infermax.costmodel import load_cost_model
-from infermax.limits import Limits
 from infermax.replay import replay
 from solvers import Objective, Policies, policy_violations
 from solvers.lower_bound import LowerBounder
