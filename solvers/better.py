@@ -62,10 +62,8 @@ def _lower_bound(requests, limits, cost_model, objective, policies) -> tuple[flo
 
 
 def _search(requests, limits, cost_model, objective, policies, time_limit_s, progress):
-    try:
-        from .search import search
-    except ImportError:  # pragma: no cover - the search module ships with the package
-        return None
+    from .search import search
+
     if time_limit_s <= 0:
         return None
     return search(requests, limits, cost_model, objective, time_limit_s=time_limit_s, policies=policies,
