@@ -57,10 +57,22 @@ def _run(cls, opts_cls, reqs, limits, opts):
     return simulate(reqs, sch, limits, COST, swap_cost=SWAP), sch
 
 
+DEADLOCK = "cannot grow and nothing can be evicted"
+
+
 def _same_plans(case):
     reqs, limits, opts = case
+    try:
+        old, ref = _run(RefScheduler, RefOptions, reqs, limits, opts)
+    except AssertionError as exc:
+        if DEADLOCK not in str(exc):
+            raise
+        # fc1abe4 deadlocked here (release="group" held finished members' allocations); the new scheduler
+        # gives them back (`_release_held`) and must complete every request
+        new, sch = _run(EcoServeScheduler, EcoServeOptions, reqs, limits, opts)
+        assert (new.requests["generated_tokens"] == new.requests["output_tokens"]).all()
+        return sch
     new, sch = _run(EcoServeScheduler, EcoServeOptions, reqs, limits, opts)
-    old, ref = _run(RefScheduler, RefOptions, reqs, limits, opts)
     plans = [(b.items, b.evict, b.swap_out, b.swap_in) for b in new.schedule.batches]
     assert plans == [(b.items, b.evict, b.swap_out, b.swap_in) for b in old.schedule.batches]
     assert sch.stats.ledger_per_iteration == ref.stats.ledger_per_iteration
@@ -86,3 +98,20 @@ def test_plans_equal_the_reference_under_kv_pressure_with_many_waiting():
     for switches in VARIANT_SWITCHES:
         for block in (1, 16):
             _same_plans((reqs, Limits(C=512, M=2500, block_size=block), switches))
+
+
+def test_group_release_deadlock_is_broken():
+    """Found by the equivalence test: with release="group", the finished members' allocations fill the ledger,
+    the lone running GT (request 13, I=1, O=115) cannot grow and no waiting request holds KV. fc1abe4 raised
+    here; the held allocations are now given back and every request finishes."""
+    spec = [(1, 1, None)] * 12 + [(62, 98, None), (1, 115, None)] + [(1, 1, None)] * 13 + [(1, 1, 1)] + [(1, 1, None)] * 4
+    reqs = [Request(i, 0.0, a, b, predicted_output_tokens=p) for i, (a, b, p) in enumerate(spec)]
+    limits = Limits(C=8, M=304)
+    opts = {"ordering": False, "pipelining": False, "release": "group", "predictor_seed": 2}
+    try:
+        _run(RefScheduler, RefOptions, reqs, limits, opts)
+        raise AssertionError("the reference no longer deadlocks: this regression case lost its point")
+    except AssertionError as exc:
+        assert DEADLOCK in str(exc)
+    new, _ = _run(EcoServeScheduler, EcoServeOptions, reqs, limits, opts)
+    assert (new.requests["generated_tokens"] == new.requests["output_tokens"]).all()

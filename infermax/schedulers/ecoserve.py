@@ -244,6 +244,18 @@ class EcoServeScheduler(Scheduler):
                 self._group_done(t.group)
         t.group = None
 
+    def _release_held(self) -> bool:
+        """Deadlock breaking under ``release="group"`` (ours): when the lone running GT cannot grow and no
+        waiting request holds KV, the allocations still held for finished members of unfinished groups are
+        given back (their KV was freed when they finished; only the ledger kept it). False if none is held."""
+        if not self.held:
+            return False
+        for ids in self.held.values():
+            for rid in ids:
+                self.ledger.release(rid)
+        self.held.clear()
+        return True
+
     def _group_done(self, gid: int) -> None:
         del self.groups[gid]
         for rid in self.held.pop(gid, []):
@@ -303,7 +315,7 @@ class EcoServeScheduler(Scheduler):
                 if len(self.running) > 1:
                     self._preempt(t)
                     break
-                if not self._evict_one_resident(batch, keep=rid):
+                if not self._evict_one_resident(batch, keep=rid) and not self._release_held():
                     raise AssertionError(f"EcoServe: lone GT {rid} cannot grow and nothing can be evicted")
 
     def _vacate_guest(self, g: _Task, batch: ScheduledBatch) -> None:
