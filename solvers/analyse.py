@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from infermax.engine import check_fits, simulate
+from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
@@ -76,20 +77,25 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     best_s, best_by, best = math.inf, None, None
     warm = None
     if warm_start:
-        warm = simulate(requests, warm_start, limits, cost_model).schedule
-        if not policy_violations(warm, policies, cost_model):
+        try:
+            warm = simulate(requests, warm_start, limits, cost_model).schedule
+        except (InfeasibleRequestError, SchedulerError) as exc:  # e.g. vLLM cannot batch a prompt longer than C
+            details["warm_start_error"] = str(exc)
+        if warm is not None and not policy_violations(warm, policies, cost_model):
             best_s, best_by, best = objective_of(warm, cost_model, objective), warm_start, warm
             say(f"{warm_start}: {best_s:.6g} s")
-    budget = best_s if math.isfinite(best_s) else None
-    try:
-        K, sb = choose_slots(requests, cost_model, objective, slots, warm, budget)
-    except ValueError as exc:
-        K, sb, refusal = None, None, str(exc)
-    else:
+    def plan_milp(known: Schedule | None, budget: float | None):
+        """Slots, slot bound and the reason not to build the MILP (None: build it), from a known schedule."""
+        try:
+            K, sb = choose_slots(requests, cost_model, objective, slots, known, budget)
+        except ValueError as exc:
+            return None, None, str(exc)
         est = estimate_milp(len(requests), K)
-        refusal = milp_refusal(est, deadline.left(), memory_budget_bytes)
         details.update(est.to_dict())
-    details["milp_refused"] = refusal
+        return K, sb, milp_refusal(est, deadline.left(), memory_budget_bytes)
+
+    budget = best_s if math.isfinite(best_s) else None
+    K, sb, refusal = plan_milp(warm, budget)
     share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
     from .search import search
 
@@ -98,6 +104,10 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
     if found.schedule is not None and found.value_s < best_s:
         best_s, best_by, best = found.value_s, f"search: {found.method}", found.schedule
+    if K is None and best is not None:  # no warm start: the search's schedule bounds the slots instead
+        budget = best_s
+        K, sb, refusal = plan_milp(best, budget)
+    details["milp_refused"] = refusal
     milp = None
     if refusal is None:
         seed = best if best is not None and len(best.batches) <= K else warm

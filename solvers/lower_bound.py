@@ -366,6 +366,8 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
     derived: dict[str, str] = {}
 
     def var_of(f: str) -> str | None:
+        if f in ("swap_tokens", "hidden_recompute_tokens"):
+            return None  # informational / hidden-form only: bounded by 0 from below
         if f in feature_var:
             return feature_var[f]
         if f in derived:

@@ -73,3 +73,13 @@ def test_json_stdout_has_no_solver_banner():
     ans = json.loads(out.stdout)
     assert ans["answer"] == "no"
     assert "HiGHS" not in out.stdout
+
+
+def test_optimize_without_a_usable_warm_start():
+    """vLLM cannot batch a 100-token prompt with C = 64 (no chunking): optimize goes on without its warm start."""
+    res = runner.invoke(app, ["optimize", "--I", "100", "--O", "2", "--B", "4", "--C", "64", "--time-limit", "20",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert "warm_start_error" in summary and summary["objective_s"] is not None
+    assert summary["lower_bound_s"] <= summary["objective_s"] * (1 + TOL)
