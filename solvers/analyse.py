@@ -17,7 +17,7 @@ from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
-from .lower_bound import BoundUnavailable, LowerBounder
+from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, objective_of, optimize
 from .policy import Policies, policy_violations
@@ -66,13 +66,8 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     say = progress or (lambda msg: None)
     check_fits(requests, limits)
     details: dict = {}
-    try:
-        lb = LowerBounder(requests, limits, cost_model, policies).of(objective)
-        bound_s, bound_by = lb.value_s, "lower bound"
-        details["lower_bound_wall_s"] = lb.elapsed_s
-    except BoundUnavailable as exc:
-        bound_s, bound_by = 0.0, "none"
-        details["lower_bound_note"] = str(exc)
+    bound_s, details["lower_bound_method"] = lower_bound_or_zero(requests, limits, cost_model, objective, policies)
+    bound_by = "lower bound" if bound_s > 0 else "none"
     say(f"lower bound {bound_s:.6g} s")
     best_s, best_by, best = math.inf, None, None
     warm = None
@@ -84,6 +79,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         if warm is not None and not policy_violations(warm, policies, cost_model):
             best_s, best_by, best = objective_of(warm, cost_model, objective), warm_start, warm
             say(f"{warm_start}: {best_s:.6g} s")
+
     def plan_milp(known: Schedule | None, budget: float | None):
         """Slots, slot bound and the reason not to build the MILP (None: build it), from a known schedule."""
         try:

@@ -19,7 +19,7 @@ from infermax.schedule import Schedule
 from .backends import SolveOptions
 from .bounds import slot_bound
 from .formulation import TIME_UNIT
-from .lower_bound import BoundUnavailable, LowerBounder
+from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies
@@ -53,14 +53,6 @@ class BetterAnswer:
         return out
 
 
-def _lower_bound(requests, limits, cost_model, objective, policies) -> tuple[float, str]:
-    try:
-        lb = LowerBounder(requests, limits, cost_model, policies).of(objective)
-        return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
-    except BoundUnavailable as exc:
-        return 0.0, f"no aggregate bound: {exc}"
-
-
 def _search(requests, limits, cost_model, objective, policies, time_limit_s, progress):
     from .search import search
 
@@ -75,15 +67,15 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
            progress=None, memory_budget_bytes: int | None = None) -> BetterAnswer:
     """Search for a schedule with objective <= (1 − margin) × the scheduler's on the same workload and limits.
 
-    ``time_limit_s`` (default: the solver options' limit) covers everything after the scheduler's own
-    simulation: bound, search, model building and solving."""
+    ``time_limit_s`` (default: the solver options' limit) covers everything: the scheduler's own simulation,
+    bound, search, model building and solving."""
     options = options or SolveOptions()
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
     say = progress or (lambda msg: None)
     sim = simulate(requests, scheduler, limits, cost_model)
     base = objective.value(sim)
     target = (1 - margin) * base
-    lb_s, lb_how = _lower_bound(requests, limits, cost_model, objective, policies)
+    lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies)
     say(f"lower bound {lb_s:.6g} s, target {target:.6g} s ({lb_how})")
     sb = slot_bound(requests, cost_model.milp_terms(), objective, target)
     methods = {"lower_bound_s": lb_s, "lower_bound_method": lb_how}
@@ -98,8 +90,9 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
                             found_s=None, bound_s=math.inf, slots=0, solver_status=None, bound_by="slot bound",
                             gap=0.0, methods=methods, **common)
     slots = sb.slots if sb.slots is not None else len(sim.schedule.batches)
-    refusal = milp_refusal(estimate_milp(len(requests), slots), deadline.left(), memory_budget_bytes)
-    methods.update(estimate_milp(len(requests), slots).to_dict(), milp_refused=refusal)
+    estimate = estimate_milp(len(requests), slots)
+    refusal = milp_refusal(estimate, deadline.left(), memory_budget_bytes)
+    methods.update(estimate.to_dict(), milp_refused=refusal)
     share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
     found = _search(requests, limits, cost_model, objective, policies, deadline.left() * share, say)
     best_s, best_by, best_schedule = base, scheduler, None

@@ -15,11 +15,12 @@ memory area accordingly (valid for those schedules too, and weaker).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padding_quantum, prefill_ctx_cap, token_step
+from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padding_quantum, token_step
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -202,6 +203,8 @@ class _LP:
                       integrality=integrality, options={"time_limit": MIP_TIME_LIMIT_S} if self.integer else None)
         if res.status == 2:
             return math.inf  # no schedule does this demand within the limits
+        if values is not None and res.x is not None:
+            values.update(zip(self.names, res.x))
         if self.integer and res.status == 1 and getattr(res, "mip_dual_bound", None) is not None:
             return float(res.mip_dual_bound)  # time limit: the dual bound is still a bound
         if res.status != 0:
@@ -210,8 +213,6 @@ class _LP:
             dual = getattr(res, "mip_dual_bound", None)
             if dual is not None and math.isfinite(dual):
                 return float(min(res.fun, dual))
-        if values is not None:
-            values.update(zip(self.names, res.x))
         return float(res.fun)
 
 
@@ -425,7 +426,7 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
             if usable:
                 lp.add(coefs, ">=", 0)
     value = lp.solve(objective, values)
-    if values is not None:
+    if values:
         values.update({f"term:{t.name}": values[f"tau{i}"] / TIME_SCALE for i, t in enumerate(terms)})
     if math.isinf(value):
         return math.inf
@@ -445,9 +446,6 @@ class LowerBound:
     parts: dict
     elapsed_s: float = 0.0
 
-    def to_dict(self) -> dict:
-        return {"objective": self.objective, "lower_bound_s": self.value_s, **self.parts, "bound_wall_s": self.elapsed_s}
-
 
 def _k_grid(n: int, dense: int = 64, ratio: float = 1.03) -> list[int]:
     """Counts 1..dense, then geometric steps up to n (n always included)."""
@@ -457,16 +455,6 @@ def _k_grid(n: int, dense: int = 64, ratio: float = 1.03) -> list[int]:
         k = max(k * ratio, ks[-1] + 1)
         ks.append(min(n, int(k)))
     return ks
-
-
-def _order_statistic_sum(values_at_grid: dict[int, float], n: int) -> float:
-    """Σ_{k=1}^{n} f(k) where f is known at grid points and bounded below by the value at the largest
-    grid point <= k (valid because the true quantity is non-decreasing in k)."""
-    ks = sorted(values_at_grid)
-    total = 0.0
-    for a, b in zip(ks, ks[1:] + [n + 1]):
-        total += values_at_grid[a] * (b - a)
-    return total
 
 
 class LowerBounder:
@@ -508,8 +496,6 @@ class LowerBounder:
     def makespan_s(self) -> LowerBound:
         """Makespan >= busy time of all the work; with arrivals also >= (T − T_min) + busy time of the
         work of requests arriving at or after T, for every T (those batches all run after T)."""
-        import time
-
         t = time.perf_counter()
         whole = self.busy_s(self.full.total(), integer_counts=True)  # one call: worth the small MILP
         best, best_at = whole, self.t0
@@ -524,24 +510,10 @@ class LowerBounder:
                 v = T - self.t0 + self.busy_s(DemandArrays.of(later, self.limits).total())
                 if v > best:
                     best, best_at = v, T
-        return LowerBound("makespan", best, {"busy_time_lb_s": whole, "suffix_from_s": best_at - self.t0},
+        return LowerBound("makespan", float(best), {"busy_time_lb_s": whole, "suffix_from_s": float(best_at - self.t0)},
                           time.perf_counter() - t)
 
     # ---- sum of latencies and mean TTFT --------------------------------------------------------
-
-    def _solo_s(self, first_token_only: bool) -> np.ndarray:
-        """Per request: a lower bound on (its finish or first-token time) − arrival, the busy time of its
-        own work (monotonicity: a batch is at least as long as its items from this request alone)."""
-        arrays = self.first if first_token_only else self.full
-        out = np.empty(len(self.requests))
-        cache: dict = {}
-        for i, r in enumerate(self.requests):
-            key = (r.prompt_tokens, 1 if first_token_only else r.output_tokens)
-            if key not in cache:
-                one = DemandArrays.of([r], self.limits, first_token_only)
-                cache[key] = self.busy_s(one.total())
-            out[i] = cache[key]
-        return out
 
     def _completion_sum(self, first_token_only: bool, what: str) -> tuple[float, dict]:
         """Σ over requests of (finish or first-token) time − arrival, bounded through order statistics. The
@@ -552,7 +524,7 @@ class LowerBounder:
         self._need_monotone(what)
         arrays = self.first if first_token_only else self.full
         n = len(arrays)
-        solo = self._solo_s_fast(first_token_only)
+        solo = self._solo_s(first_token_only)
         lower = np.sort(self.arrivals + solo)  # lower[k-1] bounds the k-th completion
         order = np.argsort(self.arrivals, kind="stable")
         sorted_arrivals = self.arrivals[order]
@@ -573,43 +545,34 @@ class LowerBounder:
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases)}
         return float(lower.sum()) - float(self.arrivals.sum()), parts
 
-    def _solo_s_fast(self, first_token_only: bool) -> np.ndarray:
-        """`_solo_s` over distinct (I, O) classes; with more than 400 classes, requests are bounded by the
-        largest class at most as demanding in both I and O (the busy-time bound is monotone in the demand)."""
+    def _solo_s(self, first_token_only: bool) -> np.ndarray:
+        """Per request: a lower bound on (its finish or first-token time) − arrival, the busy time of its own
+        work (monotonicity: a batch is at least as long as its items from this request alone), computed once
+        per distinct (I, O). Above 400 classes a request takes the point of a geometric (I, O) grid at most as
+        demanding in both I and O (the bound is monotone in the demand)."""
         keys = np.array([(r.prompt_tokens, 1 if first_token_only else r.output_tokens) for r in self.requests])
-        classes = np.unique(keys, axis=0)
-        if len(classes) <= 400:
-            return self._solo_s(first_token_only)
-        # grid of representative (I, O): geometric in each dimension; a request takes the grid point <= it
-        gi = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 0].max(), 24).astype(int)]))
-        go = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 1].max(), 16).astype(int)]))
-        table = {}
-        for i in gi:
-            for o in go:
-                r = Request(id=0, arrival_s=0.0, prompt_tokens=int(i), output_tokens=int(o))
-                table[(int(i), int(o))] = self.busy_s(DemandArrays.of([r], self.limits).total())
-        ii = gi[np.searchsorted(gi, keys[:, 0], side="right") - 1]
-        oo = go[np.searchsorted(go, keys[:, 1], side="right") - 1]
-        return np.array([table[(int(a), int(b))] for a, b in zip(ii, oo)])
+        if len(np.unique(keys, axis=0)) > 400:
+            gi = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 0].max(), 24).astype(int)]))
+            go = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 1].max(), 16).astype(int)]))
+            keys = np.stack([gi[np.searchsorted(gi, keys[:, 0], side="right") - 1],
+                             go[np.searchsorted(go, keys[:, 1], side="right") - 1]], axis=1)
+        classes, which = np.unique(keys, axis=0, return_inverse=True)
+        busy = np.array([self.busy_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total())
+                         for i, o in classes])
+        return busy[np.ravel(which)]
 
     def latency_sum_s(self) -> LowerBound:
-        import time
-
         t = time.perf_counter()
         v, parts = self._completion_sum(False, "the latency bound")
         return LowerBound("latency", v, parts, time.perf_counter() - t)
 
     def mean_ttft_s(self) -> LowerBound:
-        import time
-
         t = time.perf_counter()
         v, parts = self._completion_sum(True, "the TTFT bound")
         return LowerBound("ttft", v / len(self.requests), parts, time.perf_counter() - t)
 
     def of(self, objective: Objective) -> LowerBound:
         """The weighted sum of the component bounds (each is a lower bound of its component)."""
-        import time
-
         t = time.perf_counter()
         total, parts = 0.0, {}
         for name, w in objective.weights().items():
@@ -623,3 +586,14 @@ def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: 
                 policies: Policies = Policies(), hidden_cache: bool = False) -> LowerBound:
     """A valid lower bound on ``objective`` over every schedule of the instance (docs/design.md)."""
     return LowerBounder(requests, limits, cost_model, policies, hidden_cache).of(objective)
+
+
+def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies()
+                        ) -> tuple[float, str]:
+    """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
+    allow one (`BoundUnavailable`)."""
+    try:
+        lb = LowerBounder(requests, limits, cost_model, policies).of(objective)
+        return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
+    except BoundUnavailable as exc:
+        return 0.0, f"no aggregate bound: {exc}"
