@@ -12,7 +12,10 @@ class Limits:
     ``C``: tokens per batch; ``P``: prefill tokens per batch (``None``: the
     scheduler's default, see ``resolve_prefill_budget``); ``M``: KV-cache capacity
     in tokens; ``Rmax``: requests holding KV (``None``: unlimited); ``block_size``:
-    KV allocation granularity (1 = the paper's token accounting, 16 = vLLM paging).
+    KV allocation granularity (1 = the paper's token accounting, 16 = vLLM paging);
+    ``prefix_caching``: automatic prefix caching (`infermax.prefix_cache`): full KV blocks are
+    identified by their content, kept cached after their request frees them, and a request holding no
+    KV may start on a cached prefix instead of computing it (a batch's ``cache_hits``).
     """
 
     C: int = 4096
@@ -20,6 +23,7 @@ class Limits:
     M: int = 100_000
     Rmax: int | None = None
     block_size: int = 1
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         _require_int("C", self.C, 1)
@@ -31,6 +35,8 @@ class Limits:
                 raise ValueError(f"P (prefill tokens per batch) = {self.P} must not exceed C = {self.C}")
         if self.Rmax is not None:
             _require_int("Rmax", self.Rmax, 1)
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be true or false, got {self.prefix_caching!r}")
 
     @property
     def prefill_budget(self) -> int:
@@ -43,7 +49,11 @@ class Limits:
         return tokens if b == 1 else -(-tokens // b) * b
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict; ``prefix_caching`` only when on (files written before it read the same)."""
+        out = asdict(self)
+        if not self.prefix_caching:
+            del out["prefix_caching"]
+        return out
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:

@@ -22,6 +22,12 @@ class Request:
     the lowest group arrive at their ``arrival_s``; each later group is submitted when every request
     of the group before it has finished, at ``max(arrival_s, that finish time)`` (the engine records
     the realised time as the request's ``arrival_s`` in its result). None: an ordinary request.
+    ``content``: the prompt's token content for automatic prefix caching, as segments
+    ``((segment_id, tokens), ...)`` summing to ``prompt_tokens``; two requests whose contents agree on
+    their first ``k`` tokens share those tokens' KV blocks (`infermax.prefix_cache`). Segment ids are
+    integers ``>= 0`` chosen by the workload (a system prompt, a conversation turn); a request's own
+    output is the segment `output_segment(id)`, so a later turn can quote it. None: the prompt is a
+    segment of its own (`prompt_segment(id)`), shared with nothing.
     """
 
     id: int
@@ -34,6 +40,7 @@ class Request:
     request_class: str | None = None
     predicted_output_tokens: int | None = None
     closed_loop_group: int | None = None
+    content: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -49,6 +56,8 @@ class Request:
                                                    or not isinstance(self.closed_loop_group, int)
                                                    or self.closed_loop_group < 0):
             raise ValueError(f"request {self.id}: closed_loop_group must be an integer >= 0, got {self.closed_loop_group!r}")
+        if self.content is not None:
+            object.__setattr__(self, "content", _check_content(self.id, self.content, self.prompt_tokens))
         for name in ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -63,3 +72,27 @@ class Request:
     def peak_kv_tokens(self) -> int:
         """KV tokens held when the last token is generated: ``I + O - 1``."""
         return self.prompt_tokens + self.output_tokens - 1
+
+
+def prompt_segment(request_id: int) -> int:
+    """The segment id of the prompt of a request without ``content`` (negative: never a workload's)."""
+    return -2 * request_id - 1
+
+
+def output_segment(request_id: int) -> int:
+    """The segment id of a request's generated tokens (negative: never a workload's)."""
+    return -2 * request_id - 2
+
+
+def _check_content(request_id: int, content, prompt_tokens: int) -> tuple[tuple[int, int], ...]:
+    """``content`` as a tuple of ``(segment_id, tokens)`` pairs, checked (JSON gives lists)."""
+    try:
+        pairs = tuple((int(seg), int(n)) for seg, n in content)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"request {request_id}: content must be (segment_id, tokens) pairs, got {content!r}") from exc
+    if any(n < 1 for _, n in pairs):
+        raise ValueError(f"request {request_id}: every content segment needs >= 1 token, got {pairs!r}")
+    total = sum(n for _, n in pairs)
+    if total != prompt_tokens:
+        raise ValueError(f"request {request_id}: content covers {total} tokens, prompt_tokens is {prompt_tokens}")
+    return pairs

@@ -112,12 +112,15 @@ class Schedule:
         return cls.from_json(read_json(path), source=str(path))
 
 
-_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens", "closed_loop_group")
+_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens", "closed_loop_group", "content")
 
 
 def _request_json(r: Request) -> list | dict:
     if any(getattr(r, name) is not None for name in _OBJECT_ONLY):
-        return {f.name: getattr(r, f.name) for f in fields(Request) if getattr(r, f.name) is not None}
+        out = {f.name: getattr(r, f.name) for f in fields(Request) if getattr(r, f.name) is not None}
+        if r.content is not None:
+            out["content"] = [list(pair) for pair in r.content]
+        return out
     row = [r.id, r.arrival_s, r.prompt_tokens, r.output_tokens]
     return row + [r.ttft_slo_s, r.tbt_slo_s] if r.has_slo else row
 
