@@ -223,3 +223,20 @@ def test_schedule_with_hits_round_trips_through_json_and_replays_identically(tmp
     off = Schedule(reqs, Limits(C=512, M=64 * B, block_size=B), sched.batches)
     with pytest.raises(ScheduleViolation, match=r"\[prefix-caching-off\]"):
         replay(off, CtxCost())
+
+
+def test_schedulers_without_caching_support_and_the_solvers_refuse_it():
+    from solvers.analyse import analyse
+    from solvers.lower_bound import lower_bound
+    from solvers.optimize import optimize
+
+    from conftest import AffineCost
+
+    from infermax.engine import simulate
+
+    reqs = [Request(0, 0.0, 32, 2, content=((7, 32),))]
+    with pytest.raises(ValueError, match="does not support prefix caching"):
+        simulate(reqs, "vllm", caching(), AffineCost())
+    for solve in (optimize, analyse, lower_bound):
+        with pytest.raises(ValueError, match="do not model prefix caching"):
+            solve(reqs, caching(), AffineCost())
