@@ -279,3 +279,16 @@ def test_cli_errors_exit_2_on_one_line(args, message):
     res = runner.invoke(app, ["simulate", *args, "--B", "5"], catch_exceptions=False)
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
+
+
+def test_a_sweep_spec_varies_the_share_parameter():
+    from infermax.sweep import parse_spec
+    from infermax.sweep.points import run_point
+
+    spec = parse_spec({"name": "share", "base": {"workload": "multiturn", "B": 20, "M": 20_000},
+                       "axes": {"turns": [1, 4]}})
+    points = spec.points()
+    assert [p["turns"] for p in points] == [1.0, 4.0]
+    results = [run_point("simulate", p)["result"] for p in points]
+    assert [r["status"] for r in results] == ["ok", "ok"]
+    assert all(r["num_requests"] == 20 for r in results)
