@@ -172,17 +172,22 @@ def multiturn(num_requests: int, turns_mean: float = LMSYS_TURNS_MEAN, think_tim
     return requests
 
 
-def _prefixed(num_requests: int, prefixes: Sequence[tuple[tuple[int, int], ...]], prefix_share: float,
-              first_segment: int, messages: np.ndarray, outputs: np.ndarray,
-              rng: np.random.Generator) -> list[Request]:
-    """Requests ``i``: with probability ``prefix_share`` a uniformly chosen prefix, then message segment
-    ``first_segment + i``; all arrive at 0."""
+def _prefixed(num_requests: int, templates: Sequence[tuple[tuple[int, int], ...]], prefix_share: float,
+              messages: tuple, outputs: tuple, max_tokens: int, seed: int) -> list[Request]:
+    """Requests ``i``, all arriving at 0: with probability ``prefix_share`` a uniformly chosen template,
+    then a message segment of its own (numbered after the templates' segments). ``messages`` and
+    ``outputs`` are ``(dist, default mean, default CV)`` for `_lengths`, clipped to ``max_tokens``."""
+    max_tokens = _check_int("max_tokens", max_tokens)
+    rng = np.random.default_rng(seed)
+    message_tokens = _lengths(rng, num_requests, *messages, max_tokens)
+    output_tokens = _lengths(rng, num_requests, *outputs, max_tokens)
     uses = rng.random(num_requests) < prefix_share
-    which = rng.integers(0, len(prefixes), num_requests)
+    which = rng.integers(0, len(templates), num_requests)
+    first_segment = 1 + max(seg for template in templates for seg, _ in template)
     out = []
     for i in range(num_requests):
-        content = (*(prefixes[which[i]] if uses[i] else ()), (first_segment + i, int(messages[i])))
-        out.append(Request(i, 0.0, sum(x for _, x in content), int(outputs[i]), content=content))
+        content = (*(templates[which[i]] if uses[i] else ()), (first_segment + i, int(message_tokens[i])))
+        out.append(Request(i, 0.0, sum(x for _, x in content), int(output_tokens[i]), content=content))
     return out
 
 
@@ -204,12 +209,9 @@ def system_prompt(num_requests: int, system_tokens: int = SYSTEM_PROMPT_TOKENS, 
     n = _check_count(num_requests)
     system_tokens = _check_int("system_tokens (--system-tokens)", system_tokens)
     prefix_share, prefixes = _check_share(prefix_share, prefixes)
-    max_tokens = _check_int("max_tokens", max_tokens)
-    rng = np.random.default_rng(seed)
-    messages = _lengths(rng, n, message_dist, LMSYS_MESSAGE_MEAN, LMSYS_MESSAGE_CV, max_tokens)
-    outputs = _lengths(rng, n, output_dist, LMSYS_RESPONSE_MEAN, LMSYS_RESPONSE_CV, max_tokens)
     templates = [((k, system_tokens),) for k in range(prefixes)]
-    return _prefixed(n, templates, prefix_share, prefixes, messages, outputs, rng)
+    return _prefixed(n, templates, prefix_share, (message_dist, LMSYS_MESSAGE_MEAN, LMSYS_MESSAGE_CV),
+                     (output_dist, LMSYS_RESPONSE_MEAN, LMSYS_RESPONSE_CV), max_tokens, seed)
 
 
 def few_shot(num_requests: int, shots: int = FEW_SHOT_SHOTS, prefixes: int = FEW_SHOT_TASKS,
@@ -229,14 +231,11 @@ def few_shot(num_requests: int, shots: int = FEW_SHOT_SHOTS, prefixes: int = FEW
     instruction_tokens = _check_int("instruction_tokens", instruction_tokens)
     example_tokens = _check_int("example_tokens", example_tokens)
     prefix_share, prefixes = _check_share(prefix_share, prefixes)
-    max_tokens = _check_int("max_tokens", max_tokens)
-    rng = np.random.default_rng(seed)
-    messages = _lengths(rng, n, message_dist, FEW_SHOT_QA_MEAN, FEW_SHOT_QA_CV, max_tokens)
-    outputs = _lengths(rng, n, output_dist, FEW_SHOT_QA_MEAN, FEW_SHOT_QA_CV, max_tokens)
     width = shots + 1
     templates = [((j * width, instruction_tokens), *((j * width + 1 + e, example_tokens) for e in range(shots)))
                  for j in range(prefixes)]
-    return _prefixed(n, templates, prefix_share, prefixes * width, messages, outputs, rng)
+    return _prefixed(n, templates, prefix_share, (message_dist, FEW_SHOT_QA_MEAN, FEW_SHOT_QA_CV),
+                     (output_dist, FEW_SHOT_QA_MEAN, FEW_SHOT_QA_CV), max_tokens, seed)
 
 
 def prefix_workload(name: str, num_requests: int, seed: int = 0, **params) -> list[Request]:
