@@ -13,8 +13,8 @@ segment `output_segment(id)`, which a later turn of its conversation quotes.
 - :func:`few_shot` — ``k`` task templates (an instruction and ``shots`` worked examples) shared by
   the requests of a task, followed by the request's question. ``shots`` controls the share.
 - :func:`shared_prefix_fraction` — the share of prompt tokens that a request shares with the
-  content (prompt and answer) of a request that arrived before it: what an unbounded cache could
-  hit, the quantity a study across "share of shared prefix" puts on its axis.
+  content (prompt and answer) of a request that arrived before it (an upper bound on what a cache
+  can hit), the quantity a study across "share of shared prefix" puts on its axis.
 
 Calibration (defaults; each number cited is the published one, the rest are chosen defaults):
 
@@ -259,7 +259,9 @@ def shared_prefix_tokens(requests: Sequence[Request], block_size: int = 1) -> li
     answer of any request that arrived before it (ties in ``arrival_s``: smaller id first), rounded
     down to a multiple of ``block_size`` (caching is by full blocks). Token ``j`` of segment ``s`` is the
     same token in every request, so equal segments share ``min`` of their lengths and sharing stops at
-    the first difference. This is what an unbounded cache could hit, not what a scheduler will.
+    the first difference. This is content sharing, an upper bound on what a cache can hit: a request's
+    last generated token never has its KV computed (the KV holds ``I + O - 1`` tokens), an engine
+    computes at least a prompt's last token, and a finite cache evicts.
     """
     block_size = _check_int("block_size", block_size)
     root: dict = {}  # node: {"kids": {(seg, n): node}, "longest": {seg: max n}}
