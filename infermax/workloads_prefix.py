@@ -12,6 +12,7 @@ segment `output_segment(id)`, which a later turn of its conversation quotes.
   user message. The system prompt's length and the share of requests using one control the share.
 - :func:`few_shot` — ``k`` task templates (an instruction and ``shots`` worked examples) shared by
   the requests of a task, followed by the request's question. ``shots`` controls the share.
+- :func:`previous_turn` — the id of the turn a conversation turn follows (its quoted answer).
 - :func:`shared_prefix_fraction` — the share of prompt tokens that a request shares with the
   content (prompt and answer) of a request that arrived before it (an upper bound on what a cache
   can hit), the quantity a study across "share of shared prefix" puts on its axis.
@@ -170,6 +171,14 @@ def multiturn(num_requests: int, turns_mean: float = LMSYS_TURNS_MEAN, think_tim
             requests[rid] = Request(rid, arrival_of[(c, t)], sum(x for _, x in content), o, content=content)
             history = [*content, (output_segment(rid), o)]
     return requests
+
+
+def previous_turn(request: Request) -> int | None:
+    """The id of the turn whose answer ends this turn's history (`multiturn`), else None."""
+    if request.content is None or len(request.content) < 2:
+        return None
+    seg = request.content[-2][0]
+    return (-seg - 2) // 2 if seg < 0 and seg % 2 == 0 else None
 
 
 def _prefixed(num_requests: int, templates: Sequence[tuple[tuple[int, int], ...]], prefix_share: float,

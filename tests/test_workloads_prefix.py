@@ -20,16 +20,8 @@ from infermax.schedule import Schedule
 from infermax.workload import with_arrivals
 from infermax.workloads_prefix import (
     LMSYS_MESSAGE_MEAN, LMSYS_RESPONSE_MEAN, LMSYS_TURNS_MEAN, few_shot, multiturn, prefix_workload,
-    shared_prefix_fraction, shared_prefix_tokens, system_prompt,
+    previous_turn, shared_prefix_fraction, shared_prefix_tokens, system_prompt,
 )
-
-
-def _previous_turn(r: Request, by_id: dict[int, Request]) -> Request | None:
-    """The turn a request's history ends with (its content's last-but-one segment is that turn's answer)."""
-    if len(r.content) == 1:
-        return None
-    seg, _ = r.content[-2]
-    return by_id[(-seg - 2) // 2]
 
 
 def _check_conversations(reqs: list[Request], response_s_per_token: float | None = None,
@@ -41,9 +33,10 @@ def _check_conversations(reqs: list[Request], response_s_per_token: float | None
     assert len(set(messages)) == len(reqs) and min(messages) >= 0  # every turn's new message is its own
     for r in reqs:
         assert sum(n for _, n in r.content) == r.prompt_tokens
-        prev = _previous_turn(r, by_id)
-        if prev is None:
+        if len(r.content) == 1:
+            assert previous_turn(r) is None
             continue
+        prev = by_id[previous_turn(r)]
         # Turn t+1 = turn t's prompt, turn t's answer, then one new message.
         assert r.content[:-1] == (*prev.content, (output_segment(prev.id), prev.output_tokens))
         assert prev.id < r.id
@@ -74,6 +67,8 @@ def test_multiturn_hand_case_with_constant_lengths():
     assert [r.prompt_tokens for r in reqs] == [10, 25, 40, 55, 70, 85]
     assert reqs[2].content == ((0, 10), (output_segment(0), 5), (1, 10), (output_segment(1), 5), (2, 10))
     assert shared_prefix_tokens(reqs) == [0, 15, 30, 45, 60, 75]  # the whole history, never the new message
+    assert [previous_turn(r) for r in reqs] == [None, 0, 1, 2, 3, 4]
+    assert previous_turn(system_prompt(2, seed=0)[1]) is None and previous_turn(Request(0, 0.0, 1, 1)) is None
 
 
 def test_multiturn_context_limit_ends_a_conversation():
