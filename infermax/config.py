@@ -84,6 +84,10 @@ class RunConfig:
     prefixes: int | None = None
     prefix_share: float | None = None
 
+    # Fields added after the sweep results committed under experiments/results/: a sweep point's id
+    # leaves each out while it holds its default, so those results stay valid (docs/design.md, Sweeps).
+    ID_OMITS_DEFAULT = ("workload", "turns", "think_time_s", "system_tokens", "shots", "prefixes", "prefix_share")
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))

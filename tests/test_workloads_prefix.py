@@ -287,3 +287,14 @@ def test_a_sweep_spec_varies_the_share_parameter():
     results = [run_point("simulate", p)["result"] for p in points]
     assert [r["status"] for r in results] == ["ok", "ok"]
     assert all(r["num_requests"] == 20 for r in results)
+
+
+def test_new_fields_at_their_default_keep_earlier_point_ids():
+    """Committed sweep results stay valid: a point's id is the one it had before these fields existed."""
+    from infermax.sweep import point_id
+
+    config = RunConfig(B=10).to_dict()
+    before = {k: v for k, v in config.items() if k not in RunConfig.ID_OMITS_DEFAULT}
+    assert point_id("simulate", config) == point_id("simulate", before)
+    assert point_id("simulate", {**config, "workload": "multiturn"}) != point_id("simulate", config)
+    assert point_id("simulate", {**config, "B": 11}) != point_id("simulate", config)
