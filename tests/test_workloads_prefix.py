@@ -298,3 +298,17 @@ def test_new_fields_at_their_default_keep_earlier_point_ids():
     assert point_id("simulate", config) == point_id("simulate", before)
     assert point_id("simulate", {**config, "workload": "multiturn"}) != point_id("simulate", config)
     assert point_id("simulate", {**config, "B": 11}) != point_id("simulate", config)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 60), shots=st.integers(0, 6), prefixes=st.integers(1, 5), share=st.floats(0.0, 1.0),
+       seed=st.integers(0, 2**16), few=st.booleans())
+def test_a_request_shares_its_template_exactly_when_an_earlier_one_used_it(n, shots, prefixes, share, seed, few):
+    reqs = (few_shot(n, shots=shots, prefixes=prefixes, prefix_share=share, seed=seed) if few
+            else system_prompt(n, system_tokens=shots + 1, prefixes=prefixes, prefix_share=share, seed=seed))
+    seen = set()
+    for r, shared in zip(reqs, shared_prefix_tokens(reqs)):
+        template = r.content[:-1]
+        assert sum(x for _, x in r.content) == r.prompt_tokens and r.content[-1][0] >= 0
+        assert shared == (sum(x for _, x in template) if template and template in seen else 0)
+        seen.add(template)
