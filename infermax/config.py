@@ -32,6 +32,13 @@ class RunConfig:
     with Poisson ``rt_rate`` over ``duration_s`` seconds, plus closed-loop BE batches of ``be_batch``
     requests submitted until ``duration_s``; RT targets are 0.4 s TTFT / 0.2 s TPOT (``slo_ttft_s``
     overrides the first).
+    Shared-prefix workload (`workloads_prefix`, requests carry ``content``): ``workload`` is
+    ``multiturn`` (``turns`` mean turns per conversation, ``think_time_s`` mean think time; ``arrival``
+    starts conversations, ``rate`` in conversations/s), ``system-prompt`` (``system_tokens``) or
+    ``few-shot`` (``shots``); the last two take ``prefixes`` (distinct system prompts / tasks) and
+    ``prefix_share`` (share of requests using one). ``B`` counts requests; ``input_dist`` /
+    ``output_dist``, if given, replace the calibrated user-message and answer lengths. Unset
+    parameters take the generator's defaults.
     """
 
     scheduler: str = "vllm"
@@ -70,6 +77,17 @@ class RunConfig:
     be_batch: int = 256
     duration_s: float = 60.0
     predictor: str | None = None
+    workload: str | None = None
+    turns: float | None = None
+    think_time_s: float | None = None
+    system_tokens: int | None = None
+    shots: int | None = None
+    prefixes: int | None = None
+    prefix_share: float | None = None
+
+    # Fields added after the sweep results committed under experiments/results/: a sweep point's id
+    # leaves each out while it holds its default, so those results stay valid (docs/design.md, Sweeps).
+    ID_OMITS_DEFAULT = ("workload", "turns", "think_time_s", "system_tokens", "shots", "prefixes", "prefix_share")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -118,8 +136,11 @@ class RunConfig:
         """The workload with its arrival times."""
         from . import workload
 
+        self._check_prefix_options()
         if self.rt_dataset is not None:
             return self._hybrid_requests()
+        if self.workload is not None:
+            return self._with_targets(self._prefix_requests())
         sources = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset),
                                             ("input_dist/output_dist", self.input_dist or self.output_dist)) if given]
         if len(sources) > 1:
@@ -152,6 +173,12 @@ class RunConfig:
             raise ValueError("arrival 'trace' needs a trace")
         requests = workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
                                           time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+        return self._with_targets(requests)
+
+    def _with_targets(self, requests: list[Request]) -> list[Request]:
+        """``requests`` with the predictor's output lengths and the latency targets, where configured."""
+        from . import workload
+
         if self.predictor is not None:
             from .predictor import make_predictor, with_predictions
 
@@ -159,13 +186,54 @@ class RunConfig:
         ttft, tbt = self.slo_targets()
         return requests if ttft is None and tbt is None else workload.with_slo(requests, ttft, tbt)
 
+    # Shared-prefix parameters: RunConfig field -> (CLI option, the workloads it applies to).
+    _PREFIX_OPTIONS = {"turns": ("--turns", ("multiturn",)), "think_time_s": ("--think-time", ("multiturn",)),
+                       "system_tokens": ("--system-tokens", ("system-prompt",)), "shots": ("--shots", ("few-shot",)),
+                       "prefixes": ("--prefixes", ("system-prompt", "few-shot")),
+                       "prefix_share": ("--prefix-share", ("system-prompt", "few-shot"))}
+
+    def _check_prefix_options(self) -> None:
+        """Each shared-prefix parameter is given only with a workload it applies to."""
+        for name, (option, applies) in self._PREFIX_OPTIONS.items():
+            if getattr(self, name) is not None and self.workload not in applies:
+                raise ValueError(f"{name} ({option}) applies to --workload {' or '.join(applies)}, "
+                                 f"got {'no --workload' if self.workload is None else repr(self.workload)}")
+
+    def _prefix_requests(self) -> list[Request]:
+        from . import workload
+        from .workloads_prefix import PREFIX_WORKLOADS, prefix_workload
+
+        if self.workload not in PREFIX_WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r} (--workload); known: {', '.join(PREFIX_WORKLOADS)}")
+        others = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset)) if given]
+        if others:
+            raise ValueError(f"workload {self.workload!r} does not combine with {', '.join(others)}; choose one "
+                             f"workload source")
+        for spec in (self.input_dist, self.output_dist):
+            if spec:
+                workload.parse_length_dist(spec)
+        workload.check_fits_in_memory(self.B, "B (--B)")
+        params = {"message_dist": self.input_dist, "output_dist": self.output_dist,
+                  **{name: getattr(self, name) for name, (_, applies) in self._PREFIX_OPTIONS.items()
+                     if self.workload in applies and getattr(self, name) is not None}}
+        if "turns" in params:
+            params["turns_mean"] = params.pop("turns")
+        arrival = self.arrival or "offline"
+        if arrival == "trace":
+            raise ValueError(f"arrival 'trace' needs a trace; workload {self.workload!r} takes offline, poisson or gamma")
+        if self.workload == "multiturn":
+            return prefix_workload("multiturn", self.B, seed=self.seed, arrival=arrival, rate_per_s=self.rate,
+                                   cv=self.cv, **params)
+        requests = prefix_workload(self.workload, self.B, seed=self.seed, **params)
+        return workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv, seed=self.seed)
+
     def _hybrid_requests(self) -> list[Request]:
         from .workloads_hybrid import hybrid
 
         others = [name for name, given in (("trace", self.trace), ("mix", self.mix), ("dataset", self.dataset),
                                            ("input_dist", self.input_dist), ("output_dist", self.output_dist),
                                            ("arrival", self.arrival), ("slo", self.slo), ("slo_tbt_s", self.slo_tbt_s),
-                                           ("predictor", self.predictor))
+                                           ("predictor", self.predictor), ("workload", self.workload))
                   if given]
         if others:
             raise ValueError(f"rt_dataset (hybrid RT/BE workload) does not combine with {', '.join(others)}")

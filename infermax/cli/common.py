@@ -68,6 +68,7 @@ def report(result, out: Path | None, as_json: bool, header: str) -> None:
 # Help panels, in the README's order of the options.
 COST_PANEL, WORKLOAD_PANEL, ARRIVAL_PANEL, LIMITS_PANEL = "Cost model", "Workload", "Arrivals", "Limits"
 SLO_PANEL, HYBRID_PANEL, OUTPUT_PANEL = "Latency targets", "Hybrid RT/BE workload", "Output"
+PREFIX_PANEL = "Shared-prefix workload"
 
 
 def at_least(minimum: int):
@@ -156,6 +157,13 @@ RtDatasetOpt = Annotated[Optional[str], typer.Option(help="Hybrid RT/BE workload
 RtRateOpt = Annotated[Optional[float], typer.Option(help="Hybrid workload: RT Poisson arrival rate (requests/s).", rich_help_panel=HYBRID_PANEL)]
 BeBatchOpt = Annotated[int, typer.Option(help="Hybrid workload: BE requests per closed-loop batch.", callback=at_least(1), rich_help_panel=HYBRID_PANEL)]
 DurationOpt = Annotated[float, typer.Option("--duration", help="Hybrid workload: seconds of RT arrivals and BE submission.", rich_help_panel=HYBRID_PANEL)]
+WorkloadOpt = Annotated[Optional[str], typer.Option(help="Shared-prefix workload: multiturn | system-prompt | few-shot (lengths calibrated to LMSYS-Chat-1M; --B counts requests; --input-dist/--output-dist override message and answer lengths).", rich_help_panel=PREFIX_PANEL)]
+TurnsOpt = Annotated[Optional[float], typer.Option(help="multiturn: mean turns per conversation (default 2.0; 1 = nothing shared). --arrival/--rate start conversations.", rich_help_panel=PREFIX_PANEL)]
+ThinkTimeOpt = Annotated[Optional[float], typer.Option("--think-time", help="multiturn: mean think time between turns in seconds (default 30).", rich_help_panel=PREFIX_PANEL)]
+SystemTokensOpt = Annotated[Optional[int], typer.Option(help="system-prompt: tokens per system prompt (default 1024).", callback=at_least(1), rich_help_panel=PREFIX_PANEL)]
+ShotsOpt = Annotated[Optional[int], typer.Option(help="few-shot: worked examples per task template (default 5).", callback=at_least(0), rich_help_panel=PREFIX_PANEL)]
+PrefixesOpt = Annotated[Optional[int], typer.Option(help="system-prompt / few-shot: distinct system prompts or task templates (default 1 / 4).", callback=at_least(1), rich_help_panel=PREFIX_PANEL)]
+PrefixShareOpt = Annotated[Optional[float], typer.Option(help="system-prompt / few-shot: share of requests that use one, in [0, 1] (default 1).", rich_help_panel=PREFIX_PANEL)]
 OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.", rich_help_panel=OUTPUT_PANEL)]
 PredictorOpt = Annotated[Optional[str], typer.Option(help="Predicted output lengths for every request: noisy (calibrated log-normal error), noisy:MU:SIGMA or oracle. EcoServe predicts unpredicted requests itself (noisy).", rich_help_panel=WORKLOAD_PANEL)]
 JsonOpt = Annotated[bool, flag("--json", help="Print the summary as JSON instead of a table.", panel=OUTPUT_PANEL)]

@@ -10,7 +10,8 @@ import typer
 from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt, PrefixCachingOpt,
                      ProgressOpt, RateOpt, RmaxOpt, SchedulerOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
-                     report, run_config)
+                     report, run_config, PrefixesOpt, PrefixShareOpt, ShotsOpt, SystemTokensOpt, ThinkTimeOpt, TurnsOpt,
+                     WorkloadOpt)
 
 
 @app.command()
@@ -25,6 +26,9 @@ def simulate(
     seed: SeedOpt = 0, slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
     rt_dataset: RtDatasetOpt = None, rt_rate: RtRateOpt = None, be_batch: BeBatchOpt = 256, duration: DurationOpt = 60.0,
     predictor: PredictorOpt = None,
+    workload: WorkloadOpt = None, turns: TurnsOpt = None, think_time: ThinkTimeOpt = None,
+    system_tokens: SystemTokensOpt = None, shots: ShotsOpt = None, prefixes: PrefixesOpt = None,
+    prefix_share: PrefixShareOpt = None,
     out: OutOpt = None, progress: ProgressOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -32,9 +36,11 @@ def simulate(
     from ..schedulers import InfeasibleRequestError, SchedulerError
 
     options = {k: v for k, v in locals().items() if k not in ("scheduler", "out", "progress", "as_json", "slo_ttft",
-                                                               "slo_tbt", "duration", "InfeasibleRequestError", "SchedulerError")}
+                                                               "slo_tbt", "duration", "think_time", "InfeasibleRequestError",
+                                                               "SchedulerError")}
     try:
-        config = run_config(scheduler, slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, duration_s=duration, **options)
+        config = run_config(scheduler, slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, duration_s=duration,
+                            think_time_s=think_time, **options)
         result = config.simulate(progress=progress and not as_json)
     except (ValueError, FileNotFoundError, InfeasibleRequestError, SchedulerError) as exc:
         fail(str(exc))

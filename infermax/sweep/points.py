@@ -24,13 +24,16 @@ class PointKind:
     configuration; ``run(config)`` returns the point's result columns (a flat dict of scalars);
     ``inputs(config)`` fingerprints what the result depends on beyond the configuration (for
     ``simulate``: the cost model's fitted coefficients), so a resumed sweep never mixes points
-    computed from different inputs."""
+    computed from different inputs. ``id_omits_default``: configuration fields that a point's id leaves
+    out while they hold their default (fields added after results were committed, so that adding them
+    keeps every earlier point's id)."""
 
     name: str
     config_cls: type
     check: Callable[[dict], None]
     run: Callable[[dict], dict]
     inputs: Callable[[dict], str]
+    id_omits_default: tuple[str, ...] = ()
 
     def defaults(self) -> dict:
         return {f.name: f.default for f in fields(self.config_cls) if f.default is not MISSING}
@@ -63,7 +66,12 @@ def get_kind(name: str) -> PointKind:
 
 
 def point_id(kind: str, config: dict) -> str:
-    """A stable identifier of a point: a hash of its kind and full configuration."""
+    """A stable identifier of a point: a hash of its kind and full configuration, less the kind's
+    ``id_omits_default`` fields that hold their default."""
+    point_kind = POINT_KINDS.get(kind)
+    if point_kind is not None and point_kind.id_omits_default:
+        defaults = point_kind.defaults()
+        config = {k: v for k, v in config.items() if not (k in point_kind.id_omits_default and v == defaults.get(k))}
     text = json.dumps({"kind": kind, "config": config}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -110,4 +118,5 @@ def _inputs_simulate(config: dict) -> str:
     return "cost-model:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-register_kind(PointKind("simulate", RunConfig, _check_simulate, _run_simulate, _inputs_simulate))
+register_kind(PointKind("simulate", RunConfig, _check_simulate, _run_simulate, _inputs_simulate,
+                        RunConfig.ID_OMITS_DEFAULT))
