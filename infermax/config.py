@@ -87,7 +87,7 @@ class RunConfig:
 
     # Fields added after the sweep results committed under experiments/results/: a sweep point's id
     # leaves each out while it holds its default, so those results stay valid (docs/design.md, Sweeps).
-    ID_OMITS_DEFAULT = ("workload", "turns", "think_time_s", "system_tokens", "shots", "prefixes", "prefix_share")
+    ID_OMITS_DEFAULT = ("prefix_caching", "workload", "turns", "think_time_s", "system_tokens", "shots", "prefixes", "prefix_share")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
