@@ -94,7 +94,8 @@ def prefix_cache_summary(rp) -> dict:
     """Prefix-caching metrics of a replayer's run (``Limits.prefix_caching``).
 
     ``prefill_computed_tokens``: input tokens computed (prompts and refills); ``prefix_hit_tokens``: input
-    tokens taken from the cache instead; ``prefix_hit_rate_tokens`` = hit tokens / input tokens at every
+    tokens taken from the cache instead (``prefix_hit_tokens_after_eviction``: by requests restarting after
+    an eviction, i.e. refill that was not recomputed); ``prefix_hit_rate_tokens`` = hit tokens / input tokens at every
     admission (a request's first start and every restart after an eviction);
     ``prefix_hit_rate_blocks`` = hit blocks / the full blocks that could have hit
     (``⌊(Icur − 1)/block_size⌋`` per admission); ``cached_blocks_evicted``: cached, unreferenced blocks
@@ -104,6 +105,7 @@ def prefix_cache_summary(rp) -> dict:
     return {
         "prefill_computed_tokens": sum(s.prefill_processed for s in rp.states.values()),
         "prefix_hit_tokens": cache.hit_tokens_total,
+        "prefix_hit_tokens_after_eviction": cache.restart_hit_tokens,
         "prefix_hit_rate_tokens": cache.hit_tokens_total / cache.admitted_tokens if cache.admitted_tokens else 0.0,
         "prefix_hit_rate_blocks": cache.hit_blocks_total / cache.admitted_blocks if cache.admitted_blocks else 0.0,
         "cached_blocks_evicted": cache.evicted_blocks,

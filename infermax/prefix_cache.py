@@ -72,7 +72,8 @@ class PrefixCache:
 
     Counters for metrics: ``hit_tokens`` / ``hit_blocks`` (taken from the cache), ``admitted_tokens`` /
     ``admitted_blocks`` (``Icur`` and ``⌊(Icur−1)/b⌋`` of every admission, hit or not: what could have
-    hit), ``evicted_blocks`` (cached blocks dropped to make room).
+    hit), ``restart_hit_tokens`` (hits of requests restarting after an eviction: refill not recomputed),
+    ``evicted_blocks`` (cached blocks dropped to make room).
     """
 
     def __init__(self, limits: Limits):
@@ -87,6 +88,7 @@ class PrefixCache:
         self._chains: dict[int, _Chain] = {}
         self._next_block = 0
         self.hit_tokens_total = self.hit_blocks_total = 0
+        self.restart_hit_tokens = 0  # of them, taken by requests restarting after an eviction
         self.admitted_tokens = self.admitted_blocks = 0
         self.evicted_blocks = 0
 
@@ -146,6 +148,8 @@ class PrefixCache:
             table.append(block)
         self.hit_tokens_total += tokens
         self.hit_blocks_total += tokens // b
+        if s.evictions:
+            self.restart_hit_tokens += tokens
         return newly
 
     def fill(self, s) -> None:

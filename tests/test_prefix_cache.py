@@ -146,6 +146,7 @@ def test_a_preempted_request_resumes_on_its_own_cached_prefix():
     rp.apply(ScheduledBatch(items=[(0, 1)]))
     rp.check_complete()
     assert s.prefill_processed == 32 + 2 and s.prefix_hit_tokens == 32 and s.evictions == 1
+    assert rp.prefix_cache.restart_hit_tokens == 32 and rp.prefix_cache.hit_tokens_total == 32
     # Without caching the same restart recomputes all 34 tokens.
     plain = Replayer(reqs, Limits(C=512, M=64 * B, block_size=B), CtxCost())
     preempt(plain, ScheduledBatch(items=[(0, 34)]))
