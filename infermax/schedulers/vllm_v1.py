@@ -8,30 +8,30 @@ One step, as V1 plans it (line numbers of the 0.33.0 wheel, ``vllm._version`` co
    its tokens (``Icur − m`` in prefill, 1 in decode), L701-710.
 2. **Running requests first**, in the running list's order (admission order, not arrival), each
    getting ``min(want, long_prefill_token_threshold if set, budget left)`` tokens, while budget is
-   left (L811-868). Chunked prefill is always on.
-3. **Recompute preemption** when a running request's KV blocks cannot be allocated (L938-1003): the
+   left (L795-1036; tokens L836-850). Chunked prefill is always on.
+3. **Recompute preemption** when a running request's KV blocks cannot be allocated (L911-980): the
    lowest-priority running request is preempted — FCFS: the last of the running list; priority:
    the running request with the largest ``(priority, arrival)`` — its blocks freed, ``m = 0``, and it
    goes back to the *front* of the waiting queue (FCFS; the priority queue re-sorts it), L1799-1843.
    This repeats until the allocation fits or the request preempted itself; then FCFS stops the
-   running loop, priority goes on with the next running request (L1005-1016). A priority victim
-   already scheduled in this step gives its tokens back (L964-975).
-4. **Waiting requests** are admitted only if nothing was preempted in the step (L1048), in queue
+   running loop, priority goes on with the next running request (L982-994). A priority victim
+   already scheduled in this step gives its tokens back (L944-968).
+4. **Waiting requests** are admitted only if nothing was preempted in the step (L1050), in queue
    order while budget is left, stopping at the first that does not fit (head-of-line blocking): at
    ``max_num_seqs`` running requests (our ``Rmax``, L1071-1074) or when its KV does not fit. A new
-   request's chunk starts after its prefix-cache hit (L1110-1127), capped at ``Icur − 1`` tokens
-   (``kv_cache_manager.py`` L294-302). With ``scheduler_reserve_full_isl`` (default True,
+   request's chunk starts after its prefix-cache hit (L1110-1130, L1306), capped at ``Icur − 1`` tokens
+   (``kv_cache_manager.py`` L294-302; allocation L1435-1458). With ``scheduler_reserve_full_isl`` (default True,
    ``config/scheduler.py`` L190) admission requires the blocks of its whole current input
    ``blocks(Icur) − hit + cached-unreferenced hit blocks`` free, not only its first chunk's
-   (``kv_cache_manager.py`` L527-550); only the chunk is allocated.
+   (``kv_cache_manager.py`` L531-548); only the chunk is allocated.
 5. ``long_prefill_token_threshold`` (default 0: off) caps any request's tokens in a step, but only
-   when more than one request is running or waiting (L754-761).
+   when more than one request is running or waiting (L754-763).
 
 Where the source is silent for us (no speculative decoding, LoRA, encoder inputs, KV connectors,
 pipeline parallelism, watermark 0, ``max_num_active_seqs`` unset): those paths are left out.
 V1 has no prefill budget; a ``P`` the user sets anyway also caps each step's prefill tokens (a
 running prefill that meets an exhausted ``P`` is skipped, as V1 skips a request given no tokens,
-L888-906; a waiting one stops admission). Unset, ``P = C`` and that cap never binds.
+L891-906; a waiting one stops admission). Unset, ``P = C`` and that cap never binds.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class V1Options:
 def _priority_key(s: RequestState) -> tuple:
     """V1's ``Request.__lt__`` (``vllm/v1/request.py`` L357-367): priority (unset: 0, vLLM's default),
     then arrival, then id. It orders the waiting heap, and its maximum is the preemption victim: V1
-    takes ``max(running, key=(priority, arrival_time))`` (L944-948), whose arrival times (clock
+    takes ``max(running, key=(priority, arrival_time))`` (L932-936), whose arrival times (clock
     readings) never tie; ours can (an offline batch arrives at 0), and then the later id is the
     victim, as the waiting queue would order them."""
     p = s.req.priority
@@ -190,7 +190,7 @@ class VllmV1Scheduler(Scheduler):
         blocks = lim.blocks
         budget, prefill_left = lim.C, lim.prefill_budget
         kv_free = kv_free_start = self._kv_free_at_start()
-        # L754-761: the threshold applies only when another request could be starved.
+        # L754-763: the threshold applies only when another request could be starved.
         thr = opts.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         items = evict = None
         if not self.always_walk:
@@ -200,7 +200,7 @@ class VllmV1Scheduler(Scheduler):
                 lim.C, lim.prefill_budget, kv_free_start, thr)
         admitted: list[RequestState] = []
         hits: list[tuple[int, int]] = []
-        if not evict:  # L1048: no admission in a step that preempted
+        if not evict:  # L1050: no admission in a step that preempted
             holders = len(self.running)
             cache = self.prefix_cache
             b = lim.block_size
@@ -261,7 +261,7 @@ class VllmV1Scheduler(Scheduler):
         return self._decode_items + prefill_items, budget - tokens, prefill_left - (tokens - n), kv_free - need
 
     def _walk_running(self, budget: int, prefill_left: int, kv_free: int, thr: int):
-        """V1's running loop request by request (L811-1040), preempting on allocation failure.
+        """V1's running loop request by request (L795-1036), preempting on allocation failure.
 
         Returns (items, evicted ids in preemption order, budget, prefill budget and KV left)."""
         self.sync_states()
@@ -290,7 +290,7 @@ class VllmV1Scheduler(Scheduler):
                     if vi < i:
                         i -= 1
                     back = scheduled.pop(victim.id, None)
-                    if back is not None:  # L964-975: a victim scheduled earlier in the step gives back
+                    if back is not None:  # L944-968: a victim scheduled earlier in the step gives back
                         budget += back[0]
                         kv_free += back[1]
                         if victim.m < victim.input_tokens:
@@ -304,7 +304,7 @@ class VllmV1Scheduler(Scheduler):
                     break
             if preempted_self:
                 if self._priority:
-                    continue  # L1005-1014: later requests may still fit; order[i] is the next one
+                    continue  # L982-991: later requests may still fit; order[i] is the next one
                 break
             scheduled[s.id] = (c, need)
             budget -= c
