@@ -59,6 +59,7 @@ class RunConfig:
     gpu_mem_util: float | None = None
     Rmax: int | None = None
     block_size: int = 1
+    prefix_caching: bool = False
     seed: int = 0
     slo: str | None = None
     slo_ttft_s: float | None = None
@@ -95,7 +96,8 @@ class RunConfig:
             kv_tokens = kv_capacity_tokens(get_model(self.model), get_gpu(self.gpu), self.gpu_mem_util, self.tp)
         else:
             kv_tokens = DEFAULT_M if self.M is None else self.M
-        return Limits(C=self.C, P=self.P, M=kv_tokens, Rmax=self.Rmax, block_size=self.block_size)
+        return Limits(C=self.C, P=self.P, M=kv_tokens, Rmax=self.Rmax, block_size=self.block_size,
+                      prefix_caching=self.prefix_caching)
 
     def cost(self):
         """The cost model timing the batches."""

@@ -65,10 +65,14 @@ def simulate(
     if isinstance(scheduler, str):
         scheduler, limits = make_scheduler(scheduler, limits, cost_model)
     check_fits(requests, limits)
+    if limits.prefix_caching and not scheduler.supports_prefix_caching:
+        raise ValueError(f"scheduler '{scheduler.name}' does not support prefix caching; schedulers that do: "
+                         f"{', '.join(caching_schedulers()) or 'none'}")
     scheduler.swap_cost = swap_cost
     loop = ClosedLoop(requests, closed_loop_until_s)
     rp = Replayer(loop.open_requests, limits, cost_model, swap_cost, lazy_decoders=scheduler.lazy_decode_ok)
-    if scheduler.lazy_decode_ok:
+    scheduler.prefix_cache = rp.prefix_cache
+    if rp.lazy_decoders:
         scheduler.cached_tokens, scheduler.sync_states = rp.cached_tokens, rp.materialize
         scheduler.cohort_block_openers = rp.cohort_block_openers
     arrivals = sorted(rp.states.values(), key=_arrival_order)
@@ -127,6 +131,13 @@ def simulate(
     if extra:
         result.meta["scheduler_summary"] = extra
     return result
+
+
+def caching_schedulers() -> list[str]:
+    """Names of the registered schedulers that support prefix caching."""
+    from .schedulers import available, get_spec
+
+    return [name for name in available() if get_spec(name).supports_prefix_caching]
 
 
 def _arrival_order(s):

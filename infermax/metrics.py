@@ -64,7 +64,7 @@ class SimResult:
             ttft = s.first_token_s - r.arrival_s
             tpot = (s.finish_s - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
             rows.append((r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, s.first_token_s, s.finish_s,
-                         ttft, tpot, s.finish_s - r.arrival_s, s.generated, s.evictions, s.prefill_processed - r.prompt_tokens,
+                         ttft, tpot, s.finish_s - r.arrival_s, s.generated, s.evictions, s.prefill_processed + s.prefix_hit_tokens - r.prompt_tokens,
                          s.swapped_out_tokens, s.swapped_in_tokens))
         requests = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
         if any(s.req.request_class is not None for s in rp.states.values()):
@@ -72,8 +72,12 @@ class SimResult:
         if any(s.req.has_slo for s in rp.states.values()):
             requests = pd.concat([requests, slo_table(rp.states.values())], axis=1)
         batches = pd.DataFrame(rp.batch_rows, columns=list(BATCH_COLUMNS))
+        summary = summarize(requests, batches, rp.limits.M)
+        if rp.prefix_cache is not None:
+            requests["prefix_hit_tokens"] = [s.prefix_hit_tokens for s in rp.states.values()]
+            summary.update(prefix_cache_summary(rp))
         schedule = Schedule([s.req for s in rp.states.values()], rp.limits, rp.batches, dict(meta or {}))
-        return cls(requests, batches, summarize(requests, batches, rp.limits.M), schedule, dict(meta or {}))
+        return cls(requests, batches, summary, schedule, dict(meta or {}))
 
     def save(self, out_dir: str | Path) -> Path:
         """Write summary.json, requests.parquet, batches.parquet and schedule.json to ``out_dir``."""
@@ -84,6 +88,27 @@ class SimResult:
         self.batches.to_parquet(out / "batches.parquet", index=False)
         self.schedule.save(out / "schedule.json")
         return out
+
+
+def prefix_cache_summary(rp) -> dict:
+    """Prefix-caching metrics of a replayer's run (``Limits.prefix_caching``).
+
+    ``prefill_computed_tokens``: input tokens computed (prompts and refills); ``prefix_hit_tokens``: input
+    tokens taken from the cache instead; ``prefix_hit_rate_tokens`` = hit tokens / input tokens at every
+    admission (a request's first start and every restart after an eviction);
+    ``prefix_hit_rate_blocks`` = hit blocks / the full blocks that could have hit
+    (``⌊(Icur − 1)/block_size⌋`` per admission); ``cached_blocks_evicted``: cached, unreferenced blocks
+    dropped to make room; ``cached_blocks_end``: blocks still cached at the end.
+    """
+    cache = rp.prefix_cache
+    return {
+        "prefill_computed_tokens": sum(s.prefill_processed for s in rp.states.values()),
+        "prefix_hit_tokens": cache.hit_tokens_total,
+        "prefix_hit_rate_tokens": cache.hit_tokens_total / cache.admitted_tokens if cache.admitted_tokens else 0.0,
+        "prefix_hit_rate_blocks": cache.hit_blocks_total / cache.admitted_blocks if cache.admitted_blocks else 0.0,
+        "cached_blocks_evicted": cache.evicted_blocks,
+        "cached_blocks_end": cache.cached_blocks,
+    }
 
 
 def p99_tbt_s(token_times: list[float]) -> float:

@@ -33,7 +33,7 @@ class RequestState:
     __slots__ = (
         "req", "id", "m", "input_tokens", "generated", "evictions",
         "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
-        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m", "e0",
+        "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m", "e0", "prefix_hit_tokens",
     )
 
     def __init__(self, req: Request):
@@ -52,6 +52,7 @@ class RequestState:
         self.swapped_out_tokens = 0
         self.swapped_in_tokens = 0
         self.last_decode_m = req.prompt_tokens + req.output_tokens - 2  # m before the decode of the last token
+        self.prefix_hit_tokens = 0  # input tokens taken from the prefix cache instead of computed
         self.e0 = 0  # the replayer's cohort epoch when m, generated, last_token_s were last brought up to date
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
@@ -108,6 +109,13 @@ class Replayer:
     GPU-resident tokens count against ``M``, and only requests with some count against ``Rmax``; a
     processed item must have all its cache on the GPU. A batch that swaps lasts
     ``max(compute, swap_cost.time_s(in), swap_cost.time_s(out))`` (copies overlap compute).
+
+    Prefix caching (``limits.prefix_caching``; rules in `infermax.prefix_cache`): the replayer owns the
+    `PrefixCache` (``prefix_cache``, else None). ``cache_hits`` ``(id, n)`` (after swaps, before the
+    items) start a request holding no KV on ``n`` cached tokens; the request must be an item of the
+    batch, which then computes from ``m = n``. ``kv_tokens`` counts a block shared by several requests
+    once. Caching runs step by step (no lazy decode cohort, no fast-forward) and excludes swaps and
+    hidden-form caches.
     """
 
     def __init__(self, requests: Iterable[Request], limits: Limits, cost_model: CostModel,
@@ -132,6 +140,12 @@ class Replayer:
         self._plain: set[int] = set()
         # The lazy decode cohort (``lazy_decoders``; see `_cohort_batch`): plain decoders that the last
         # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
+        self.prefix_cache = None
+        if limits.prefix_caching:
+            from .prefix_cache import PrefixCache
+
+            self.prefix_cache = PrefixCache(limits)
+            lazy_decoders = False  # the cache registers every filled block, batch by batch
         self.lazy_decoders = lazy_decoders
         self._epoch = 0  # batches applied to the whole cohort at once
         self._cohort_end_s = 0.0  # end of the last such batch
@@ -173,6 +187,11 @@ class Replayer:
             self._release(s)
             s.evictions += 1
         swapped_out, swapped_in = self._swap(j, batch, evicted) if batch.swap_out or batch.swap_in else (0, 0)
+        cache = self.prefix_cache
+        if cache is not None and (batch.hidden or swapped_out or swapped_in):
+            raise ScheduleViolation(j, None, "prefix-caching", "prefix caching excludes swaps and hidden-form caches")
+        if batch.cache_hits:
+            self._take_hits(j, batch, evicted)
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
@@ -255,6 +274,8 @@ class Replayer:
                     now_plain.append(s)
             if m0 == 0:
                 holders += 1
+                if cache is not None:
+                    cache.admit(s, 0)
                 if hidden_ids:
                     s.hidden = rid in hidden_ids
             elif s.hidden != (rid in hidden_ids):
@@ -267,6 +288,9 @@ class Replayer:
             else:
                 kv += c if unit_blocks else blocks(m0 + c) - blocks(m0)
             s.m = m0 + c
+        if batch.cache_hits and not {rid for rid, _ in batch.cache_hits} <= seen:
+            rid = min({rid for rid, _ in batch.cache_hits} - seen)
+            raise ScheduleViolation(j, rid, "hit-not-item", "takes a cache hit but is not processed in the batch")
         if hidden_ids and not hidden_ids <= seen:
             rid = min(hidden_ids - seen)
             raise ScheduleViolation(j, rid, "hidden-not-item", "listed as hidden but not processed in the batch")
@@ -301,6 +325,9 @@ class Replayer:
         if lim.Rmax is not None and self.holders > lim.Rmax:
             raise ScheduleViolation(j, None, "Rmax", f"{self.holders} requests hold KV > Rmax={lim.Rmax}")
 
+        if cache is not None:  # the batch's new blocks come from empty ones, then from the LRU cached ones
+            cache.used_tokens = self.kv_tokens
+            cache.make_room()
         compute = self.cost_model.batch_time_s(feats)
         duration = compute
         if swapped_out or swapped_in:
@@ -350,6 +377,11 @@ class Replayer:
             if cohort_done:  # the cohort's items come first
                 finished = cohort_done + finished
         self.unfinished -= len(finished)
+        if cache is not None:
+            for rid, _ in batch.items:
+                if states[rid].finish_s is None:
+                    cache.fill(states[rid])
+            cache.used_tokens = self.kv_tokens
         for s in now_plain:
             if s.finish_s is None:
                 self._plain.add(s.id)
@@ -361,7 +393,7 @@ class Replayer:
         self.clock_s = end
         self.last_generated = len(generators) + len(fast) + lazy
         # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
-        self.last_full_decode = (not feats.n_prefill_seqs and not finished and not hidden_ids
+        self.last_full_decode = (cache is None and not feats.n_prefill_seqs and not finished and not hidden_ids
                                  and not swapped_out and not swapped_in and len(batch.items) == self.holders)
         self.batches.append(batch)
         self.batch_rows.append((
@@ -371,6 +403,33 @@ class Replayer:
             compute, swapped_out, swapped_in,
         ))
         return finished
+
+    def _take_hits(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> None:
+        """Check and apply the batch's cache hits (`infermax.prefix_cache`, "Hits")."""
+        cache, b = self.prefix_cache, self.limits.block_size
+        if cache is None:
+            raise ScheduleViolation(j, batch.cache_hits[0][0], "prefix-caching-off",
+                                    "takes a cache hit but prefix caching is off (Limits.prefix_caching)")
+        seen: set[int] = set()
+        for rid, n in batch.cache_hits:
+            s = self._state(j, rid)
+            if rid in seen or rid in evicted:
+                raise ScheduleViolation(j, rid, "hit", "listed twice in cache_hits, or also evicted, in one batch")
+            seen.add(rid)
+            if s.m:
+                raise ScheduleViolation(j, rid, "hit-holder", f"holds {s.m} cached tokens; only a request holding no KV "
+                                                              f"may start on cached blocks")
+            if not (n >= b and n % b == 0 and n < s.input_tokens):
+                raise ScheduleViolation(j, rid, "hit-size", (
+                    f"hit of {n} tokens: must be a positive multiple of block_size={b} below Icur={s.input_tokens}"))
+            missing = cache.missing_block(s, n)
+            if missing is not None:
+                raise ScheduleViolation(j, rid, "hit-miss", f"block {missing} of its input is not cached")
+            self.kv_tokens += b * cache.admit(s, n)
+            self.holders += 1
+            s.m = n
+            s.prefix_hit_tokens += n
+        cache.used_tokens = self.kv_tokens
 
     def _swap(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> tuple[int, int]:
         """Apply the batch's swap-outs then swap-ins; return the tokens moved each way."""
@@ -464,7 +523,11 @@ class Replayer:
             self._leave_cohort(s)
         gpu = s.gpu_tokens
         self._plain.discard(s.id)
-        self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
+        if self.prefix_cache is not None:  # shared blocks stay referenced by their other holders
+            self.kv_tokens -= self.limits.block_size * self.prefix_cache.release(s)
+            self.prefix_cache.used_tokens = self.kv_tokens
+        else:
+            self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
         self.holders -= gpu > 0
         s.m = s.cpu_tokens = 0
         s.hidden = False

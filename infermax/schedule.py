@@ -9,7 +9,8 @@ On disk (JSON)::
                   "swap_in": [[id, n], ...], "hidden": [id, ...], "not_before_s": 1.5}, ...],
      "meta": {"scheduler": "vllm", ...}}
 
-``evict`` (recompute evictions applied before the batch), ``swap_out``/``swap_in`` (``n`` of the
+``evict`` (recompute evictions applied before the batch), ``cache_hits`` (``[id, n]``: a request holding
+no KV starts on ``n`` tokens of cached prefix; prefix caching), ``swap_out``/``swap_in`` (``n`` of the
 request's cached tokens copied to / back from host memory before the batch), ``hidden`` (the items
 processed with their cache in hidden form, Apt-Serve's hybrid cache) and ``not_before_s`` (the batch
 waited for an arrival while the engine was idle) are omitted when empty. A request is written
@@ -39,6 +40,8 @@ class ScheduledBatch:
 
     ``swap_out`` / ``swap_in``: ``(request id, tokens)`` moved from GPU to host memory / back.
     ``hidden``: ids of the items whose cache is in hidden form (half the memory; K/V recomputed).
+    ``cache_hits``: ``(request id, tokens)``: the request, holding no KV, starts on that many tokens of
+    cached prefix (`infermax.prefix_cache`) before its item is processed.
     """
 
     items: list[tuple[int, int]] = field(default_factory=list)
@@ -47,12 +50,13 @@ class ScheduledBatch:
     hidden: frozenset[int] = frozenset()
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    cache_hits: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         out: dict = {"items": [[rid, c] for rid, c in self.items]}
         if self.evict:
             out["evict"] = list(self.evict)
-        for name in ("swap_out", "swap_in"):
+        for name in ("swap_out", "swap_in", "cache_hits"):
             if getattr(self, name):
                 out[name] = [[rid, n] for rid, n in getattr(self, name)]
         if self.hidden:
@@ -100,6 +104,7 @@ class Schedule:
                     hidden=frozenset(int(rid) for rid in b.get("hidden", [])),
                     swap_out=[(int(rid), int(n)) for rid, n in b.get("swap_out", [])],
                     swap_in=[(int(rid), int(n)) for rid, n in b.get("swap_in", [])],
+                    cache_hits=[(int(rid), int(n)) for rid, n in b.get("cache_hits", [])],
                 )
                 for b in data["batches"]
             ]

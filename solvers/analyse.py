@@ -21,7 +21,7 @@ from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, objective_of, optimize
 from .policy import Policies, policy_violations
-from .scale import Deadline, certified_gap, estimate_milp, milp_refusal
+from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
 
 OPTIMAL_RTOL = 1e-6
 SEARCH_SHARE_WITH_MILP = 0.25
@@ -64,6 +64,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     options = options or SolveOptions()
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
     say = progress or (lambda msg: None)
+    refuse_prefix_caching(limits)
     check_fits(requests, limits)
     details: dict = {}
     bound_s, details["lower_bound_method"] = lower_bound_or_zero(requests, limits, cost_model, objective, policies)

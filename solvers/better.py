@@ -23,7 +23,7 @@ from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies
-from .scale import Deadline, certified_gap, estimate_milp, milp_refusal
+from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
 
 BOUND_RTOL = 1e-6  # a bound must clear the target by this much to answer "no"
 SEARCH_SHARE_WITH_MILP = 0.25  # share of the time the search gets when the MILP runs after it
@@ -72,6 +72,7 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     options = options or SolveOptions()
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
     say = progress or (lambda msg: None)
+    refuse_prefix_caching(limits)
     sim = simulate(requests, scheduler, limits, cost_model)
     base = objective.value(sim)
     target = (1 - margin) * base

@@ -27,6 +27,7 @@ from infermax.request import Request
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES
 from .objective import Objective
 from .policy import Policies
+from .scale import refuse_prefix_caching
 
 # The LP is solved in floating point (HiGHS, tolerances ~1e-7 relative): the reported bound is the LP
 # value reduced by this relative margin, so solver round-off can never lift it above a true optimum.
@@ -585,6 +586,7 @@ class LowerBounder:
 def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: Objective = Objective(makespan=1),
                 policies: Policies = Policies(), hidden_cache: bool = False) -> LowerBound:
     """A valid lower bound on ``objective`` over every schedule of the instance (docs/design.md)."""
+    refuse_prefix_caching(limits)
     return LowerBounder(requests, limits, cost_model, policies, hidden_cache).of(objective)
 
 

@@ -19,6 +19,7 @@ from .backends import SolveOptions, SolveOutcome, SolverFailed, quiet_stdout, re
 from .bounds import SlotBound, slot_bound
 from .formulation import TIME_UNIT, Formulation
 from .objective import Objective
+from .scale import refuse_prefix_caching
 from .policy import Policies
 
 REPLAY_RTOL = 1e-6
@@ -106,6 +107,7 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
     used to bound the slots (default: the warm start's). ``objective_cut_s``: a lower bound over every
     schedule, added as a cut (`Formulation`)."""
     options = options or SolveOptions()
+    refuse_prefix_caching(limits)
     check_fits(requests, limits)
     warm_info = None
     if warm_start is not None:

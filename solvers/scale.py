@@ -94,6 +94,15 @@ class Deadline:
         return max(0.0, self.limit_s - self.elapsed())
 
 
+def refuse_prefix_caching(limits) -> None:
+    """The MILP, the lower bounds and the search model no prefix caching (a hit makes a prefill cheaper
+    than any of them allows, so their bounds would not be bounds): refuse such an instance."""
+    if getattr(limits, "prefix_caching", False):
+        raise ValueError("the optimizer, lower bounds and schedule search do not model prefix caching "
+                         "(Limits.prefix_caching): a cache hit makes prefills cheaper than their bounds allow; "
+                         "simulate instead, or turn caching off")
+
+
 def certified_gap(incumbent_s: float | None, bound_s: float) -> float:
     """incumbent ÷ bound − 1 (inf without an incumbent or a positive bound)."""
     if incumbent_s is None or not math.isfinite(incumbent_s) or bound_s <= 0:

@@ -150,6 +150,7 @@ MOpt = Annotated[Optional[int], typer.Option("--M", help="KV-cache capacity in t
 GpuMemUtilOpt = Annotated[Optional[float], typer.Option(help="Derive M from GPU memory x this fraction minus the weights.", rich_help_panel=LIMITS_PANEL)]
 RmaxOpt = Annotated[Optional[int], typer.Option("--Rmax", help="Max requests holding KV (default unlimited).", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
 BlockSizeOpt = Annotated[int, typer.Option(help="KV block size in tokens (1 = the paper's accounting, 16 = vLLM paging).", callback=at_least(1), rich_help_panel=LIMITS_PANEL)]
+PrefixCachingOpt = Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Automatic prefix caching (schedulers that support it, e.g. vllm-v1; use --block-size 16).", rich_help_panel=LIMITS_PANEL)]
 SeedOpt = Annotated[int, typer.Option(help="Seed for generated workloads and arrivals.", callback=at_least(0), rich_help_panel=WORKLOAD_PANEL)]
 RtDatasetOpt = Annotated[Optional[str], typer.Option(help="Hybrid RT/BE workload (BROS): RT lengths like sharegpt | lmsys (BROS Table 2), with closed-loop BE batches.", rich_help_panel=HYBRID_PANEL)]
 RtRateOpt = Annotated[Optional[float], typer.Option(help="Hybrid workload: RT Poisson arrival rate (requests/s).", rich_help_panel=HYBRID_PANEL)]
@@ -170,4 +171,5 @@ def run_config(scheduler: str, **options) -> RunConfig:
 def config_header(config: RunConfig, limits) -> str:
     """One line naming the scheduler, model, GPU and limits of a run."""
     return (f"{config.scheduler} | {config.model} on {config.gpu} | C={limits.C} P={limits.prefill_budget} "
-            f"M={limits.M} Rmax={limits.Rmax or 'inf'} block={limits.block_size}")
+            f"M={limits.M} Rmax={limits.Rmax or 'inf'} block={limits.block_size}"
+            + (" prefix-caching" if limits.prefix_caching else ""))

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
-                     GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt,
+                     GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt, PrefixCachingOpt,
                      ProgressOpt, RateOpt, RmaxOpt, SchedulerOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config)
 
@@ -21,8 +21,8 @@ def simulate(
     dataset: DatasetOpt = None, input_dist: InputDistOpt = None, output_dist: OutputDistOpt = None, trace: TraceOpt = None,
     trace_limit: TraceLimitOpt = None, arrival: ArrivalOpt = None, rate: RateOpt = None, cv: CvOpt = None,
     time_scale: TimeScaleOpt = 1.0, C: COpt = 4096, P: POpt = None, M: MOpt = None,
-    gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, seed: SeedOpt = 0,
-    slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
+    gpu_mem_util: GpuMemUtilOpt = None, Rmax: RmaxOpt = None, block_size: BlockSizeOpt = 1, prefix_caching: PrefixCachingOpt = False,
+    seed: SeedOpt = 0, slo: SloOpt = None, slo_ttft: SloTtftOpt = None, slo_tbt: SloTbtOpt = None,
     rt_dataset: RtDatasetOpt = None, rt_rate: RtRateOpt = None, be_batch: BeBatchOpt = 256, duration: DurationOpt = 60.0,
     predictor: PredictorOpt = None,
     out: OutOpt = None, progress: ProgressOpt = True,

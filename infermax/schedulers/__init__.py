@@ -31,6 +31,8 @@ class SchedulerSpec:
     # True: the scheduler manages its own KV blocks from ``limits.block_size`` and the replayer counts
     # tokens (block size 1), so Σ GPU tokens <= M is checked and the block rule is the scheduler's.
     token_accounting: bool = False
+    # True: the scheduler plans prefix-cache hits (`Scheduler.supports_prefix_caching`).
+    supports_prefix_caching: bool = False
 
 
 _REGISTRY: dict[str, SchedulerSpec] = {}

@@ -65,6 +65,12 @@ class Scheduler(ABC):
         the engine when ``lazy_decode_ok``)."""
         return None
 
+    # True: the scheduler can run with ``limits.prefix_caching`` (it plans ``cache_hits`` and counts KV
+    # through the cache). The engine then sets ``prefix_cache`` to the replayer's `PrefixCache`, which
+    # the scheduler reads (``hit_tokens``, ``hit_new_blocks``, ``free_tokens``) and never mutates.
+    supports_prefix_caching = False
+    prefix_cache = None
+
     def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
         """Called after the engine applied ``copies`` further copies of ``batch`` on the strength of
         `repeats_full_decode` (without `next_batch` / `batch_done` for them): a scheduler that keeps
