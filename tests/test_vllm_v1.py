@@ -23,6 +23,7 @@ from infermax.request import Request
 from infermax.schedule import Schedule
 from infermax.schedulers import get_spec, make_scheduler
 from infermax.schedulers.vllm_v1 import V1Options, VllmV1Scheduler
+from test_prefix_cache_properties import shared_prefix_workloads
 
 COST = AffineCost(0.01, 0.001)
 V1_NAMES = ("vllm-v1", "vllm-v1-priority", "vllm-v1-lpt512", "vllm-v1-noreserve")
@@ -251,3 +252,105 @@ def test_properties_exact_outputs_kv_bound_replay_and_fast_path(case):
     walker.always_walk = True
     slow = simulate(reqs, walker, limits, COST, fast_forward=False)
     assert [(x.items, x.evict) for x in slow.schedule.batches] == [(x.items, x.evict) for x in res.schedule.batches]
+
+
+# -- with automatic prefix caching ---------------------------------------------------------------------
+
+def cached_steps(reqs, scheduler, limits):
+    """The batches a run plans, as ``(items, evict, cache_hits)`` triples."""
+    res = simulate(reqs, scheduler, limits, COST)
+    return [(list(b.items), list(b.evict), list(b.cache_hits)) for b in res.schedule.batches]
+
+
+def test_hits_start_the_chunk_after_the_cached_prefix_capped_below_the_input():
+    # block 4. A (system prompt 100 of 8 tokens + its own 4) runs and finishes; its full blocks stay
+    # cached. B shares the system prompt: get_computed_blocks finds 2 cached blocks (8 tokens), and
+    # the waiting loop computes only num_tokens - 8 = 4 (L1110-1130, L1306). C repeats A's prompt
+    # exactly: all 3 blocks are cached, but the hit is capped at num_tokens - 1 = 11
+    # (kv_cache_manager.py L294-302), i.e. 2 whole blocks, so C computes its last block's 4 tokens.
+    a = Request(0, 0.0, 12, 1, content=((100, 8), (1, 4)))
+    b = Request(1, 1.0, 12, 1, content=((100, 8), (2, 4)))
+    c = Request(2, 2.0, 12, 1, content=((100, 8), (1, 4)))
+    limits = Limits(C=100, M=64, block_size=4, prefix_caching=True)
+    assert cached_steps([a, b, c], "vllm-v1", limits) == [
+        ([(0, 12)], [], []),
+        ([(1, 4)], [], [(1, 8)]),
+        ([(2, 4)], [], [(2, 8)]),
+    ]
+
+
+def test_preempted_request_resumes_on_its_own_cached_prefix():
+    # block 4, M=20 (5 blocks), A and B with unique 8-token prompts: 4 blocks after step 1.
+    # Step 2: A's decode (m=8) opens a block, the last free one; B's decode needs one too and B, the
+    # last running request, preempts itself (L978-980). Its 2 full blocks stay cached, unreferenced.
+    # Steps 3-4: B (Icur = 8 + 1 = 9) would hit 8 tokens, but taking those 2 cached blocks out of the
+    # free pool plus a new block for the rest needs 12 KV tokens > the 8 free (L531-548 counts the
+    # cached blocks a hit touches as allocations, single_type_kv_cache_manager.py L256-266).
+    # Step 5: A is done; B resumes on its own 8 cached tokens and computes 1.
+    reqs = [Request(0, 0.0, 8, 4), Request(1, 0.0, 8, 4)]
+    limits = Limits(C=100, M=20, block_size=4, prefix_caching=True)
+    assert cached_steps(reqs, "vllm-v1", limits) == [
+        ([(0, 8), (1, 8)], [], []),
+        ([(0, 1)], [1], []),
+        ([(0, 1)], [], []),
+        ([(0, 1)], [], []),
+        ([(1, 1)], [], [(1, 8)]),
+        ([(1, 1)], [], []),
+        ([(1, 1)], [], []),
+    ]
+    # Without caching B recomputes all 9 tokens.
+    assert steps(reqs, "vllm-v1", Limits(C=100, M=20, block_size=4))[4] == ([(1, 9)], [])
+
+
+def test_a_victim_sharing_blocks_frees_only_its_own():
+    # block 4, M=20. A (system prompt 100 of 8 + 4 own, O=6) runs alone in step 1; B (same system
+    # prompt) arrives during it. Step 2: B hits A's 2 registered blocks, which A still references, so
+    # taking them costs no free KV; its own 4 tokens take a block; A's decode (m=12) takes the last.
+    # Step 3: B's decode (m=12) needs a block, none free: B preempts itself. It frees only the block
+    # no one else references (block_pool.py free_blocks: ref_cnt reaching 0), 4 tokens, not 12.
+    # Steps 4-6: B (Icur 13) would hit 12 (A's 2 blocks + its own cached third) but needs 8 > 4.
+    # Step 6's A decode (m=16) takes a block; memory is full, so B's cached third block is evicted
+    # (least recently used). Step 7: A is done; B resumes on the 2 shared blocks and computes 5.
+    a = Request(0, 0.0, 12, 6, content=((100, 8), (1, 4)))
+    b = Request(1, 0.001, 12, 3, content=((100, 8), (2, 4)))
+    limits = Limits(C=100, M=20, block_size=4, prefix_caching=True)
+    assert cached_steps([a, b], "vllm-v1", limits) == [
+        ([(0, 12)], [], []),
+        ([(0, 1), (1, 4)], [], [(1, 8)]),
+        ([(0, 1)], [1], []),
+        ([(0, 1)], [], []),
+        ([(0, 1)], [], []),
+        ([(0, 1)], [], []),
+        ([(1, 5)], [], [(1, 8)]),
+        ([(1, 1)], [], []),
+    ]
+
+
+def test_two_requests_sharing_a_prefix_in_one_step_both_compute_it():
+    # V1 caches a chunk's full blocks when it allocates them (kv_cache_manager.py allocate_slots,
+    # cache_blocks), so a request admitted later in the same step could hit them. Here blocks are
+    # registered at the end of the batch that computes them (docs/design.md, "Automatic prefix
+    # caching"): both requests compute the shared 8 tokens; a third, later, hits them.
+    reqs = [Request(0, 0.0, 12, 1, content=((100, 8), (1, 4))), Request(1, 0.0, 12, 1, content=((100, 8), (2, 4))),
+            Request(2, 1.0, 12, 1, content=((100, 8), (3, 4)))]
+    limits = Limits(C=100, M=64, block_size=4, prefix_caching=True)
+    assert cached_steps(reqs, "vllm-v1", limits) == [
+        ([(0, 12), (1, 12)], [], []),
+        ([(2, 4)], [], [(2, 8)]),
+    ]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_prefix_workloads(), st.sampled_from(["fcfs", "priority"]), st.sampled_from([0, 3]), st.booleans())
+def test_with_caching_the_fast_path_equals_the_walk(case, policy, threshold, reserve):
+    reqs, limits, _ = case
+    options = V1Options(policy=policy, long_prefill_token_threshold=threshold, reserve_full_isl=reserve)
+    res = simulate(reqs, VllmV1Scheduler(limits, COST, options), limits, COST)
+    r = res.requests.set_index("id")
+    assert (r.generated_tokens == r.output_tokens).all()
+    assert (res.batches.kv_tokens_peak <= limits.M).all()
+    walker = VllmV1Scheduler(limits, COST, options)
+    walker.always_walk = True
+    slow = simulate(reqs, walker, limits, COST, fast_forward=False)
+    assert ([(x.items, x.evict, x.cache_hits) for x in slow.schedule.batches]
+            == [(x.items, x.evict, x.cache_hits) for x in res.schedule.batches])

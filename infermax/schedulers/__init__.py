@@ -161,5 +161,5 @@ for _name, _desc, _opts in (
     ("vllm-v1-noreserve", "vLLM V1 with scheduler_reserve_full_isl=False: admission checks only the first "
                           "chunk's KV", V1Options(reserve_full_isl=False)),
 ):
-    register(SchedulerSpec(name=_name, description=_desc,
+    register(SchedulerSpec(name=_name, description=_desc, supports_prefix_caching=True,
                            factory=lambda limits, cm, o=_opts, n=_name: VllmV1Scheduler(limits, cm, o, name=n)))

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from ..costmodel.base import CostModel
 from ..limits import Limits
 from ..replay import RequestState
-from ..request import output_segment, prompt_segment
 from ..schedule import ScheduledBatch
 from .base import Scheduler
 
@@ -81,23 +80,16 @@ def _priority_key(s: RequestState) -> tuple:
     return (0 if p is None else p, s.req.arrival_s, s.id)
 
 
-def _content(s: RequestState) -> list[tuple[int, int]]:
-    """The request's token content as segments: its prompt, then its generated tokens."""
-    r = s.req
-    prompt = r.content if r.content is not None else ((prompt_segment(r.id), r.prompt_tokens),)
-    return [*prompt, (output_segment(r.id), r.output_tokens)]
+def _held_block_refs(cache, s: RequestState):
+    """``(block, reference count)`` of each full KV block ``s`` holds in the prefix cache.
 
-
-def _common_prefix_tokens(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
-    """Tokens on which two contents agree from the start (same segment at the same offset)."""
-    n = 0
-    for (sa, la), (sb, lb) in zip(a, b):
-        if sa != sb:
-            break
-        n += min(la, lb)
-        if la != lb:
-            break
-    return n
+    The one read of `PrefixCache` beyond its scheduler interface (``hit_tokens``, ``hit_new_blocks``,
+    ``free_tokens``), which cannot tell which of a victim's blocks another request shares: a bound by
+    content alone (requests whose prompts agree) is not enough, as two requests that computed the
+    same prefix side by side hold separate copies, and treating those as shared can leave a step
+    that preempts everyone and frees nothing. Read only, never mutated."""
+    refs = cache._refs
+    return [(block, refs[block]) for block in cache._tables.get(s.id, ())]
 
 
 class VllmV1Scheduler(Scheduler):
@@ -269,6 +261,7 @@ class VllmV1Scheduler(Scheduler):
         order = list(self.running)
         scheduled: dict[int, tuple[int, int]] = {}  # id -> (tokens, KV taken), in scheduling order
         evict: list[int] = []
+        released: dict[int, int] = {}  # prefix-cache block -> references dropped by this step's victims
         i = 0
         while i < len(order) and budget > 0:
             s = order[i]
@@ -298,7 +291,7 @@ class VllmV1Scheduler(Scheduler):
                 else:
                     victim = order.pop()
                 evict.append(victim.id)
-                kv_free += self._freed_kv(victim, order)
+                kv_free += self._freed_kv(victim, released)
                 if victim is s:
                     preempted_self = True
                     break
@@ -318,26 +311,22 @@ class VllmV1Scheduler(Scheduler):
         items += [(rid, c) for rid, (c, _) in scheduled.items() if by_id[rid].m < by_id[rid].input_tokens]
         return items, evict, budget, prefill_left, kv_free
 
-    def _freed_kv(self, victim: RequestState, others: list[RequestState]) -> int:
-        """KV tokens a preempted request gives back. Without prefix caching its ``blocks(m)``. With
-        it, the blocks no other running request references: V1 frees only blocks whose reference
-        count drops to 0 (``block_pool.py`` ``free_blocks``). Blocks are shared only by requests whose
-        contents agree on them, so counting every full block of the longest prefix the victim shares
-        with another running request as still referenced never overstates what is freed (a request
-        that computed the same prefix side by side holds its own copy; then we free less than V1)."""
-        lim = self.limits
-        freed = lim.blocks(victim.m)
-        if self.prefix_cache is None or victim.m < lim.block_size:
+    def _freed_kv(self, victim: RequestState, released: dict[int, int]) -> int:
+        """KV tokens a preempted request gives back: ``blocks(m)`` without prefix caching. With it, V1
+        frees only the blocks whose reference count drops to 0 (``block_pool.py`` ``free_blocks``):
+        blocks the victim shares with another holder (a hit on the same registered block) stay in
+        use. ``released`` counts the references this step's earlier victims dropped, so two victims
+        sharing a block free it once, at the second."""
+        freed = self.limits.blocks(victim.m)
+        cache = self.prefix_cache
+        if cache is None:
             return freed
-        mine = _content(victim)
-        first = mine[0][0]
         shared = 0
-        for r in others:
-            r_content = r.req.content
-            if r_content is None or r_content[0][0] != first:
-                continue
-            shared = max(shared, min(_common_prefix_tokens(mine, _content(r)), victim.m, r.m))
-        return freed - shared // lim.block_size * lim.block_size
+        for block, refs in _held_block_refs(cache, victim):
+            if refs - released.get(block, 0) > 1:
+                shared += 1
+            released[block] = released.get(block, 0) + 1
+        return freed - shared * self.limits.block_size
 
     # -- after the batch --------------------------------------------------------------------------
 
