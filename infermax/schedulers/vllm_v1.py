@@ -134,6 +134,10 @@ class VllmV1Scheduler(Scheduler):
         self._kv_used = 0  # Σ blocks(m) over running requests (without prefix caching)
         self._planned: tuple | None = None  # (batch, admitted states, KV used after it)
         self.always_walk = False  # tests: plan every step with `_walk_running` (no fast path)
+        # Fast-forward throttle (`repeats_full_decode`): eligible offers left to decline, and whether the
+        # last offer is still unanswered by `repeated_full_decode` (then it gave no copy).
+        self._ff_skip = 0
+        self._ff_offered = False
         self.lazy_decode_ok = True  # decoders' m is read only via cohort_block_openers or after sync_states
 
     # -- queues ---------------------------------------------------------------------------------
@@ -386,9 +390,23 @@ class VllmV1Scheduler(Scheduler):
         running request decodes again (same budget, same order), and the waiting head, which was
         tried and failed, fails again — on ``max_num_seqs`` or the budget (unchanged) or on KV (its
         need is unchanged, the free KV only shrinks). With prefix caching the head's hit may change
-        as blocks are registered and evicted, so then only an empty waiting queue repeats."""
-        if batch.evict:
-            return False  # the step skipped admission; the next one tries the waiting head
+        as blocks are registered and evicted, so then only an empty waiting queue repeats.
+
+        Throttled: a fast-forward brings every decoder up to date (O(running)), which does not pay
+        when arrivals cut it after a few copies (the Azure conversation trace: most offers gave
+        fewer copies than running requests / 8). After such an offer the next 16 eligible ones are
+        declined (the engine then plans those batches itself; results are identical either way)."""
+        if self._ff_offered:  # the last offer gave no copy
+            self._ff_offered, self._ff_skip = False, 16
+        if batch.evict or not self._repeats(batch):  # (a preempting step skipped admission: the next tries)
+            return False
+        if self._ff_skip:
+            self._ff_skip -= 1
+            return False
+        self._ff_offered = True
+        return True
+
+    def _repeats(self, batch: ScheduledBatch) -> bool:
         lim = self.limits
         if not self.waiting or (lim.Rmax is not None and len(self.running) >= lim.Rmax):
             return True
@@ -397,6 +415,9 @@ class VllmV1Scheduler(Scheduler):
         return self.prefix_cache is None
 
     def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
+        self._ff_offered = False
+        if copies * 8 < len(self.running):
+            self._ff_skip = 16
         if self.prefix_cache is None:
             self.sync_states()
             blocks = self.limits.blocks
