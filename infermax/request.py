@@ -28,6 +28,8 @@ class Request:
     integers ``>= 0`` chosen by the workload (a system prompt, a conversation turn); a request's own
     output is the segment `output_segment(id)`, so a later turn can quote it. None: the prompt is a
     segment of its own (`prompt_segment(id)`), shared with nothing.
+    ``priority``: an optional integer scheduling priority, lower first (vLLM's ``priority`` request
+    argument, read by priority-policy schedulers such as ``vllm-v1-priority``); None: the default (0).
     """
 
     id: int
@@ -41,6 +43,7 @@ class Request:
     predicted_output_tokens: int | None = None
     closed_loop_group: int | None = None
     content: tuple[tuple[int, int], ...] | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -56,6 +59,8 @@ class Request:
                                                    or not isinstance(self.closed_loop_group, int)
                                                    or self.closed_loop_group < 0):
             raise ValueError(f"request {self.id}: closed_loop_group must be an integer >= 0, got {self.closed_loop_group!r}")
+        if self.priority is not None and (isinstance(self.priority, bool) or not isinstance(self.priority, int)):
+            raise ValueError(f"request {self.id}: priority must be an integer (or None), got {self.priority!r}")
         if self.content is not None:
             object.__setattr__(self, "content", _check_content(self.id, self.content, self.prompt_tokens))
         for name in ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s"):

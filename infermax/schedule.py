@@ -117,7 +117,7 @@ class Schedule:
         return cls.from_json(read_json(path), source=str(path))
 
 
-_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens", "closed_loop_group", "content")
+_OBJECT_ONLY = ("tpot_slo_s", "request_class", "predicted_output_tokens", "closed_loop_group", "content", "priority")
 
 
 def _request_json(r: Request) -> list | dict:

@@ -146,3 +146,20 @@ for _name, _desc, _opts in (
 ):
     register(SchedulerSpec(name=_name, description=_desc,
                            factory=lambda limits, cm, o=_opts, n=_name: EcoServeScheduler(limits, cm, o, name=n)))
+
+# vLLM's V1 engine scheduler (vLLM 0.33.0; infermax/schedulers/vllm_v1.py). One token budget (P = C).
+from .vllm_v1 import V1Options, VllmV1Scheduler  # noqa: E402
+
+for _name, _desc, _opts in (
+    ("vllm-v1", "vLLM V1 (0.33.0): one token budget for prefills and decodes, running first, chunked prefill, "
+                "FCFS, recompute preemption of the last running request, admission needs the whole input's KV",
+     V1Options()),
+    ("vllm-v1-priority", "vLLM V1 with policy=priority: waiting by (Request.priority, arrival), preempts the "
+                         "largest (priority, arrival)", V1Options(policy="priority")),
+    ("vllm-v1-lpt512", "vLLM V1 with long_prefill_token_threshold=512 (at most 512 tokens per request per step "
+                       "when others are present)", V1Options(long_prefill_token_threshold=512)),
+    ("vllm-v1-noreserve", "vLLM V1 with scheduler_reserve_full_isl=False: admission checks only the first "
+                          "chunk's KV", V1Options(reserve_full_isl=False)),
+):
+    register(SchedulerSpec(name=_name, description=_desc, supports_prefix_caching=True,
+                           factory=lambda limits, cm, o=_opts, n=_name: VllmV1Scheduler(limits, cm, o, name=n)))
