@@ -26,7 +26,7 @@ The rule (``Limits.prefix_caching``; `docs/design.md`, "Automatic prefix caching
   to the hit; the batch then computes only the rest, whose attention reads the cached context.
 
 `PrefixCache` is owned by the replayer (`infermax.replay.Replayer`), which applies these rules to every
-batch; schedulers read it through `hit_tokens`, `hit_new_blocks` and `free_tokens` only.
+batch; schedulers read it through `hit_tokens`, `hit_new_blocks`, `free_tokens` and `held_blocks` only.
 """
 
 from __future__ import annotations
@@ -114,6 +114,13 @@ class PrefixCache:
         """KV tokens not referenced by any request: empty blocks plus cached, unreferenced ones (those are
         evicted when memory is needed)."""
         return self.capacity_blocks * self.block_size - self.used_tokens
+
+    def held_blocks(self, s) -> list[tuple[int, int]]:
+        """``(block, requests referencing it)`` for each full block ``s`` holds, in order: a block with more
+        than one reference stays in use when ``s`` drops its KV (a scheduler choosing a preemption victim
+        reads how much it would free)."""
+        refs = self._refs
+        return [(block, refs[block]) for block in self._tables.get(s.id, ())]
 
     @property
     def cached_blocks(self) -> int:

@@ -80,18 +80,6 @@ def _priority_key(s: RequestState) -> tuple:
     return (0 if p is None else p, s.req.arrival_s, s.id)
 
 
-def _held_block_refs(cache, s: RequestState):
-    """``(block, reference count)`` of each full KV block ``s`` holds in the prefix cache.
-
-    The one read of `PrefixCache` beyond its scheduler interface (``hit_tokens``, ``hit_new_blocks``,
-    ``free_tokens``), which cannot tell which of a victim's blocks another request shares: a bound by
-    content alone (requests whose prompts agree) is not enough, as two requests that computed the
-    same prefix side by side hold separate copies, and treating those as shared can leave a step
-    that preempts everyone and frees nothing. Read only, never mutated."""
-    refs = cache._refs
-    return [(block, refs[block]) for block in cache._tables.get(s.id, ())]
-
-
 class VllmV1Scheduler(Scheduler):
     """vLLM V1's ``Scheduler.schedule`` (module docstring), configured by `V1Options`.
 
@@ -326,7 +314,7 @@ class VllmV1Scheduler(Scheduler):
         if cache is None:
             return freed
         shared = 0
-        for block, refs in _held_block_refs(cache, victim):
+        for block, refs in cache.held_blocks(victim):
             if refs - released.get(block, 0) > 1:
                 shared += 1
             released[block] = released.get(block, 0) + 1
