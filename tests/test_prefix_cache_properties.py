@@ -17,6 +17,7 @@ from infermax.engine import caching_schedulers, simulate
 from infermax.limits import Limits
 from infermax.replay import Replayer, replay
 from infermax.request import Request, output_segment
+from infermax.schedulers import get_spec
 
 CACHING = caching_schedulers()
 COST = AffineCost(0.01, 0.001)
@@ -65,6 +66,8 @@ def test_caching_schedules_obey_the_semantics_and_replay_identically(case):
     r = res.requests.set_index("id")
     assert (r.generated_tokens == r.output_tokens).all()
     assert (res.batches.kv_tokens_peak <= limits.M).all()
+    if get_spec(name).eviction_free:
+        assert res.summary["evictions"] == 0
     _cache_never_exceeds_memory(res)
     again = replay(res.schedule, COST)
     pd.testing.assert_frame_equal(res.requests, again.requests)

@@ -354,3 +354,18 @@ def test_with_caching_the_fast_path_equals_the_walk(case, policy, threshold, res
     slow = simulate(reqs, walker, limits, COST, fast_forward=False)
     assert ([(x.items, x.evict, x.cache_hits) for x in slow.schedule.batches]
             == [(x.items, x.evict, x.cache_hits) for x in res.schedule.batches])
+
+
+def test_eviction_free_variant_reserves_each_requests_peak_and_never_preempts():
+    # M = 8 tokens, block 1, two requests I = 4, O = 4 (peak I + O - 1 = 7). vllm-v1 admits both in step
+    # one (each needs its 4 input tokens: 8 <= 8), so the first decode step has no room and preempts the
+    # last admitted. vllm-v1-ef admits one (7 <= 8, then 7 > 8 - 7 for the second) and the other only
+    # after the first finished: no eviction; the second's first token comes 4 steps later.
+    reqs = [Request(0, 0.0, 4, 4), Request(1, 0.0, 4, 4)]
+    lim = Limits(C=64, M=8)
+    plain = simulate(reqs, "vllm-v1", lim, AffineCost())
+    free = simulate(reqs, "vllm-v1-ef", lim, AffineCost())
+    assert plain.summary["evictions"] >= 1
+    assert free.summary["evictions"] == 0
+    items = [b.items for b in free.schedule.batches]
+    assert items[:5] == [[(0, 4)], [(0, 1)], [(0, 1)], [(0, 1)], [(1, 4)]]

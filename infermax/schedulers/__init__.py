@@ -160,6 +160,8 @@ for _name, _desc, _opts in (
                        "when others are present)", V1Options(long_prefill_token_threshold=512)),
     ("vllm-v1-noreserve", "vLLM V1 with scheduler_reserve_full_isl=False: admission checks only the first "
                           "chunk's KV", V1Options(reserve_full_isl=False)),
+    ("vllm-v1-ef", "vLLM V1, eviction-free (ours, as the paper's -ef variants): admission reserves every "
+                   "request's peak I+O-1, so it never preempts", V1Options(eviction_free=True)),
 ):
-    register(SchedulerSpec(name=_name, description=_desc, supports_prefix_caching=True,
+    register(SchedulerSpec(name=_name, description=_desc, supports_prefix_caching=True, eviction_free=_opts.eviction_free,
                            factory=lambda limits, cm, o=_opts, n=_name: VllmV1Scheduler(limits, cm, o, name=n)))

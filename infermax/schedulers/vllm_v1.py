@@ -57,11 +57,18 @@ class V1Options:
     by ``(Request.priority, arrival, id)``, lower first, and preempts the largest).
     ``long_prefill_token_threshold``: tokens per request per step when others are present (0: off).
     ``reserve_full_isl``: ``scheduler_reserve_full_isl`` (admission needs the whole input's blocks).
+    ``eviction_free``: ours, not a vLLM setting: the paper's eviction-free transformation (Table 1's
+    unlisted variants) applied to V1. A waiting request is admitted only if the free KV at the start of
+    the step covers every running request's remaining growth (``blocks(I + O − 1) − blocks(m)``: a
+    request's peak, with its tail blocks its own) plus the peak of every request admitted so far in
+    the step and its own (``blocks(I + O − 1) − hit`` plus the cached hit blocks it takes). Then no
+    allocation of a running request can fail, so it never preempts.
     """
 
     policy: str = "fcfs"
     long_prefill_token_threshold: int = 0
     reserve_full_isl: bool = True
+    eviction_free: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -184,6 +191,7 @@ class VllmV1Scheduler(Scheduler):
                 lim.C, lim.prefill_budget, kv_free_start, thr)
         admitted: list[RequestState] = []
         hits: list[tuple[int, int]] = []
+        reserve = kv_free_start - self._future_growth() if opts.eviction_free else 0
         if not evict:  # L1050: no admission in a step that preempted
             holders = len(self.running)
             cache = self.prefix_cache
@@ -202,6 +210,11 @@ class VllmV1Scheduler(Scheduler):
                 full_need = taken + blocks(icur) - hit if opts.reserve_full_isl else need
                 if full_need > kv_free or need > kv_free:
                     break
+                if opts.eviction_free:
+                    peak_need = taken + blocks(s.req.prompt_tokens + s.req.output_tokens - 1) - hit
+                    if peak_need > reserve:
+                        break
+                    reserve -= peak_need
                 items.append((s.id, c))
                 if hit:
                     hits.append((s.id, hit))
@@ -213,6 +226,11 @@ class VllmV1Scheduler(Scheduler):
         batch = ScheduledBatch(items=items, evict=evict or [], **({"cache_hits": hits} if hits else {}))
         self._planned = (batch, admitted, lim.M - kv_free)
         return batch
+
+    def _future_growth(self) -> int:
+        """KV the running requests will still take until they finish (eviction-free admission)."""
+        blocks, m_of = self.limits.blocks, self.cached_tokens
+        return sum(blocks(s.req.prompt_tokens + s.req.output_tokens - 1) - blocks(m_of(s)) for s in self.running)
 
     def _all_running_fit(self, budget: int, prefill_left: int, kv_free: int, thr: int):
         """(items, budget, prefill budget and KV left) when every running request's want fits them all;
