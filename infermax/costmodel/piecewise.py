@@ -26,9 +26,11 @@ import itertools
 import json
 import math
 from bisect import bisect_left
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, check_positive_batch_times,
                    check_slope, feature_column, is_feature, kv_cap, padded, padding_quantum, token_step)
@@ -163,6 +165,8 @@ class PiecewiseCostModel(JsonDocumentModel):
 
     def predict_s(self, table: pd.DataFrame) -> np.ndarray:
         """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
+        import numpy as np
+
         if self._hidden_missing and (table["hidden_recompute_tokens"].to_numpy() > 0).any():
             raise no_share_error(self.model)
         total = np.zeros(len(table))
