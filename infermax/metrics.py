@@ -30,8 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from .floatstats import mean, percentiles
 from .jsonio import nan_to_null
 from .schedule import Schedule
 
@@ -66,9 +65,9 @@ class RequestRows:
 
 
 class Columns:
-    """Named columns of plain row tuples, each read as a numpy array (what ``summarize`` needs of a table;
-    indexing, ``len`` and ``in`` as on a DataFrame, without importing pandas). ``floats`` names columns
-    whose None values read as NaN (a DataFrame's ``astype(float)``)."""
+    """Named columns of plain row tuples, each read as a list (what ``summarize`` needs of a table: indexing,
+    ``len`` and ``in`` as on a DataFrame, without importing pandas or numpy). ``floats`` names columns whose
+    None values read as NaN (a DataFrame's ``astype(float)``)."""
 
     def __init__(self, names: tuple[str, ...], rows: list[tuple], floats: tuple[str, ...] = ()):
         self._index = {name: i for i, name in enumerate(names)}
@@ -80,11 +79,11 @@ class Columns:
     def __contains__(self, name: str) -> bool:
         return name in self._index
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> list:
         i = self._index[name]
         if name in self._floats:
-            return np.array([math.nan if r[i] is None else r[i] for r in self._rows], dtype=float)
-        return np.array([r[i] for r in self._rows])
+            return [math.nan if r[i] is None else float(r[i]) for r in self._rows]
+        return [r[i] for r in self._rows]
 
 
 @dataclass
@@ -93,7 +92,7 @@ class SimResult:
 
     A run keeps its tables as plain rows; ``requests`` and ``batches`` are the DataFrames built from them
     on first access (and kept), so a command that only prints the summary never imports pandas (about
-    a third of a tiny run's start-up). The summary is computed from the rows with numpy."""
+    a third of a tiny run's start-up). The summary is computed from the rows in plain Python (``summarize``)."""
 
     request_rows: RequestRows
     batch_rows: list[tuple]
@@ -163,7 +162,12 @@ def p99_tbt_s(token_times: list[float]) -> float:
     """99th percentile (linear interpolation) of the gaps between consecutive token times; NaN if none."""
     if len(token_times) < 2:
         return math.nan
-    return float(np.percentile(np.diff(np.asarray(token_times, dtype=float)), 99))
+    return percentiles(_gaps(token_times), [99])[0]
+
+
+def _gaps(token_times: list[float]) -> list[float]:
+    """Times between consecutive tokens (``np.diff``)."""
+    return [float(b) - float(a) for a, b in zip(token_times, token_times[1:])]
 
 
 def slo_rows(states) -> list[tuple]:
@@ -179,19 +183,26 @@ def slo_rows(states) -> list[tuple]:
                    or (s.finish_s - s.first_token_s) / (r.output_tokens - 1) <= r.tpot_slo_s)
         gap_share = math.nan
         if r.tpot_slo_s is not None and len(s.token_times) > 1:
-            gap_share = float(np.mean(np.diff(np.asarray(s.token_times, dtype=float)) <= r.tpot_slo_s))
+            gaps = _gaps(s.token_times)
+            gap_share = sum(g <= r.tpot_slo_s for g in gaps) / len(gaps)
         rows.append((r.ttft_slo_s, r.tbt_slo_s, r.tpot_slo_s, p99, ttft_ok, tbt_ok, tpot_ok, ttft_ok and tbt_ok and tpot_ok,
                      gap_share))
     return rows
 
 
+def _ratio(part: int, whole: int) -> float:
+    """``part / whole``, NaN for 0 / 0 (as numpy divides)."""
+    return part / whole if whole else math.nan
+
+
 def summarize(requests: Columns, batches: Columns, kv_capacity_tokens: int) -> dict:
     """The summary row: makespan, TPS, TTFT/TPOT/latency statistics, evictions, sizes.
 
-    ``requests``/``batches`` are read by column name (``Columns``; a DataFrame reads alike); the numpy
-    reductions are the ones pandas applies to the same columns, so the values equal those of the tables."""
-    makespan = float(batches["end_s"].max() - requests["arrival_s"].min()) if len(batches) else 0.0
-    generated = int(requests["generated_tokens"].sum())
+    Plain Python over the rows' columns (``Columns``), equal to the pandas/numpy reductions it replaced
+    (kept by ``tests/test_floatstats.py``): float means and percentiles from ``floatstats``; a mean or ratio
+    of integer counts is their exact integer sum divided once (numpy's float sum is exact below 2**53)."""
+    makespan = float(max(batches["end_s"]) - min(requests["arrival_s"])) if len(batches) else 0.0
+    generated = int(sum(requests["generated_tokens"]))
     out = {
         "num_requests": len(requests),
         "num_batches": len(batches),
@@ -200,30 +211,31 @@ def summarize(requests: Columns, batches: Columns, kv_capacity_tokens: int) -> d
         "tps": generated / makespan if makespan > 0 else math.nan,
     }
     for metric in ("ttft_s", "tpot_s", "latency_s"):
-        values = np.asarray(requests[metric], dtype=float)
-        values = values[~np.isnan(values)]
+        values = [float(v) for v in requests[metric] if not math.isnan(v)]
         base = metric[:-2]
         if len(values):
-            p50, p90, p99 = np.percentile(values, [50, 90, 99])
-            out.update({f"mean_{base}_s": float(values.mean()), f"p50_{base}_s": float(p50),
-                        f"p90_{base}_s": float(p90), f"p99_{base}_s": float(p99)})
+            p50, p90, p99 = percentiles(values, [50, 90, 99])
+            out.update({f"mean_{base}_s": mean(values), f"p50_{base}_s": p50, f"p90_{base}_s": p90, f"p99_{base}_s": p99})
         else:
             out.update({f"{k}_{base}_s": math.nan for k in ("mean", "p50", "p90", "p99")})
+    n_batches = len(batches)
     out.update({
-        "evictions": int(requests["evictions"].sum()),
-        "refilled_tokens": int(requests["refilled_tokens"].sum()),
-        "mean_batch_size": float(batches["num_requests"].mean()) if len(batches) else 0.0,
-        "mean_running": float(batches["running"].mean()) if len(batches) else 0.0,
-        "mean_kv_util": float(batches["kv_tokens"].mean() / kv_capacity_tokens) if len(batches) else 0.0,
-        "peak_kv_util": float(batches["kv_tokens_peak"].max() / kv_capacity_tokens) if len(batches) else 0.0,
-        "hidden_item_share": (float(batches["hidden_seqs"].sum() / batches["num_requests"].sum())
-                              if len(batches) else 0.0),
-        "swapped_out_tokens": int(requests["swapped_out_tokens"].sum()),
-        "swapped_in_tokens": int(requests["swapped_in_tokens"].sum()),
+        "evictions": int(sum(requests["evictions"])),
+        "refilled_tokens": int(sum(requests["refilled_tokens"])),
+        "mean_batch_size": sum(batches["num_requests"]) / n_batches if n_batches else 0.0,
+        "mean_running": sum(batches["running"]) / n_batches if n_batches else 0.0,
+        "mean_kv_util": sum(batches["kv_tokens"]) / n_batches / kv_capacity_tokens if n_batches else 0.0,
+        "peak_kv_util": max(batches["kv_tokens_peak"]) / kv_capacity_tokens if n_batches else 0.0,
+        "hidden_item_share": _ratio(sum(batches["hidden_seqs"]), sum(batches["num_requests"])) if n_batches else 0.0,
+        "swapped_out_tokens": int(sum(requests["swapped_out_tokens"])),
+        "swapped_in_tokens": int(sum(requests["swapped_in_tokens"])),
     })
     if "slo_met" in requests:
-        with_slo = ~(np.isnan(requests["ttft_slo_s"]) & np.isnan(requests["tbt_slo_s"]) & np.isnan(requests["tpot_slo_s"]))
-        out.update({f"{name}_attainment": float(np.mean(requests[column][with_slo])) if with_slo.any() else math.nan
+        with_slo = [not (math.isnan(a) and math.isnan(b) and math.isnan(c))
+                    for a, b, c in zip(requests["ttft_slo_s"], requests["tbt_slo_s"], requests["tpot_slo_s"])]
+        n_slo = sum(with_slo)
+        out.update({f"{name}_attainment": sum(ok for ok, w in zip(requests[column], with_slo) if w) / n_slo
+                    if n_slo else math.nan
                     for name, column in (("slo", "slo_met"), ("ttft", "ttft_ok"), ("tbt", "tbt_ok"), ("tpot", "tpot_ok"))})
     return out
 
