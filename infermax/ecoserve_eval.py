@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .costmodel.base import BatchFeatures, CostModel
 from .request import Request
@@ -119,6 +121,8 @@ def ecoserve_metrics(result, t_p: float, t_g: float, scale: float = 2.0, schedul
 
 def per_iteration(result) -> pd.DataFrame:
     """Per iteration: forward size (tokens) and GPU KV in use (share of M, during and after the batch)."""
+    import pandas as pd
+
     bat, m = result.batches, result.schedule.limits.M
     return pd.DataFrame({"batch": bat["batch"], "forward_size": bat["prefill_tokens"] + bat["decode_tokens"],
                          "kv_used_peak": bat["kv_tokens_peak"] / m, "kv_used": bat["kv_tokens"] / m})

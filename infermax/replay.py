@@ -547,7 +547,11 @@ class Replayer:
         """The number of leading items applied as a cohort batch (0: the cohort was materialised)."""
         k, items, ids = len(self._cohort), batch.items, self._cohort_ids
         if not batch.hidden and not batch.swap_out and not batch.swap_in and ids.isdisjoint(batch.evict):
-            if items[:k] == self._cohort and ids.isdisjoint([it[0] for it in items[k:]]):
+            head = items[:k]
+            if head == self._cohort and ids.isdisjoint([it[0] for it in items[k:]]):
+                # Keep the planner's own item tuples: a scheduler that lists the same tuple objects again
+                # (Algorithm 1's decode list) is then compared by identity, not element by element.
+                self._cohort = head
                 return k
             if ids.isdisjoint([it[0] for it in items]):
                 return 0  # touches no member (a prefill-only batch): the cohort waits, up to date as it is

@@ -19,10 +19,12 @@ import csv
 import math
 import os
 from dataclasses import dataclass, replace
+from numbers import Integral, Real
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
+if TYPE_CHECKING:  # numpy only where lengths or arrivals are drawn: a fixed, offline or trace workload needs none
+    import numpy as np
 
 from infermax.request import Request
 
@@ -35,13 +37,13 @@ ARRIVAL_PROCESSES = ("offline", "poisson", "gamma", "trace")
 
 
 def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def _check_positive(name: str, value: object) -> float:
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+    if value is None or isinstance(value, bool) or not isinstance(value, Real) \
             or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
@@ -110,6 +112,8 @@ def heterogeneous_mix(groups: Sequence[str] | str, num_requests: int, seed: int 
             raise ValueError(f"{label} must list at least one length")
         for v in values:
             _check_int(f"{label} length", v)
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     base, extra = divmod(n, len(names))
     lengths: list[tuple[int, int]] = []
@@ -143,6 +147,8 @@ class LengthDist:
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` integer lengths drawn with ``rng``."""
+        import numpy as np
+
         p = self.params
         if self.kind == "const":
             x = np.full(n, p[0])
@@ -199,6 +205,8 @@ def sampled(num_requests: int, input_dist: str | LengthDist, output_dist: str | 
     """Requests whose prompt and output lengths are drawn independently, all arriving at 0."""
     n = _check_count(num_requests)
     dists = [d if isinstance(d, LengthDist) else parse_length_dist(d) for d in (input_dist, output_dist)]
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     prompts, outputs = (d.sample(rng, n).tolist() for d in dists)
     return [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
@@ -313,12 +321,15 @@ def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_pe
     if time_scale != 1.0 and process != "trace":
         raise ValueError(f"time_scale only applies to arrival process 'trace', not {process!r}")
 
-    n, rng = len(requests), np.random.default_rng(seed)
+    n = len(requests)
     if process == "offline":
-        arrivals = np.zeros(n)
+        arrivals = [0.0] * n
     elif process == "trace":
-        arrivals = np.array([r.arrival_s * time_scale for r in requests])
+        arrivals = [r.arrival_s * time_scale for r in requests]
     else:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
         if process == "poisson":
             gaps = rng.exponential(1.0 / rate_per_s, max(n - 1, 0))
         else:
@@ -362,6 +373,8 @@ def dataset_like(name: str, num_requests: int, seed: int = 0) -> list[Request]:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     n = _check_count(num_requests)
     dists = [parse_length_dist(d) for d in (profile.input_dist, profile.output_dist)]
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     prompts: list[int] = []
     outputs: list[int] = []

@@ -9,7 +9,7 @@ import infermax
 
 from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostModel, CostTerm, features_frame, terms_time_s
 from ..jsonio import read_json
-from .measurements import LINEAR_JSON, PIECEWISE_JSON
+from .files import LINEAR_JSON, PIECEWISE_JSON
 from .linear import LinearCostModel
 from .piecewise import KIND as PIECEWISE_KIND, PiecewiseCostModel
 from .roofline import roofline_model

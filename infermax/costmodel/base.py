@@ -6,10 +6,11 @@ import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, Protocol, runtime_checkable
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:  # tables only where a model is fitted or evaluated in bulk: simulating needs neither
+    import numpy as np
+    import pandas as pd
 
 from ..jsonio import read_json
 
@@ -143,12 +144,16 @@ def is_feature(name: str) -> bool:
 
 def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
     """A DataFrame with one row per batch and one column per feature (fields, ``PADDED_FEATURES``, ``CAPPED_FEATURES``)."""
+    import pandas as pd
+
     columns = FEATURE_COLUMNS + PADDED_FEATURES + CAPPED_FEATURES
     return pd.DataFrame([[getattr(f, c) for c in columns] for f in features], columns=list(columns))
 
 
 def feature_column(table: pd.DataFrame, name: str) -> np.ndarray:
     """Column ``name`` of a ``features_frame`` table as floats, deriving a padded, capped or step feature if absent."""
+    import numpy as np
+
     if name in table:
         return table[name].to_numpy(dtype=float)
     q, cap, step = padding_quantum(name), kv_cap(name), token_step(name)

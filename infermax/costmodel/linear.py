@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 from .base import AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, check_positive_batch_times, check_slope
 from .hidden import HIDDEN_FEATURE, HIDDEN_TERM, kv_projection_share, no_share_error
@@ -132,6 +133,8 @@ class LinearCostModel(JsonDocumentModel):
 
     def predict_s(self, table: pd.DataFrame) -> np.ndarray:
         """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
+        import numpy as np
+
         col = {c: table[c].to_numpy(dtype=float) for c in
                ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs", "n_decode_seqs",
                 "decode_kv_tokens", "hidden_recompute_tokens")}

@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .files import LINEAR_JSON, MEASUREMENTS_CSV, PIECEWISE_JSON, PROFILE_JSON  # noqa: F401  (re-exported)
+
 COLUMNS = ("operator", "num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size", "tp", "median_ms", "mean_ms",
            "std_ms", "device", "software", "date", "source", "derivation")
-MEASUREMENTS_CSV = "measurements.csv"
-PROFILE_JSON, LINEAR_JSON, PIECEWISE_JSON = "profile.json", "infermax_linear.json", "infermax_piecewise.json"
 NON_ATTENTION_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
                      "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 ATTENTION_OPS = ("attn_prefill", "attn_kv_cache_save", "attn_decode")

@@ -1,11 +1,15 @@
 """Scheduler registry: every scheduler is usable by name from the CLI, sweeps and Python.
 
-Adding a scheduler = one module plus one `register` call here.
+Adding a scheduler = one module plus one `register` call here. The seed schedulers' modules (Apt-Serve,
+BROS, round robin, EcoServe) are imported by their factories, on first use, not when the registry loads:
+a run of an Algorithm 1 scheduler then compiles and imports none of them (start-up is most of a small
+run). Their classes stay importable from here (``__getattr__``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from importlib import import_module
 from typing import Callable
 
 from ..costmodel.base import CostModel
@@ -95,57 +99,73 @@ for _key, _label in (("arrival", "org"), ("prompt", "i"), ("output", "o")):
                          f"{_key}; hybrid, chunked prefill, P=C",
                          Algorithm1Policy("rank", hybrid=True, chunked_prefill=True, evict_for="running_decode",
                                           rank_by=_key))
-# Apt-Serve (SIGMOD 2025) and its ablations / option variants (infermax/schedulers/aptserve.py).
-from .aptserve import AptServeOptions, AptServeScheduler  # noqa: E402
 
+# Seed schedulers' classes by module, imported on first use (see the module docstring).
+_LAZY = {"AptServeOptions": "aptserve", "AptServeScheduler": "aptserve", "BrosOptions": "bros", "BrosScheduler": "bros",
+         "RoundRobinScheduler": "roundrobin", "EcoServeOptions": "ecoserve", "EcoServeScheduler": "ecoserve"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _seed(scheduler: str, options: str | None = None, name: str = "", **option_values
+          ) -> Callable[[Limits, CostModel | None], Scheduler]:
+    """A factory building the class ``scheduler`` (with ``options(**option_values)`` and ``name`` when ``options``
+    is given), whose module is imported on the first call."""
+
+    def build(limits: Limits, cost_model: CostModel | None) -> Scheduler:
+        cls = __getattr__(scheduler)
+        if options is None:
+            return cls(limits, cost_model)
+        return cls(limits, cost_model, __getattr__(options)(**option_values), name=name)
+
+    return build
+
+
+# Apt-Serve (SIGMOD 2025) and its ablations / option variants (infermax/schedulers/aptserve.py).
 for _name, _desc, _opts in (
-    ("aptserve", "Apt-Serve: hybrid KV/hidden cache, value-density greedy, prefill- or decode-only iterations",
-     AptServeOptions()),
-    ("aptserve-kv", "Apt-Serve ablation: KV cache only (adaptive scheduling kept)", AptServeOptions(hybrid=False)),
-    ("aptserve-fcfs", "Apt-Serve ablation: FCFS scheduling (hybrid cache kept)", AptServeOptions(adaptive=False)),
-    ("aptserve-decay", "Apt-Serve*: SLO violators' value decayed by 0.4 instead of near zero",
-     AptServeOptions(demotion="decay")),
-    ("aptserve-authors-rho", "Apt-Serve with the authors' rho (QKV projection slope / 5)", AptServeOptions(rho="authors")),
+    ("aptserve", "Apt-Serve: hybrid KV/hidden cache, value-density greedy, prefill- or decode-only iterations", {}),
+    ("aptserve-kv", "Apt-Serve ablation: KV cache only (adaptive scheduling kept)", dict(hybrid=False)),
+    ("aptserve-fcfs", "Apt-Serve ablation: FCFS scheduling (hybrid cache kept)", dict(adaptive=False)),
+    ("aptserve-decay", "Apt-Serve*: SLO violators' value decayed by 0.4 instead of near zero", dict(demotion="decay")),
+    ("aptserve-authors-rho", "Apt-Serve with the authors' rho (QKV projection slope / 5)", dict(rho="authors")),
     ("aptserve-code", "Apt-Serve as the authors' code: their rho, hidden requests re-prefilled, no single-item check",
-     AptServeOptions(rho="authors", reprefill_hidden=True, double_check=False)),
+     dict(rho="authors", reprefill_hidden=True, double_check=False)),
     ("aptserve-paper", "Apt-Serve as the paper states it: N = |W|+|R|, prefill memory M - sum of running KV sizes",
-     AptServeOptions(n_minus_violators=False, prefill_memory="paper")),
+     dict(n_minus_violators=False, prefill_memory="paper")),
 ):
     register(SchedulerSpec(name=_name, description=_desc,
-                           factory=lambda limits, cm, o=_opts, n=_name: AptServeScheduler(limits, cm, o, name=n)))
+                           factory=_seed("AptServeScheduler", "AptServeOptions", _name, **_opts)))
 
 # BROS (arXiv 2504.09590) and its baselines (infermax/schedulers/bros.py, roundrobin.py).
-from .bros import BrosOptions, BrosScheduler  # noqa: E402
-
 for _name, _desc, _opts in (
     ("bros", "BROS: RT slack-ordered packing under the most urgent RT's time budget, BE packing/replacement, "
              "bidirectional KV blocks (one RT + one BE per block of --block-size slots; use 16) with lazy "
-             "checkpointing; deadlock guards on", BrosOptions()),
+             "checkpointing; deadlock guards on", {}),
     ("bros-strict", "BROS with Algorithm 1 as printed (no guards): raises NoProgressError when it returns an "
-                    "empty batch", BrosOptions(strict=True)),
+                    "empty batch", dict(strict=True)),
 ):
     register(SchedulerSpec(name=_name, description=_desc, token_accounting=True,
-                           factory=lambda limits, cm, o=_opts, n=_name: BrosScheduler(limits, cm, o, name=n)))
-from .roundrobin import RoundRobinScheduler  # noqa: E402
-
+                           factory=_seed("BrosScheduler", "BrosOptions", _name, **_opts)))
 register(SchedulerSpec(name="roundrobin", description="BROS's RR baseline: RT and BE FCFS queues in alternate "
                                                       "iterations, mixed prefill/decode, no chunking, recompute",
-                       factory=lambda limits, cm: RoundRobinScheduler(limits, cm)))
+                       factory=_seed("RoundRobinScheduler")))
 
 # EcoServe (arXiv 2411.06364) and the paper's ablation ladder (infermax/schedulers/ecoserve.py).
-from .ecoserve import EcoServeOptions, EcoServeScheduler  # noqa: E402
-
 for _name, _desc, _opts in (
     ("ecoserve-d", "EcoServe-D: separate PT/GT queues, GTs admitted one by one every iteration (exact allocation)",
-     EcoServeOptions(sync=False, ordering=False, pipelining=False)),
+     dict(sync=False, ordering=False, pipelining=False)),
     ("ecoserve-sd", "EcoServe-SD: + same-length GT groups admitted when a group completes",
-     EcoServeOptions(ordering=False, pipelining=False)),
-    ("ecoserve-sdo", "EcoServe-SDO: + ordering (deadline, occupied KV, length buckets)", EcoServeOptions(pipelining=False)),
-    ("ecoserve", "EcoServe: decoupled PT/GT, synced groups, ordering, KV pipelining; predicted lengths", EcoServeOptions()),
-    ("ecoserve-oracle", "EcoServe with the true output lengths (no padding)", EcoServeOptions(oracle=True, padding=0.0)),
+     dict(ordering=False, pipelining=False)),
+    ("ecoserve-sdo", "EcoServe-SDO: + ordering (deadline, occupied KV, length buckets)", dict(pipelining=False)),
+    ("ecoserve", "EcoServe: decoupled PT/GT, synced groups, ordering, KV pipelining; predicted lengths", {}),
+    ("ecoserve-oracle", "EcoServe with the true output lengths (no padding)", dict(oracle=True, padding=0.0)),
 ):
     register(SchedulerSpec(name=_name, description=_desc,
-                           factory=lambda limits, cm, o=_opts, n=_name: EcoServeScheduler(limits, cm, o, name=n)))
+                           factory=_seed("EcoServeScheduler", "EcoServeOptions", _name, **_opts)))
 
 # vLLM's V1 engine scheduler (vLLM 0.33.0; infermax/schedulers/vllm_v1.py). One token budget (P = C).
 from .vllm_v1 import V1Options, VllmV1Scheduler  # noqa: E402

@@ -32,8 +32,10 @@ from itertools import chain
 from dataclasses import dataclass
 from math import lcm
 from time import perf_counter
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 from ..costmodel.base import CostModel
 from ..ecoserve_eval import solo_decode_s, solo_prefill_s
@@ -140,6 +142,8 @@ class EcoServeStats:
         parts = {k: dict(v) for k, v in self.parts.items()}
         for rid, state in self.state.items():
             parts[state][rid] += self.now - self.since[rid]
+        import pandas as pd
+
         return pd.DataFrame(parts).rename_axis("id").sort_index()
 
 
