@@ -8,12 +8,14 @@ It refuses to write into a directory that already holds results unless ``--force
 rewrites the committed ones silently; ``--report DIR`` redraws ``summary.md`` and the figures from a
 saved ``results.parquet``.
 
-Two grids, every point one simulation (the paper's linear A100 Llama-2-7B model, C = 4,096, block 16):
+Two grids, every point one simulation (the paper's linear A100 Llama-2-7B model, C = 4,096):
 
 1. **Fig. 9 with a shared system prompt** (`system-prompt` workload): B = 1,024 requests at t = 0,
-   prompt I ∈ {64, 256} tokens of which a share ``s`` ∈ {0, 1/4, 1/2, 3/4, 15/16} is one system prompt
-   shared by every request (the rest the request's own), O = 32 (the paper's Fig. 9), M ∈ {100, 1K,
-   4K, 10K, 100K} (M = 100 only for I = 64: a request of I = 256 cannot fit it). Schedulers: `vllm-v1` and `vllm-v1-ef` with caching off and on, the paper's `vllm`,
+   prompt I tokens of which a share ``s`` ∈ {0, 1/4, 1/2, 3/4, 15/16} is one system prompt shared by
+   every request (the rest the request's own), O = 32 (the paper's Fig. 9). Two accountings: vLLM's
+   paging (block 16, I ∈ {64, 256}, M ∈ {100, 1K, 4K, 10K, 100K}) and the paper's (block 1: caching
+   per token; I ∈ {4, 16, 64}, M ∈ {100, 1K, 10K, 100K}, where Fig. 9's eviction gains were found).
+   Points where a request cannot fit M are left out. Schedulers: `vllm-v1` and `vllm-v1-ef` with caching off and on, the paper's `vllm`,
    `vllm-ef`, `sarathi`, `sarathi-ef` (no caching).
 2. **Multi-turn conversations** (`multiturn`, LMSYS-Chat-1M lengths): 2,000 turns, conversations
    starting as a Poisson process at 8 per second (enough to load the GPU), mean turns ∈ {1, 2, 4}, M ∈ {10K, 100K}:
@@ -35,16 +37,19 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/findings.py
+
 from infermax.costmodel import load_cost_model
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.workload import with_arrivals
 from infermax.workloads_prefix import multiturn, shared_prefix_fraction, system_prompt
 
-BLOCK = 16
+TURN_BLOCK = 16
 C = 4096
-SYSTEM_GRID = dict(B=1024, I=(64, 256), O=32, shares=(0.0, 0.25, 0.5, 0.75, 0.9375),
-                   M=(100, 1_000, 4_000, 10_000, 100_000))
+SYSTEM_GRID = dict(B=1024, O=32, shares=(0.0, 0.25, 0.5, 0.75, 0.9375))
+SYSTEM_ACCOUNTINGS = ((16, (64, 256), (100, 1_000, 4_000, 10_000, 100_000)),  # (block, I values, M values)
+                      (1, (4, 16, 64), (100, 1_000, 10_000, 100_000)))
 SYSTEM_CONFIGS = (("vllm-v1", False), ("vllm-v1", True), ("vllm-v1-ef", False), ("vllm-v1-ef", True),
                   ("vllm", False), ("vllm-ef", False), ("sarathi", False), ("sarathi-ef", False))
 TURN_GRID = dict(B=2000, rate=8.0, turns=(1.0, 2.0, 4.0), M=(10_000, 100_000))
@@ -60,6 +65,7 @@ class Point:
     M: int
     share: float  # system-prompt share of the prompt (grid 1) or mean turns (grid 2)
     I: int = 0  # prompt tokens (grid 1)
+    block: int = TURN_BLOCK
 
     @property
     def label(self) -> str:
@@ -68,8 +74,8 @@ class Point:
 
 def points() -> list[Point]:
     g = SYSTEM_GRID
-    out = [Point("system-prompt", s, c, M, share, I) for I in g["I"] for M in g["M"] if I + g["O"] - 1 <= M - M % BLOCK
-           for share in g["shares"] for s, c in SYSTEM_CONFIGS]
+    out = [Point("system-prompt", s, c, M, share, I, block) for block, Is, Ms in SYSTEM_ACCOUNTINGS for I in Is
+           for M in Ms if I + g["O"] - 1 <= M - M % block for share in g["shares"] for s, c in SYSTEM_CONFIGS]
     out += [Point("multiturn", s, c, M, turns) for M in TURN_GRID["M"] for turns in TURN_GRID["turns"]
             for s, c in TURN_CONFIGS]
     return out
@@ -78,7 +84,7 @@ def points() -> list[Point]:
 def workload(p: Point):
     if p.grid == "system-prompt":
         g = SYSTEM_GRID
-        shared = round(p.share * p.I)
+        shared = min(round(p.share * p.I), p.I - 1)  # at least one token of its own
         if shared == 0:
             return system_prompt(g["B"], system_tokens=1, prefix_share=0.0, message_dist=f"const:{p.I}",
                                  output_dist=f"const:{g['O']}")
@@ -89,14 +95,14 @@ def workload(p: Point):
 
 def run_point(p: Point, cost) -> dict:
     requests = workload(p)
-    limits = Limits(C=C, M=p.M, block_size=BLOCK, prefix_caching=p.caching)
+    limits = Limits(C=C, M=p.M, block_size=p.block, prefix_caching=p.caching)
     t = time.perf_counter()
     res = simulate(requests, p.scheduler, limits, cost)
     wall = time.perf_counter() - t
     s, q = res.summary, res.requests
     hits_after_eviction = s.get("prefix_hit_tokens_after_eviction", 0)
-    row = {"grid": p.grid, "scheduler": p.scheduler, "caching": p.caching, "config": p.label, "I": p.I, "M": p.M,
-           "share": p.share, "shared_fraction": shared_prefix_fraction(requests, BLOCK),
+    row = {"grid": p.grid, "scheduler": p.scheduler, "caching": p.caching, "config": p.label, "block": p.block, "I": p.I,
+           "M": p.M, "share": p.share, "shared_fraction": shared_prefix_fraction(requests, p.block),
            **{k: s[k] for k in METRICS},
            "prefill_computed_tokens": int((q.prompt_tokens + q.refilled_tokens).sum()) - s.get("prefix_hit_tokens", 0),
            "refilled_tokens": s["refilled_tokens"],
@@ -147,9 +153,35 @@ def md(frame: pd.DataFrame) -> str:
 
 def _ratio_table(df: pd.DataFrame, num: str, den: str, metric: str = "tps") -> pd.DataFrame:
     """``metric`` of config ``num`` ÷ that of ``den`` per (M, share)."""
-    a = df[df.config == num].set_index(["I", "M", "share"])[metric]
-    b = df[df.config == den].set_index(["I", "M", "share"])[metric]
+    a = df[df.config == num].set_index(["block", "I", "M", "share"])[metric]
+    b = df[df.config == den].set_index(["block", "I", "M", "share"])[metric]
     return (a / b).unstack("share")
+
+
+def findings(df: pd.DataFrame) -> list:
+    """The paper's Fig. 9 eviction findings, checked for vLLM V1 with prefix caching (`experiments/findings.py`)."""
+    from findings import Finding
+
+    sp = df[df.grid == "system-prompt"]
+    with_cache = _ratio_table(sp, "vllm-v1 +cache", "vllm-v1-ef +cache").stack()
+    without = _ratio_table(sp, "vllm-v1", "vllm-v1-ef").stack()
+    out = []
+    for M, paper, claim_up in ((100, 2.2, True), (1000, 1.2, True), (10000, 1.5, False)):
+        ours = with_cache[with_cache.index.get_level_values("M") == M]
+        if ours.empty:
+            continue
+        plain = without[without.index.get_level_values("M") == M]
+        best = ours.idxmax() if claim_up else ours.idxmin()
+        value = float(ours[best])
+        block, I, _, share = best
+        verb = "raise" if claim_up else "lower"
+        out.append(Finding(
+            "9 (+cache)", f"M={M}: evictions {verb} TPS by up to {paper}x",
+            f"vllm-v1 +cache vs vllm-v1-ef +cache: up to {value if claim_up else 1 / value:.2f}x (block {block}, "
+            f"I={I}, shared share {share:g}); without caching up to "
+            f"{plain.max() if claim_up else 1 / plain.min():.2f}x",
+            value > 1 if claim_up else value < 1, paper_factor=paper, our_factor=value if claim_up else 1 / value))
+    return out
 
 
 def report(out: Path) -> None:
@@ -157,16 +189,16 @@ def report(out: Path) -> None:
     lines = ["# Caching x preemption (issue 19)", "",
              "Produced by `experiments/prefix_caching.py` (see its docstring for the grids and the command).", ""]
     sp = df[df.grid == "system-prompt"]
-    lines += ["## Shared system prompt (B = 1,024, O = 32): TPS", "",
-              md(sp.pivot_table(index=["I", "M", "share"], columns="config", values="tps")), ""]
+    lines += ["## Shared system prompt (B = 1,024, O = 32): TPS (block = KV block size)", "",
+              md(sp.pivot_table(index=["block", "I", "M", "share"], columns="config", values="tps")), ""]
     lines += ["## Hit rate (tokens) and prefill tokens computed, vllm-v1 +cache", "",
-              md(sp[sp.config == "vllm-v1 +cache"].set_index(["I", "M", "share"])[
+              md(sp[sp.config == "vllm-v1 +cache"].set_index(["block", "I", "M", "share"])[
                   ["shared_fraction", "prefix_hit_rate_tokens", "prefill_computed_tokens", "evictions",
                    "refilled_tokens", "refill_computed_tokens", "cached_blocks_evicted"]]), ""]
     for label, num, den in (("vllm-v1 (no cache)", "vllm-v1", "vllm-v1-ef"),
                             ("vllm-v1 +cache", "vllm-v1 +cache", "vllm-v1-ef +cache"),
                             ("paper's vllm", "vllm", "vllm-ef"), ("paper's sarathi", "sarathi", "sarathi-ef")):
-        lines += [f"## Evicting ÷ eviction-free TPS, {label} (rows I, M; columns: shared share)", "",
+        lines += [f"## Evicting ÷ eviction-free TPS, {label} (rows block, I, M; columns: shared share)", "",
                   md(_ratio_table(sp, num, den)), ""]
     lines += ["## Caching speed-up of vllm-v1 (TPS with ÷ without)", "",
               md(_ratio_table(sp, "vllm-v1 +cache", "vllm-v1")), ""]
@@ -176,6 +208,9 @@ def report(out: Path) -> None:
                   md(mt.set_index(["M", "share", "config"])[
                       ["shared_fraction", "tps", "mean_ttft_s", "mean_tpot_s", "evictions", "prefix_hit_rate_tokens",
                        "refill_computed_tokens"]]), ""]
+    from findings import show
+
+    lines += ["## The paper's eviction findings with caching", "", show(findings(df)), ""]
     (out / "summary.md").write_text("\n".join(lines))
     figure(sp, out / "figures")
 
@@ -193,7 +228,7 @@ def figure(sp: pd.DataFrame, folder: Path) -> None:
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
-    for I, part in sp.groupby("I"):
+    for (block, I), part in sp.groupby(["block", "I"]):
         Ms = sorted(part.M.unique())
         fig, axes = plt.subplots(3, len(Ms), figsize=(3.6 * len(Ms), 8.5), sharex=True, squeeze=False)
         for j, M in enumerate(Ms):
@@ -208,21 +243,24 @@ def figure(sp: pd.DataFrame, folder: Path) -> None:
         for i, name in enumerate(("TPS (tokens/s)", "mean TTFT (s)", "evictions")):
             axes[i, 0].set_ylabel(name)
         axes[0, -1].legend(fontsize=7)
-        fig.suptitle(f"Caching x preemption: shared system prompt, B = 1,024, I = {I}, O = 32 (linear A100 model)")
+        fig.suptitle(f"Caching x preemption: shared system prompt, B = 1,024, I = {I}, O = 32, block {block} "
+                     f"(linear A100 model)")
         fig.tight_layout()
-        fig.savefig(folder / f"prefix_caching_I{I}.png", dpi=100)
+        fig.savefig(folder / f"prefix_caching_b{block}_I{I}.png", dpi=100)
         plt.close(fig)
     shares = sorted(sp.share.unique())
-    fig, axes = plt.subplots(sp.I.nunique(), len(shares), figsize=(3.2 * len(shares), 6), sharey=True, squeeze=False)
-    for r, (I, part) in enumerate(sp.groupby("I")):
+    cases = list(sp.groupby(["block", "I"]))
+    fig, axes = plt.subplots(len(cases), len(shares), figsize=(3.2 * len(shares), 2.8 * len(cases)), sharey=True,
+                             squeeze=False)
+    for r, ((block, I), part) in enumerate(cases):
         for j, share in enumerate(shares):
             ax = axes[r, j]
             for num, den, label in PAIRS:
-                ratio = _ratio_table(part, num, den)[share].droplevel("I").sort_index()
+                ratio = _ratio_table(part, num, den)[share].droplevel(["block", "I"]).sort_index()
                 ax.plot(ratio.index, ratio.values, "-" if "+cache" in num else ":", marker="o", ms=3, label=label)
             ax.axhline(1.0, color="grey", lw=0.6)
             ax.set_xscale("log")
-            ax.set_title(f"I = {I}, shared share {share:g}", fontsize=9)
+            ax.set_title(f"block {block}, I = {I}, shared {share:g}", fontsize=9)
             ax.set_xlabel("M (tokens)")
         axes[r, 0].set_ylabel("TPS evicting ÷ eviction-free")
     axes[0, -1].legend(fontsize=7)

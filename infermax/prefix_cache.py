@@ -53,6 +53,12 @@ class _Chain:
         """The hash of full block ``k`` (blocks before it are computed first)."""
         hashes, segments = self.hashes, self.segments
         while len(hashes) <= k:
+            seg_id, length = segments[self.seg]
+            if length - self.offset > block_size:  # the common case: the block lies inside one segment
+                off = self.offset
+                hashes.append(hash((hashes[-1] if hashes else 0, ((seg_id, off, off + block_size),))))
+                self.offset = off + block_size
+                continue
             pieces = []
             need = block_size
             while need:
@@ -145,6 +151,7 @@ class PrefixCache:
         self.admitted_tokens += s.input_tokens
         self.admitted_blocks += (s.input_tokens - 1) // b
         table = self._tables[s.id] = []
+        s.cache_blocks = tokens // b
         newly = 0
         for k in range(tokens // b):
             block = by_hash[chain.hash_at(k, b)]
@@ -166,6 +173,7 @@ class PrefixCache:
         full = s.m // b
         if len(table) >= full:
             return
+        s.cache_blocks = full
         chain, by_hash, refs = self._chain(s.req), self._by_hash, self._refs
         for k in range(len(table), full):
             block = self._next_block
@@ -183,6 +191,7 @@ class PrefixCache:
         self.fill(s)
         refs, lru, hash_of = self._refs, self._lru, self._hash_of
         freed = 1 if s.m % self.block_size else 0
+        s.cache_blocks = 0
         for block in reversed(self._tables.pop(s.id, ())):
             refs[block] -= 1
             if refs[block] == 0:

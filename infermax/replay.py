@@ -34,6 +34,7 @@ class RequestState:
         "req", "id", "m", "input_tokens", "generated", "evictions",
         "prefill_processed", "first_token_s", "finish_s", "last_token_s", "hidden", "token_times",
         "cpu_tokens", "swapped_out_tokens", "swapped_in_tokens", "last_decode_m", "e0", "prefix_hit_tokens",
+        "cache_blocks",
     )
 
     def __init__(self, req: Request):
@@ -53,6 +54,7 @@ class RequestState:
         self.swapped_in_tokens = 0
         self.last_decode_m = req.prompt_tokens + req.output_tokens - 2  # m before the decode of the last token
         self.prefix_hit_tokens = 0  # input tokens taken from the prefix cache instead of computed
+        self.cache_blocks = 0  # full KV blocks registered with the prefix cache (`PrefixCache.fill`)
         self.e0 = 0  # the replayer's cohort epoch when m, generated, last_token_s were last brought up to date
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
@@ -377,10 +379,12 @@ class Replayer:
             if cohort_done:  # the cohort's items come first
                 finished = cohort_done + finished
         self.unfinished -= len(finished)
-        if cache is not None:
+        if cache is not None:  # register the blocks the batch filled (`cache_blocks`: those registered)
+            b = lim.block_size
             for rid, _ in batch.items:
-                if states[rid].finish_s is None:
-                    cache.fill(states[rid])
+                s = states[rid]
+                if s.m >= (s.cache_blocks + 1) * b and s.finish_s is None:
+                    cache.fill(s)
             cache.used_tokens = self.kv_tokens
         for s in now_plain:
             if s.finish_s is None:
