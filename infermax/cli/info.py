@@ -15,8 +15,10 @@ def schedulers() -> None:
     table = Table(title="registered schedulers")
     table.add_column("name", no_wrap=True)
     table.add_column("description")
+    table.add_column("prefix caching", justify="center")
     for name in available():
-        table.add_row(name, get_spec(name).description)
+        spec = get_spec(name)
+        table.add_row(name, spec.description, "yes" if spec.supports_prefix_caching else "")
     console.print(table)
 
 
