@@ -260,6 +260,8 @@ def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
     return None
 
 
+# The pipelined-completions DP is exact over all groupings (cubic in the number of requests): up to this many.
+PIPELINE_MAX_REQUESTS = 128
 # Features that are sums over a batch's items (so a batch's value is the sum of its items' values).
 _ADDITIVE = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs",
              "n_decode_seqs", "decode_kv_tokens") + tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
@@ -591,7 +593,56 @@ class LowerBounder:
         if grouped is not None:
             parts["grouped_sum_s"] = grouped - float(self.arrivals.sum())
             total = max(total, grouped)
+        if not first_token_only:
+            pipelined = self._pipelined_completion_sum(arrays, lower)
+            if pipelined is not None:
+                parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
+                total = max(total, pipelined)
         return total - float(self.arrivals.sum()), parts
+
+    def _pipelined_completion_sum(self, arrays: DemandArrays, lower: np.ndarray) -> float | None:
+        """Σ_k f_(k) bounded with the work that requests finishing later must already have done
+        (docs/design.md, "Pipelined completions"): a request finishing d batches after another has generated all
+        but d of its tokens before it. Exact DP over every grouping of the completions (no grid), so only up
+        to `PIPELINE_MAX_REQUESTS` requests; None beyond, without an additive split, or when some O = 1."""
+        n = len(arrays)
+        split = additive_split(self.terms)
+        o_min = int(arrays.generated.min())
+        if split is None or n > PIPELINE_MAX_REQUESTS or o_min < 2:
+            return None
+        a0, _, marginal = split
+        work = np.sort(self._marginal_work_s(False, marginal))
+        W = np.concatenate([[0.0], np.cumsum(work)])
+        ch = self._batches_needed(arrays).astype(float)
+        old = np.concatenate([[0.0], lower])
+        # M(d): the least marginal work of any request's first O − d tokens, on a grid of d in [1, o_min − 1];
+        # non-increasing in d, so a d between grid points g_{a−1} < d <= g_a gets M(g_a).
+        classes = np.unique(np.array([(r.prompt_tokens, r.output_tokens) for r in self.requests]), axis=0)
+        d_grid = sorted({1, o_min - 1, *np.geomspace(1, o_min - 1, 12).astype(int).tolist()})
+        M = [min(busy_time_lb_s(DemandArrays.of([Request(0, 0.0, int(i), int(o) - d)], self.limits).total(),
+                                self.limits, marginal, self.policies, self.hidden) for i, o in classes) for d in d_grid]
+        gaps = [(1, M[0])] + [(d_grid[a - 1] + 1, M[a]) for a in range(1, len(d_grid))] + [(o_min, 0.0)]
+        k = np.arange(n + 1)
+        best = 0.0
+        for theta in (0.0, 0.25, 0.5, 0.75):
+            for lam in (0.0, 0.5, 1.0):
+                own = theta * k * old + (1 - theta) * k * (self.t0 + a0 * lam * ch + W)  # a group ending at k, per size
+                V = np.full((n + 1, n + 1), math.inf)  # V[j, i]: groups up to the one covering (j, i]
+                V[0, 1:] = own[1:] + (1 - theta) * a0 * (1 - lam) * ch[1:] * n  # β_1 >= ch(k_1), all n wait for it
+                for i in range(1, n):
+                    prev = V[:i, i]
+                    s_prev = (i - np.arange(i)).astype(float)
+                    s = k[i + 1:] - i
+                    R = n - i
+                    trans = np.full(len(s), math.inf)
+                    for d, m in gaps:
+                        val = (prev[:, None] + (1 - theta) * m * s_prev[:, None] * s[None, :]).min(axis=0)
+                        trans = np.minimum(trans, val + (1 - theta) * a0 * (1 - lam) * d * R)
+                    # the new group's own part: θ·s·old(k) + (1 − θ)·s·(T_min + a0·λ·ch(k) + W(k)) with k = i + s
+                    V[i, i + 1:] = trans + theta * s * old[i + 1:] + (1 - theta) * s * (
+                        self.t0 + a0 * lam * ch[i + 1:] + W[i + 1:])
+                best = max(best, float(V[:, n].min()))
+        return best * (1 - LP_SAFETY_RTOL)
 
     def _classes(self, first_token_only: bool) -> tuple[np.ndarray, np.ndarray]:
         """Distinct (I, O) classes (O = 1 for first tokens) and each request's class. Above 400 classes a

@@ -231,10 +231,13 @@ def test_better_answers_no_from_the_bound_alone():
 GROUP_CASES = {**CASES,
                # identical prefill-only requests: batching them trades intercepts against waiting
                "four-identical": ([Request(i, 0, 1, 1) for i in range(4)], Limits(C=8, M=8)),
-               "decodes": ([Request(0, 0, 1, 2), Request(1, 0, 1, 2), Request(2, 0, 2, 1)], Limits(C=8, M=8))}
+               "decodes": ([Request(0, 0, 1, 2), Request(1, 0, 1, 2), Request(2, 0, 2, 1)], Limits(C=8, M=8)),
+               # all O >= 2: the pipelined bound applies (a request finishing later has generated tokens before)
+               "pipeline": ([Request(0, 0, 1, 3), Request(1, 0, 2, 2), Request(2, 0, 1, 2)], Limits(C=8, M=12))}
 
 
 def _bounds(bounder: LowerBounder, objective: Objective):
+    """The bound, its grouped part and its order-statistic part (the pipelined part is in the parts)."""
     lb = bounder.latency_sum_s() if objective.latency else bounder.mean_ttft_s()
     scale = 1 if objective.latency else 1 / len(bounder.requests)
     return lb, lb.parts.get("grouped_sum_s", 0.0) * scale, lb.parts["order_statistic_sum_s"] * scale
@@ -252,7 +255,10 @@ def test_grouped_completion_bound_below_brute_force(case, objective, cost):
     best = brute_force(requests, limits, cm, objective, SLOTS)
     assert grouped > 0  # every cost model here has a non-negative additive split
     assert grouped <= best * (1 + TOL), f"grouped bound {grouped} above the brute-force optimum {best}"
-    assert lb.value_s == pytest.approx(max(grouped, order_statistic), rel=1e-12)
+    pipelined = lb.parts.get("pipelined_sum_s", 0.0)
+    assert ("pipelined_sum_s" in lb.parts) == (objective.latency > 0 and min(r.output_tokens for r in requests) > 1)
+    assert pipelined <= best * (1 + TOL), f"pipelined bound {pipelined} above the brute-force optimum {best}"
+    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined), rel=1e-12)
     assert lb.value_s <= best * (1 + TOL)
 
 
@@ -315,5 +321,6 @@ def test_grouped_bound_below_schedulers_and_search(case, scheduler):
         lb, grouped, _ = _bounds(bounder, objective)
         got = objective.value(simulate(reqs, scheduler, limits, LINEAR_MODEL))
         assert grouped <= got * (1 + TOL), f"{objective}: grouped bound {grouped} > {scheduler}'s {got}"
+        assert lb.value_s <= got * (1 + TOL), f"{objective}: bound {lb.value_s} > {scheduler}'s {got}"
         found = search(reqs, limits, LINEAR_MODEL, objective, time_limit_s=0.5)
         assert lb.value_s <= found.value_s * (1 + TOL), f"{objective}: bound {lb.value_s} > search's {found.value_s}"
