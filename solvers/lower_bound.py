@@ -205,8 +205,16 @@ class _LP:
             return math.inf  # no schedule does this demand within the limits
         if values is not None and res.x is not None:
             values.update(zip(self.names, res.x))
-        if self.integer and res.status == 1 and getattr(res, "mip_dual_bound", None) is not None:
-            return float(res.mip_dual_bound)  # time limit: the dual bound is still a bound
+        if self.integer and res.status == 1:  # time limit: the dual bound is still a bound
+            dual = getattr(res, "mip_dual_bound", None)
+            if dual is not None and math.isfinite(dual):
+                return float(dual)
+            # none yet (a loaded machine can spend the limit before the root bound): the LP relaxation is one too
+            integer, self.integer = self.integer, set()
+            try:
+                return self.solve(objective, values)
+            finally:
+                self.integer = integer
         if res.status != 0:
             raise RuntimeError(f"lower-bound LP failed: {res.message}")
         if self.integer:

@@ -142,15 +142,21 @@ SCHEDULERS = [n for n in available() if n != "bros-strict"]
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
 
 
-@st.composite
-def workloads(draw):
-    n = draw(st.integers(1, 8))
+def _draw_requests(draw, n_range, gaps, max_prompt, max_output) -> list[Request]:
+    """Requests with random lengths, all at 0 or (half the time) arriving after the drawn gaps."""
+    n = draw(st.integers(*n_range))
     online = draw(st.booleans())
     reqs, t = [], 0.0
     for i in range(n):
         if online:
-            t += draw(st.sampled_from([0.0, 0.005, 0.05, 1.0]))
-        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 24))))
+            t += draw(st.sampled_from(gaps))
+        reqs.append(Request(i, t, draw(st.integers(1, max_prompt)), draw(st.integers(1, max_output))))
+    return reqs
+
+
+@st.composite
+def workloads(draw):
+    reqs = _draw_requests(draw, (1, 8), [0.0, 0.005, 0.05, 1.0], 40, 24)
     block = draw(st.sampled_from([1, 1, 4, 16]))
     peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
     C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 96))
@@ -292,13 +298,7 @@ def test_grouped_bound_is_the_batching_optimum_for_prefill_only_requests():
 @st.composite
 def batching_workloads(draw):
     """More requests than `workloads` (grouping matters), online or offline, heterogeneous, blocks, Rmax."""
-    n = draw(st.integers(2, 24))
-    online = draw(st.booleans())
-    reqs, t = [], 0.0
-    for i in range(n):
-        if online:
-            t += draw(st.sampled_from([0.0, 0.0, 0.002, 0.02, 0.2]))
-        reqs.append(Request(i, t, draw(st.integers(1, 64)), draw(st.integers(1, 16))))
+    reqs = _draw_requests(draw, (2, 24), [0.0, 0.0, 0.002, 0.02, 0.2], 64, 16)
     block = draw(st.sampled_from([1, 4, 16]))
     peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
     C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 256))
