@@ -126,7 +126,7 @@ def run_point(grid: str, point: dict, objective: str, search_limit_s: float, cos
 
 
 def run(grid: str, objective: str, search_limit_s: float, out: Path, reuse_from: list[Path] | None = None,
-        rerun: bool = False) -> None:
+        rerun: bool = False, only: list[str] | None = None) -> None:
     cost = load_cost_model(kind="linear")
     previous: dict = {}
     for path in reuse_from or []:  # the best search result of each point over the given tables
@@ -137,7 +137,7 @@ def run(grid: str, objective: str, search_limit_s: float, out: Path, reuse_from:
                 previous[r["point"]] = {**r, "search_from": str(path)}
     folder = out / "points" / grid / objective
     folder.mkdir(parents=True, exist_ok=True)
-    points = _points(grid)
+    points = [p for p in _points(grid) if not only or p["point"] in only]
     for i, point in enumerate(points, 1):
         path = folder / f"{point['point']}.json"
         if path.exists():
@@ -246,6 +246,7 @@ def main() -> None:
     ap.add_argument("--reuse-search", type=Path, nargs="+", metavar="PARQUET",
                     help="take each point's search columns from the best search of these earlier results.parquet "
                          "files (the search is not run again there; the bound and the gaps are recomputed)")
+    ap.add_argument("--points", nargs="+", metavar="NAME", help="only these points (e.g. I256_O1024_B1024)")
     ap.add_argument("--rerun-search", action="store_true",
                     help="with --reuse-search: run the search anyway and keep the better of it and the reused one")
     ap.add_argument("--report", type=Path, help="only collect the points under this folder into tables and figures")
@@ -255,7 +256,7 @@ def main() -> None:
         return
     for grid in args.grid:
         for obj in args.objective:
-            run(grid, obj, args.search_limit, args.out, args.reuse_search, args.rerun_search)
+            run(grid, obj, args.search_limit, args.out, args.reuse_search, args.rerun_search, args.points)
     print(report(args.out))
 
 
