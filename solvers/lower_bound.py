@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padding_quantum, token_step
+from infermax.costmodel.base import PREFILL_CTX_CAPS, AffinePiece, CostTerm, kv_cap, padding_quantum, token_step
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -206,8 +206,16 @@ class _LP:
             return math.inf  # no schedule does this demand within the limits
         if values is not None and res.x is not None:
             values.update(zip(self.names, res.x))
-        if self.integer and res.status == 1 and getattr(res, "mip_dual_bound", None) is not None:
-            return float(res.mip_dual_bound)  # time limit: the dual bound is still a bound
+        if self.integer and res.status == 1:  # time limit: the dual bound is still a bound
+            dual = getattr(res, "mip_dual_bound", None)
+            if dual is not None and math.isfinite(dual):
+                return float(dual)
+            # none yet (a loaded machine can spend the limit before the root bound): the LP relaxation is one too
+            integer, self.integer = self.integer, set()
+            try:
+                return self.solve(objective, values)
+            finally:
+                self.integer = integer
         if res.status != 0:
             raise RuntimeError(f"lower-bound LP failed: {res.message}")
         if self.integer:
@@ -259,6 +267,50 @@ def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
                 if c < 0:
                     return f"cost term {t.name!r} has a negative coefficient for {f!r} ({c:.3g})"
     return None
+
+
+# The pipelined-completions DP is exact over all groupings (cubic in the number of requests): up to this many.
+PIPELINE_MAX_REQUESTS = 128
+# Features that are sums over a batch's items (so a batch's value is the sum of its items' values).
+_ADDITIVE = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs",
+             "n_decode_seqs", "decode_kv_tokens") + tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
+
+
+def additive_split(terms: tuple[CostTerm, ...]) -> tuple[float, float, tuple[CostTerm, ...]] | None:
+    """Batch time >= intercepts + Σ over items of an item's marginal cost: ``(a0, a_p, marginal terms)``.
+
+    Per term one piece is kept (the term is the maximum of its pieces, so at least any one; the one with
+    the largest intercept). Padded counts ``⌈n/q⌉q`` are replaced by ``n``; steps, KV maxima and the
+    swap / hidden-recompute features are dropped (all >= 0 with slopes >= 0, which the callers check).
+    What remains is additive over items, so a batch's time is at least the gate intercepts plus the sum
+    over requests of the intercept-free terms on that request's items. ``a0``: the least intercept of a
+    non-empty batch (the token gate plus the cheaper of the prefill and decode gates, plus any negative
+    intercept of the other gates); ``a_p``: the same for a batch with a prefill item. None if ``a0 < 0``."""
+    a_n = a_p = a_d = a_o = 0.0
+    marginal = []
+    for t in terms:
+        piece = max(t.pieces, key=lambda p: p.intercept_s)
+        if t.active_if == "n_tokens":
+            a_n += piece.intercept_s
+        elif t.active_if in PREFILL_FEATURES:
+            a_p += piece.intercept_s
+        elif t.active_if in DECODE_FEATURES:
+            a_d += piece.intercept_s
+        else:  # charged only with swaps or hidden-form caches
+            a_o += min(0.0, piece.intercept_s)
+            continue
+        coefs: dict[str, float] = {}
+        for f, c in piece.coef_s.items():
+            if padding_quantum(f) is not None:
+                f = "n_tokens"
+            elif f not in _ADDITIVE:
+                continue
+            coefs[f] = coefs.get(f, 0.0) + c
+        marginal.append(CostTerm(t.name, t.active_if, (AffinePiece(0.0, coefs),)))
+    a0 = a_n + min(a_p, a_d) + a_o
+    if a0 < 0:
+        return None
+    return a0, a_n + a_p + a_o, tuple(marginal)
 
 
 def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], policies: Policies = Policies(),
@@ -543,24 +595,157 @@ class LowerBounder:
             lower[before:] = np.maximum(lower[before:], values[idx])
             if self.progress:
                 self.progress(int(T), n)
-        parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases)}
-        return float(lower.sum()) - float(self.arrivals.sum()), parts
+        parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
+                 "order_statistic_sum_s": float(lower.sum()) - float(self.arrivals.sum())}
+        total = float(lower.sum())
+        grouped = self._grouped_completion_sum(arrays, lower, first_token_only)
+        if grouped is not None:
+            parts["grouped_sum_s"] = grouped - float(self.arrivals.sum())
+            total = max(total, grouped)
+        if not first_token_only:
+            pipelined = self._pipelined_completion_sum(arrays, lower)
+            if pipelined is not None:
+                parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
+                total = max(total, pipelined)
+        return total - float(self.arrivals.sum()), parts
 
-    def _solo_s(self, first_token_only: bool) -> np.ndarray:
-        """Per request: a lower bound on (its finish or first-token time) − arrival, the busy time of its own
-        work (monotonicity: a batch is at least as long as its items from this request alone), computed once
-        per distinct (I, O). Above 400 classes a request takes the point of a geometric (I, O) grid at most as
-        demanding in both I and O (the bound is monotone in the demand)."""
+    def _pipelined_completion_sum(self, arrays: DemandArrays, lower: np.ndarray) -> float | None:
+        """Σ_k f_(k) bounded with the work that requests finishing later must already have done
+        (docs/design.md, "Pipelined completions"): a request finishing d batches after another has generated all
+        but d of its tokens before it. Exact DP over every grouping of the completions (no grid), so only up
+        to `PIPELINE_MAX_REQUESTS` requests; None beyond, without an additive split, or when some O = 1."""
+        n = len(arrays)
+        split = additive_split(self.terms)
+        o_min = int(arrays.generated.min())
+        if split is None or n > PIPELINE_MAX_REQUESTS or o_min < 2:
+            return None
+        a0, _, marginal = split
+        work = np.sort(self._marginal_work_s(False, marginal))
+        W = np.concatenate([[0.0], np.cumsum(work)])
+        ch = self._batches_needed(arrays).astype(float)
+        old = np.concatenate([[0.0], lower])
+        # M(d): the least marginal work of any request's first O − d tokens, on a grid of d in [1, o_min − 1];
+        # non-increasing in d, so a d between grid points g_{a−1} < d <= g_a gets M(g_a).
+        classes = np.unique(np.array([(r.prompt_tokens, r.output_tokens) for r in self.requests]), axis=0)
+        d_grid = sorted({1, o_min - 1, *np.geomspace(1, o_min - 1, 12).astype(int).tolist()})
+        M = [min(busy_time_lb_s(DemandArrays.of([Request(0, 0.0, int(i), int(o) - d)], self.limits).total(),
+                                self.limits, marginal, self.policies, self.hidden) for i, o in classes) for d in d_grid]
+        gaps = [(1, M[0])] + [(d_grid[a - 1] + 1, M[a]) for a in range(1, len(d_grid))] + [(o_min, 0.0)]
+        k = np.arange(n + 1)
+        best = 0.0
+        for theta in (0.0, 0.25, 0.5, 0.75):
+            for lam in (0.0, 0.5, 1.0):
+                own = theta * k * old + (1 - theta) * k * (self.t0 + a0 * lam * ch + W)  # a group ending at k, per size
+                V = np.full((n + 1, n + 1), math.inf)  # V[j, i]: groups up to the one covering (j, i]
+                V[0, 1:] = own[1:] + (1 - theta) * a0 * (1 - lam) * ch[1:] * n  # β_1 >= ch(k_1), all n wait for it
+                for i in range(1, n):
+                    prev = V[:i, i]
+                    s_prev = (i - np.arange(i)).astype(float)
+                    s = k[i + 1:] - i
+                    R = n - i
+                    trans = np.full(len(s), math.inf)
+                    for d, m in gaps:
+                        val = (prev[:, None] + (1 - theta) * m * s_prev[:, None] * s[None, :]).min(axis=0)
+                        trans = np.minimum(trans, val + (1 - theta) * a0 * (1 - lam) * d * R)
+                    # the new group's own part: θ·s·old(k) + (1 − θ)·s·(T_min + a0·λ·ch(k) + W(k)) with k = i + s
+                    V[i, i + 1:] = trans + theta * s * old[i + 1:] + (1 - theta) * s * (
+                        self.t0 + a0 * lam * ch[i + 1:] + W[i + 1:])
+                best = max(best, float(V[:, n].min()))
+        return best * (1 - LP_SAFETY_RTOL)
+
+    def _classes(self, first_token_only: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct (I, O) classes (O = 1 for first tokens) and each request's class. Above 400 classes a
+        request takes the point of a geometric (I, O) grid at most as demanding in both I and O (every
+        per-request bound used is monotone in the demand)."""
         keys = np.array([(r.prompt_tokens, 1 if first_token_only else r.output_tokens) for r in self.requests])
         if len(np.unique(keys, axis=0)) > 400:
             gi = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 0].max(), 24).astype(int)]))
             go = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 1].max(), 16).astype(int)]))
             keys = np.stack([gi[np.searchsorted(gi, keys[:, 0], side="right") - 1],
                              go[np.searchsorted(go, keys[:, 1], side="right") - 1]], axis=1)
-        classes, which = np.unique(keys, axis=0, return_inverse=True)
+        return np.unique(keys, axis=0, return_inverse=True)
+
+    def _solo_s(self, first_token_only: bool) -> np.ndarray:
+        """Per request: a lower bound on (its finish or first-token time) − arrival, the busy time of its own
+        work (monotonicity: a batch is at least as long as its items from this request alone), computed once
+        per distinct (I, O) (`_classes`)."""
+        classes, which = self._classes(first_token_only)
         busy = np.array([self.busy_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total())
                          for i, o in classes])
         return busy[np.ravel(which)]
+
+    def _marginal_work_s(self, first_token_only: bool, marginal: tuple) -> np.ndarray:
+        """Per request: a lower bound on the intercept-free time of its own items (the busy LP of the request
+        alone over the `additive_split` terms), per distinct (I, O) class as in `_solo_s`."""
+        classes, which = self._classes(first_token_only)
+        work = np.array([busy_time_lb_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total(),
+                                        self.limits, marginal, self.policies, self.hidden) for i, o in classes])
+        return work[np.ravel(which)]
+
+    def _grouped_completion_sum(self, arrays: DemandArrays, lower: np.ndarray, first_token_only: bool) -> float | None:
+        """Σ_k f_(k) bounded by grouping the completions by batch (docs/design.md, "Batched completions").
+
+        Requests completing in the same batch share its finish time, so each is charged the bound of the last
+        of them; completing in many batches instead costs a per-batch intercept ``a0`` in every batch up to
+        each finish. For a schedule whose completion batches are β_1 < … < β_m with k_1 < … < k_m requests done
+        by them, every request of group g finishes at >= max(lower[k_g], T_min + a0·β_g + (a_c − a0)·g +
+        W(k_g)), with W(k) the k smallest per-request marginal works and β_g >= max(ch(k_g), g − 1 + ch(1)).
+        The least such sum over all groupings (a DP over k, exact on a grid of group ends where every
+        quantity takes its value at the grid point below) is a lower bound. None when the cost model has no
+        additive split (`additive_split`)."""
+        split = additive_split(self.terms)
+        if split is None:
+            return None
+        a0, a_c, marginal = split
+        n = len(arrays)
+        if first_token_only or int(arrays.generated.max()) == 1:
+            a_c = max(a_c, a0)  # the completing item is a prefill: its batch pays the prefill gate
+        else:
+            a_c = a0  # a last token may come from a decode or a refill: only the cheaper gate is sure
+        work = np.sort(self._marginal_work_s(first_token_only, marginal))
+        W = np.concatenate([[0.0], np.cumsum(work)])  # W[k]: the k smallest works
+        ch = self._batches_needed(arrays)  # ch[k]: batches before any k requests can all be done (k >= 1)
+        grid = np.asarray(_k_grid(n, dense=128, ratio=1.01))
+        ends = np.concatenate([[0], grid[1:] - 1, [n]])  # group ends: the last k of each grid interval
+        q = grid - 1  # 0-based index of each interval's first k
+        base = self.t0 + W[grid]
+        low = lower[q]
+        size_end = ends[1:]
+        G = len(grid)
+        best = math.inf
+        prev = np.full(G + 1, math.inf)
+        prev[0] = 0.0
+        for g in range(1, G + 1):
+            beta = np.maximum(ch[grid], g - 1 + ch[1])
+            h = np.maximum(low, base + a0 * beta + (a_c - a0) * g)  # per member of a group ending in interval i
+            # cur[i] = min_{j < i} prev[j] + (ends[i] − ends[j])·h[i − 1]
+            cand = prev[:-1, None] + (size_end[None, :] - ends[:-1, None]) * h[None, :]
+            cand[np.tril_indices(G, -1)] = math.inf  # j must precede i
+            cur = np.full(G + 1, math.inf)
+            cur[1:] = cand.min(axis=0)
+            best = min(best, cur[G])
+            if not np.isfinite(cur).any() or cur[1:].min() >= best:
+                break
+            prev = cur
+        return best * (1 - LP_SAFETY_RTOL) if math.isfinite(best) else None
+
+    def _batches_needed(self, arrays: DemandArrays) -> np.ndarray:
+        """ch[k] (k = 1..n, ch[0] = 0): batches any schedule needs before k requests can all be done: the
+        k-th smallest chain, and the k smallest requests' tokens over C, prompts over min(C, P), KV area over
+        M and generated tokens over Rmax."""
+        lim = self.limits
+
+        def cum(a):
+            return np.concatenate([[0], np.cumsum(np.sort(a))])
+
+        ch = np.concatenate([[0], np.sort(arrays.chain)])
+        ch = np.maximum(ch, -(-cum(arrays.prompt + arrays.decode_items) // lim.C))
+        ch = np.maximum(ch, -(-cum(arrays.prompt) // min(lim.C, lim.prefill_budget)))
+        area = cum(arrays.kv_area)
+        ch = np.maximum(ch, np.ceil((area * 0.5 if self.hidden else area) / lim.M).astype(np.int64))
+        if lim.Rmax is not None:
+            ch = np.maximum(ch, -(-cum(arrays.generated) // lim.Rmax))
+        return ch
 
     def latency_sum_s(self) -> LowerBound:
         t = time.perf_counter()

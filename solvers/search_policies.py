@@ -320,9 +320,9 @@ class ClairvoyantScheduler(_ProfileScheduler):
 class FirstTokenScheduler(ClairvoyantScheduler):
     """For mean TTFT: first tokens first, evicting (recompute) whatever holds the KV they need.
 
-    While some arrived request has no token yet, each batch is prefill-only: such requests, shortest
-    prompt first, each prefilled whole (a prompt over ``min(C, P)`` raises `InfeasibleRequestError`),
-    within ``C``/``P``; when ``M`` or ``Rmax`` is short, running requests are evicted (largest KV first)
+    While some arrived request has no token yet, each batch is prefill-only: such requests, those already
+    in a chunked prefill first, then shortest prompt first, each prefilled whole unless its prompt exceeds
+    ``min(C, P)`` (then chunked over consecutive batches) or the batch would be empty, within ``C``/``P``; when ``M`` or ``Rmax`` is short, running requests are evicted (largest KV first)
     to make room. Mean TTFT only counts first tokens, so the optimum for it may well recompute;
     the latency of everyone else is not its concern. Otherwise the forward clairvoyant rule runs over
     the rest (evicted requests re-prefill ``Icur`` and have ``O − g`` tokens left). Its profile is only
@@ -336,13 +336,14 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         super().__init__(limits, cost_model, rank=rank, hybrid=hybrid, name=name or f"first-token-first rank={rank}")
         self._dirty = False
         self._evicting: list[RequestState] = []
+        self.prefilling: list[RequestState] = []  # in a chunked prefill of their prompt (no token yet)
 
     def next_batch(self, now_s: float) -> ScheduledBatch:
         self._evicting = []
         fresh = sorted((s for s in self.waiting if s.generated == 0 and s.m == 0),
                        key=lambda s: (s.req.prompt_tokens, s.req.arrival_s, s.id))
-        if fresh:
-            return self._first_tokens(fresh)
+        if fresh or self.prefilling:
+            return self._first_tokens(sorted(self.prefilling, key=lambda s: (s.input_tokens - s.m, s.id)) + fresh)
         if not self._dirty:
             return super().next_batch(now_s)
         self._dirty = False
@@ -353,33 +354,43 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         return batch
 
     def _first_tokens(self, fresh: list[RequestState]) -> ScheduledBatch:
+        """A prefill-only batch: requests already in a chunked prefill first (least left first), then new
+        ones, shortest prompt first. A prompt is chunked only when it cannot fit a batch whole (over
+        ``min(C, P)``) or the batch would otherwise be empty."""
         lim = self.limits
-        budget = min(lim.C, lim.prefill_budget)
-        kv = sum(lim.blocks(s.m) for s in self.running)
+        full = min(lim.C, lim.prefill_budget)
+        budget = full
+        kv = sum(lim.blocks(s.m) for s in self.running) + sum(lim.blocks(s.m) for s in self.prefilling)
         victims = sorted(self.running, key=lambda s: (s.m, s.id))  # evict from the end: largest KV first
-        holders = len(self.running)
-        items, evict = [], []
+        holders = len(self.running) + len(self.prefilling)
+        items, evict, started, done = [], [], [], []
         for s in fresh:
-            I = s.req.prompt_tokens
-            if I > min(lim.C, lim.prefill_budget):
-                raise InfeasibleRequestError(f"request {s.id}: prompt {I} exceeds min(C, P); {self.name} prefills whole prompts")
-            if I > budget:
+            left = s.input_tokens - s.m
+            c = min(left, budget)
+            if c < 1 or (c < left and left <= full and items):
                 break
-            need = lim.blocks(I)
-            while victims and (kv + need > lim.M or (lim.Rmax is not None and holders >= lim.Rmax)):
+            new_holder = s.m == 0
+            need = lim.blocks(s.m + c) - lim.blocks(s.m)
+            while victims and (kv + need > lim.M or (new_holder and lim.Rmax is not None and holders >= lim.Rmax)):
                 v = victims.pop()
                 evict.append(v)
                 kv -= lim.blocks(v.m)
                 holders -= 1
-            if kv + need > lim.M or (lim.Rmax is not None and holders >= lim.Rmax):
+            if kv + need > lim.M or (new_holder and lim.Rmax is not None and holders >= lim.Rmax):
                 break
-            items.append((s.id, I))
-            self._new.append(s)
+            items.append((s.id, c))
             kv += need
-            holders += 1
-            budget -= I
+            holders += new_holder
+            budget -= c
+            (done if c == left else started).append(s)
+        if not items:
+            raise InfeasibleRequestError(f"{self.name}: no prompt chunk fits M = {lim.M} beside the prompts in "
+                                         "chunked prefill")
+        moved = {s.id for s in done + started}
+        self.prefilling = [s for s in self.prefilling if s.id not in moved] + started
+        self.waiting = [s for s in self.waiting if s.id not in moved]
+        self._new.extend(done)  # their first token comes in this batch: they decode from the next one on
         self._evicting = evict
-        self._remove(self._new)
         self._decode_batch = False
         self._dirty = True
         return ScheduledBatch(items=items, evict=[v.id for v in evict])

@@ -142,15 +142,21 @@ SCHEDULERS = [n for n in available() if n != "bros-strict"]
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
 
 
-@st.composite
-def workloads(draw):
-    n = draw(st.integers(1, 8))
+def _draw_requests(draw, n_range, gaps, max_prompt, max_output) -> list[Request]:
+    """Requests with random lengths, all at 0 or (half the time) arriving after the drawn gaps."""
+    n = draw(st.integers(*n_range))
     online = draw(st.booleans())
     reqs, t = [], 0.0
     for i in range(n):
         if online:
-            t += draw(st.sampled_from([0.0, 0.005, 0.05, 1.0]))
-        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 24))))
+            t += draw(st.sampled_from(gaps))
+        reqs.append(Request(i, t, draw(st.integers(1, max_prompt)), draw(st.integers(1, max_output))))
+    return reqs
+
+
+@st.composite
+def workloads(draw):
+    reqs = _draw_requests(draw, (1, 8), [0.0, 0.005, 0.05, 1.0], 40, 24)
     block = draw(st.sampled_from([1, 1, 4, 16]))
     peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
     C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 96))
@@ -224,3 +230,97 @@ def test_better_answers_no_from_the_bound_alone():
     ans = better(reqs, Limits(C=4096, M=100_000), load_cost_model(kind="linear"), "vllm", 0.05, time_limit_s=30)
     assert ans.answer == "no" and ans.bound_by == "lower bound"
     assert ans.bound_s > ans.target_s
+
+
+# ---- batched completions: the grouped latency / TTFT bound -------------------------------------------
+
+GROUP_CASES = {**CASES,
+               # identical prefill-only requests: batching them trades intercepts against waiting
+               "four-identical": ([Request(i, 0, 1, 1) for i in range(4)], Limits(C=8, M=8)),
+               "decodes": ([Request(0, 0, 1, 2), Request(1, 0, 1, 2), Request(2, 0, 2, 1)], Limits(C=8, M=8)),
+               # all O >= 2: the pipelined bound applies (a request finishing later has generated tokens before)
+               "pipeline": ([Request(0, 0, 1, 3), Request(1, 0, 2, 2), Request(2, 0, 1, 2)], Limits(C=8, M=12))}
+
+
+def _bounds(bounder: LowerBounder, objective: Objective):
+    """The bound, its grouped part and its order-statistic part (the pipelined part is in the parts)."""
+    lb = bounder.latency_sum_s() if objective.latency else bounder.mean_ttft_s()
+    scale = 1 if objective.latency else 1 / len(bounder.requests)
+    return lb, lb.parts.get("grouped_sum_s", 0.0) * scale, lb.parts["order_statistic_sum_s"] * scale
+
+
+@pytest.mark.parametrize("objective", [Objective(latency=1), Objective(ttft=1)], ids=str)
+@pytest.mark.parametrize("case", list(GROUP_CASES))
+@pytest.mark.parametrize("cost", list(COSTS))
+def test_grouped_completion_bound_below_brute_force(case, objective, cost):
+    requests, limits = GROUP_CASES[case]
+    cm = COSTS[cost]
+    if not _monotone(cm):
+        return  # BoundUnavailable: tested above
+    lb, grouped, order_statistic = _bounds(LowerBounder(requests, limits, cm), objective)
+    best = brute_force(requests, limits, cm, objective, SLOTS)
+    assert grouped > 0  # every cost model here has a non-negative additive split
+    assert grouped <= best * (1 + TOL), f"grouped bound {grouped} above the brute-force optimum {best}"
+    pipelined = lb.parts.get("pipelined_sum_s", 0.0)
+    assert ("pipelined_sum_s" in lb.parts) == (objective.latency > 0 and min(r.output_tokens for r in requests) > 1)
+    assert pipelined <= best * (1 + TOL), f"pipelined bound {pipelined} above the brute-force optimum {best}"
+    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined), rel=1e-12)
+    assert lb.value_s <= best * (1 + TOL)
+
+
+def test_grouped_bound_is_the_batching_optimum_for_prefill_only_requests():
+    """n identical requests (I = 2, O = 1), batch time 1 + 0.1·tokens, C large: a schedule prefilling groups of
+    s_1, s_2, … requests in consecutive batches finishes group g at g + 0.2·(requests so far), and no schedule
+    does better (each batch pays 1, each request needs its 2 tokens). The grouped bound reaches that optimum
+    (enumerated here over all compositions of n); the order-statistic bound alone stays well below it."""
+    import itertools
+
+    n = 7
+
+    def cost_of(sizes):
+        done, total = 0, 0.0
+        for g, s in enumerate(sizes, 1):
+            done += s
+            total += s * (g + 0.2 * done)
+        return total
+
+    compositions = ([b - a for a, b in zip((0,) + cut, cut + (n,))]
+                    for r in range(n) for cut in itertools.combinations(range(1, n), r))
+    optimum = min(cost_of(c) for c in compositions)
+    reqs = [Request(i, 0.0, 2, 1) for i in range(n)]
+    lb, grouped, order_statistic = _bounds(LowerBounder(reqs, Limits(C=64, M=64), AffineCost(1.0, 0.1)),
+                                           Objective(latency=1))
+    assert grouped == pytest.approx(optimum, rel=1e-5)
+    assert order_statistic < 0.8 * optimum
+    assert lb.value_s == pytest.approx(optimum, rel=1e-5)
+
+
+@st.composite
+def batching_workloads(draw):
+    """More requests than `workloads` (grouping matters), online or offline, heterogeneous, blocks, Rmax."""
+    reqs = _draw_requests(draw, (2, 24), [0.0, 0.0, 0.002, 0.02, 0.2], 64, 16)
+    block = draw(st.sampled_from([1, 4, 16]))
+    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
+    C = draw(st.integers(max(r.peak_kv_tokens for r in reqs), 256))
+    M = draw(st.integers(peak, 4 * peak))
+    Rmax = draw(st.one_of(st.none(), st.integers(1, 8)))
+    return reqs, Limits(C=C, M=M, Rmax=Rmax, block_size=block)
+
+
+LINEAR_MODEL = load_cost_model(kind="linear")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batching_workloads(), st.sampled_from(["vllm", "sarathi", "vllm-ef", "rank-i-ef", "rank-o"]))
+def test_grouped_bound_below_schedulers_and_search(case, scheduler):
+    from solvers.search import search
+
+    reqs, limits = case
+    bounder = LowerBounder(reqs, limits, LINEAR_MODEL)
+    for objective in (Objective(latency=1), Objective(ttft=1)):
+        lb, grouped, _ = _bounds(bounder, objective)
+        got = objective.value(simulate(reqs, scheduler, limits, LINEAR_MODEL))
+        assert grouped <= got * (1 + TOL), f"{objective}: grouped bound {grouped} > {scheduler}'s {got}"
+        assert lb.value_s <= got * (1 + TOL), f"{objective}: bound {lb.value_s} > {scheduler}'s {got}"
+        found = search(reqs, limits, LINEAR_MODEL, objective, time_limit_s=0.5)
+        assert lb.value_s <= found.value_s * (1 + TOL), f"{objective}: bound {lb.value_s} > search's {found.value_s}"
