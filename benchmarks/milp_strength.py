@@ -5,7 +5,8 @@ default M), objective makespan unless ``--objective``. Every variant gets the sa
 start, the slot count from the slot bound with vLLM's makespan as budget, and the aggregate lower bound as
 objective cut (as `solvers.analyse` does). Variants are `solvers.formulation.Strengthening` settings.
 
-Run: ``python benchmarks/milp_strength.py --B 8,16 --variants base,all [--time-limit 120] [--mix ...]``.
+Run: ``python benchmarks/milp_strength.py --B 8,16 --variants before,cuts [--time-limit 120]``, or a heterogeneous
+instance with ``--classes 64:4:4,32:8:4``.
 Prints one markdown row per (B, variant) as it finishes, with ``uptime``'s load average (the machine is shared).
 """
 
@@ -23,21 +24,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from infermax.cli.common import run_config  # noqa: E402
 from infermax.engine import simulate  # noqa: E402
+from infermax.request import Request  # noqa: E402
 from solvers import Objective, SolveOptions  # noqa: E402
 from solvers.bounds import slot_bound  # noqa: E402
 from solvers.formulation import Strengthening  # noqa: E402
 from solvers.lower_bound import lower_bound_or_zero  # noqa: E402
 from solvers.optimize import optimize  # noqa: E402
 
-# "before": the formulation and slot count as they were (finish-order symmetry, big-M pieces, slot bound
-# without the token-count steps); the others use the current slot bound.
+# "before": the model as it was (finish-order symmetry, big-M pieces, the slot bound without token-count steps);
+# "slots": the same with the current slot bound; "cuts": also perspective form (the default); "full": also the
+# symmetry tie-break; "none": no symmetry breaking and no cuts.
 VARIANTS = {
     "before": Strengthening(symmetry="finish", cuts=False),
-    "none": Strengthening(symmetry="none", cuts=False),
-    "base": Strengthening(symmetry="finish", cuts=False),  # the formulation before this change
-    "sym": Strengthening(symmetry="full", cuts=False),
+    "slots": Strengthening(symmetry="finish", cuts=False),
     "cuts": Strengthening(symmetry="finish", cuts=True),
-    "all": Strengthening(),
+    "full": Strengthening(symmetry="full", cuts=True),
+    "none": Strengthening(symmetry="none", cuts=False),
 }
 
 
@@ -49,14 +51,23 @@ def instance(I, O, B, mix):
     return config.requests(), config.limits(), config.cost()
 
 
+def classes(spec: str, limits_and_cost):
+    """Requests from ``I:O:count,...`` (all arriving at 0), with the default limits and cost model."""
+    requests = []
+    for part in spec.split(","):
+        I, O, n = (int(x) for x in part.split(":"))
+        requests += [Request(len(requests) + k, 0.0, I, O) for k in range(n)]
+    return requests, *limits_and_cost
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--I", type=int, default=64)
     ap.add_argument("--O", type=int, default=4)
     ap.add_argument("--B", default="8,16")
-    ap.add_argument("--mix", default=None, help="a workload mix instead of fixed I/O (as `infermax optimize --mix`)")
+    ap.add_argument("--classes", default=None, help="heterogeneous instead: I:O:count,... (then --B is ignored)")
     ap.add_argument("--objective", default="makespan")
-    ap.add_argument("--variants", default="base,all")
+    ap.add_argument("--variants", default="before,cuts")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--threads", type=int, default=1, help="solver threads (1: HiGHS is deterministic, so nodes and "
                     "LP iterations compare variants independently of the machine's load)")
@@ -64,8 +75,13 @@ def main() -> None:
     obj = Objective.parse(args.objective)
     print("| B | variant | slots | vars (int) | constraints | incumbent ms | bound ms | gap | status | solve s | nodes | LP iterations | warm | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for B in (int(b) for b in args.B.split(",")):
-        requests, limits, cost = instance(args.I, args.O, B, args.mix)
+    sizes = [None] if args.classes else [int(b) for b in args.B.split(",")]
+    for B in sizes:
+        if args.classes:
+            requests, limits, cost = classes(args.classes, instance(args.I, args.O, 1, None)[1:])
+            B = args.classes
+        else:
+            requests, limits, cost = instance(args.I, args.O, B, None)
         warm = simulate(requests, "vllm", limits, cost).schedule
         cut, _ = lower_bound_or_zero(requests, limits, cost, obj)
         budget = obj.value(simulate(requests, "vllm", limits, cost))
