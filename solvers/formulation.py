@@ -107,9 +107,9 @@ class Strengthening:
     """Optional parts of the MILP that change its strength, not its optimum (docs/design.md, "Strengthening").
 
     ``symmetry``: how identical requests (`identical_classes`) are labelled — "none", "finish" (in finishing
-    order, the default), "full" (finishing order, ties broken by the processed-slot pattern; measured no faster,
-    benchmarks/milp_strength.py), see `Formulation._symmetry`. ``cuts``: gated batch-time pieces and the token staircase in
-    perspective form instead of big-M (valid whenever the gate's features vanish with the gate)."""
+    order, the default), "full" (finishing order, ties broken by the processed-slot pattern; not faster at
+    B = 8 or 12 in benchmarks/milp_strength.py); see `Formulation._symmetry`. ``cuts``: gated batch-time pieces
+    and the token staircase in perspective form instead of big-M (where the gate's features vanish with it)."""
 
     symmetry: str = "finish"
     cuts: bool = True
