@@ -101,7 +101,9 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
     if found.schedule is not None and found.value_s < best_s:
         best_s, best_by, best = found.value_s, f"search: {found.method}", found.schedule
-    if K is None and best is not None:  # no warm start: the search's schedule bounds the slots instead
+    bounded = slots is None and sb is not None and sb.slots is not None  # K came from the slot bound of `budget`
+    if best is not None and (K is None or (bounded and best_s < budget)):
+        # no warm start, or the search beat it: the better schedule's objective bounds the slots (as many or fewer)
         budget = best_s
         K, sb, refusal = plan_milp(best, budget)
     details["milp_refused"] = refusal

@@ -10,7 +10,9 @@ import pulp
 from infermax.replay import Replayer
 from infermax.schedule import Schedule, ScheduledBatch
 
-from .formulation import TIME_UNIT, Formulation
+import dataclasses
+
+from .formulation import LEX_SLOTS, TIME_UNIT, Formulation, identical_classes
 
 
 def _set(var, value) -> None:
@@ -21,6 +23,40 @@ def _set(var, value) -> None:
 def _val(expr) -> float:
     v = pulp.value(expr)
     return 0.0 if v is None else float(v)
+
+
+def label_identical(form: Formulation, schedule: Schedule) -> Schedule:
+    """``schedule`` with the ids of identical requests permuted into the order the formulation's symmetry
+    breaking asks for (finishing batch first, then the processed-batch pattern over the first ``LEX_SLOTS``
+    batches, earlier batches first): the same schedule under other labels, so a warm start is never rejected
+    for its labelling. Identical requests are equal in every field but the id, so the result is as valid."""
+    if form.strength.symmetry == "none":
+        return schedule
+    where: dict[int, set[int]] = {}
+    for j, batch in enumerate(schedule.batches):
+        for rid, c in batch.items:
+            if c > 0:
+                where.setdefault(rid, set()).add(j)
+    L = min(form.slots, LEX_SLOTS)
+
+    def key(rid: int):
+        seen = where.get(rid, set())
+        return max(seen, default=-1), tuple(0 if j in seen else 1 for j in range(L))
+
+    perm: dict[int, int] = {}
+    for cls in identical_classes(form.requests):
+        ids = [form.requests[i].id for i in cls]
+        perm.update(zip(sorted(ids, key=key), ids))
+    if all(a == b for a, b in perm.items()):
+        return schedule
+
+    def relabel(batch: ScheduledBatch) -> ScheduledBatch:
+        p = lambda rid: perm.get(rid, rid)  # noqa: E731
+        return dataclasses.replace(batch, items=[(p(r), c) for r, c in batch.items], evict=[p(r) for r in batch.evict],
+                                   hidden=frozenset(p(r) for r in batch.hidden),
+                                   swap_out=[(p(r), n) for r, n in batch.swap_out],
+                                   swap_in=[(p(r), n) for r, n in batch.swap_in])
+    return dataclasses.replace(schedule, batches=[relabel(b) for b in schedule.batches])
 
 
 def set_from_schedule(form: Formulation, schedule: Schedule, cost_model) -> None:

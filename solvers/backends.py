@@ -51,6 +51,8 @@ class SolveOutcome:
     wall_s: float
     progress: list[Progress] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    nodes: int | None = None  # branch-and-bound nodes and simplex iterations, where the backend reports them
+    lp_iterations: int | None = None
 
     @property
     def gap(self) -> float:
@@ -189,7 +191,8 @@ def _solve_highs(prob, options, warm) -> SolveOutcome:
     status = {highspy.HighsModelStatus.kOptimal: "optimal", highspy.HighsModelStatus.kTimeLimit: "time_limit",
               highspy.HighsModelStatus.kInterrupt: "interrupted", highspy.HighsModelStatus.kInfeasible: "infeasible"
               }.get(ms, "no_solution" if not has else "time_limit")
-    return SolveOutcome("highs", status, has, inc, bound, wall, solver.trace)
+    return SolveOutcome("highs", status, has, inc, bound, wall, solver.trace, nodes=int(info.mip_node_count),
+                        lp_iterations=int(info.simplex_iteration_count))
 
 
 # ------------------------------------------------------------------------------------------------ CBC

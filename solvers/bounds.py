@@ -122,6 +122,12 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
     busy time is at least ``K·tau0 + alpha·N``. Busy time <= makespan <= objective / w_makespan, and
     busy time <= last end − first arrival <= T_max − T_min + Σ latency <= ... + objective / w_latency.
     Hence ``K <= (busy budget − alpha·N) / tau0``. Mean TTFT alone bounds nothing.
+
+    Token-count steps (``n_tokens_gt<t>``, coefficient ``s_t >= 0`` in those pieces) tighten it: a batch of ``n``
+    tokens takes at least ``tau0 + h(n)`` with ``h(n) = alpha·n + Σ_{t<n} s_t``, non-decreasing; with ``h̆`` its
+    convex envelope on ``[1, N]`` (every batch has 1..N tokens), Jensen gives busy time
+    ``>= K·tau0 + Σ h̆(n_j) >= K·(tau0 + h̆(N/K))`` (as ``Σ n_j >= N`` and ``h̆`` is non-decreasing); the bound is the
+    largest ``K`` within the budget by this test (never above the first).
     """
     for t in terms:
         for p in t.pieces:
@@ -136,11 +142,16 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
     if not budgets:
         return SlotBound(None, "the objective has no makespan or latency weight (mean TTFT does not bound the batch count)")
     tau0 = alpha = prefill0 = decode0 = 0.0
+    steps: dict[int, float] = {}  # token-count threshold t -> the step's cost once a batch has more than t tokens
     for t in terms:
         if t.active_if == "n_tokens":
             best = max(t.pieces, key=lambda p: (p.intercept_s, _per_token(p)))
             tau0 += best.intercept_s
             alpha += _per_token(best)
+            for f, c in best.coef_s.items():
+                step = token_step(f)
+                if step is not None and step[0] == "n_tokens" and c > 0:
+                    steps[step[1]] = steps.get(step[1], 0.0) + c
         elif t.active_if in PREFILL_FEATURES:
             prefill0 += max(p.intercept_s for p in t.pieces)
         elif t.active_if in DECODE_FEATURES:
@@ -152,5 +163,36 @@ def slot_bound(requests: list[Request], terms: tuple[CostTerm, ...], objective: 
         return SlotBound(None, "the cost model gives no positive minimum batch time", tau0, alpha)
     tokens = sum(r.prompt_tokens + r.output_tokens - 1 for r in requests)
     k = math.floor((min(budgets) - alpha * tokens) / tau0 * (1 + 1e-9) + 1e-9)
-    return SlotBound(max(k, 0), f"busy time >= K*{tau0 * 1e3:.6g} ms + {alpha * 1e3:.6g} ms/token * {tokens} tokens",
-                     tau0, alpha)
+    reason = f"busy time >= K*{tau0 * 1e3:.6g} ms + {alpha * 1e3:.6g} ms/token * {tokens} tokens"
+    if steps and k > 0:
+        hull = token_hull(alpha, steps, tokens)
+        fits = [n for n in range(1, k + 1) if n * (tau0 + hull(tokens / n)) <= min(budgets) * (1 + 1e-9)]
+        if fits and fits[-1] < k:
+            k = fits[-1]
+            reason += f" + the token-count steps ({len(steps)}, convex envelope at the mean batch)"
+    return SlotBound(max(k, 0), reason, tau0, alpha)
+
+
+def token_hull(alpha: float, steps: dict[int, float], tokens: int):
+    """The lower convex envelope, over ``1 <= n <= tokens``, of ``h(n) = alpha·n + Σ_{t < n} steps[t]`` (a batch's
+    token-dependent time), as a function. ``h`` is non-decreasing (``alpha``, steps >= 0), so its envelope is too;
+    ``h`` is linear between thresholds, so the envelope's vertices are among 1, ``tokens`` and each ``t``, ``t + 1``."""
+    def h(n: int) -> float:
+        return alpha * n + sum(c for t, c in steps.items() if t < n)
+
+    xs = sorted({1, tokens} | {x for t in steps for x in (t, t + 1) if 1 <= x <= tokens})
+    hull: list[tuple[int, float]] = []
+    for x in xs:
+        y = h(x)
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (x - hull[-1][0]) >= (y - hull[-1][1]) * (hull[-1][0] - hull[-2][0]):
+            hull.pop()
+        hull.append((x, y))
+
+    def envelope(n: float) -> float:
+        if n <= hull[0][0]:
+            return hull[0][1]
+        for (x0, y0), (x1, y1) in zip(hull, hull[1:]):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        return hull[-1][1]
+    return envelope

@@ -33,6 +33,7 @@ either sign of their coefficients.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -58,6 +59,31 @@ def add_padding_constraints(prob: pulp.LpProblem, k, n, q: int, name: str) -> No
     prob += q * k <= n + q - 1, f"{name}_le"
 
 
+LEX_SLOTS = 20  # symmetry tie-break over at most this many slots: weights up to 2^20 keep the row well scaled
+
+
+def identical_classes(requests: list[Request]) -> list[list[int]]:
+    """Indices of interchangeable requests, in index order, one list per class of two or more: equal in every
+    field but the id (arrival, I, O, targets, class label, prediction, group, content)."""
+    classes: dict = {}
+    for i, r in enumerate(requests):
+        classes.setdefault(dataclasses.replace(r, id=0), []).append(i)
+    return [c for c in classes.values() if len(c) > 1]
+
+
+def vanishes_with_gate(feature: str, gate: str) -> bool:
+    """Whether ``feature`` is 0 in every slot whose gate ``[gate > 0]`` is 0 (so a piece over such features may be
+    written in perspective form ``τ ≥ intercept·a + Σ coef·feature``): every feature of an empty batch
+    (gate ``n_tokens``); prefill features without prefill items; decode features without decode items."""
+    if gate == "n_tokens" or feature == gate:
+        return True
+    if gate in PREFILL_FEATURES:
+        return feature in PREFILL_FEATURES or feature == "prefill_ctx_tokens" or prefill_ctx_cap(feature) is not None
+    if gate in DECODE_FEATURES:
+        return feature in DECODE_FEATURES or kv_cap(feature) is not None
+    return False
+
+
 @dataclass(frozen=True)
 class KvMax:
     """Variables of a longest-decode-KV-read feature in one slot: ``y`` (the feature), ``cap`` (None:
@@ -76,17 +102,36 @@ class Cell:
                  "u", "w", "ctx_cap", "cap_vars")
 
 
+@dataclass(frozen=True)
+class Strengthening:
+    """Optional parts of the MILP that change its strength, not its optimum (docs/design.md, "Strengthening").
+
+    ``symmetry``: how identical requests (`identical_classes`) are labelled — "none", "finish" (in finishing
+    order, the default), "full" (finishing order, ties broken by the processed-slot pattern; not faster at
+    B = 8 or 12 in benchmarks/milp_strength.py); see `Formulation._symmetry`. ``cuts``: gated batch-time pieces
+    and the token staircase in perspective form instead of big-M (where the gate's features vanish with it)."""
+
+    symmetry: str = "finish"
+    cuts: bool = True
+
+    def __post_init__(self):
+        if self.symmetry not in ("none", "finish", "full"):
+            raise ValueError(f"unknown symmetry breaking {self.symmetry!r}")
+
+
 class Formulation:
     """The MILP for ``requests`` under ``limits``; ``prob`` is the PuLP problem, ``cells[i][j]`` the variables."""
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, slots: int, objective: Objective,
-                 policies: Policies = Policies(), objective_cut_s: float | None = None):
+                 policies: Policies = Policies(), objective_cut_s: float | None = None,
+                 strengthening: Strengthening = Strengthening()):
         """``objective_cut_s``: a valid lower bound on the objective over every schedule (solvers/lower_bound.py),
         added as the constraint ``objective >= cut`` so the solver's dual bound starts there."""
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.requests, self.limits, self.slots = list(requests), limits, slots
         self.objective, self.policies, self.objective_cut_s = objective, policies, objective_cut_s
+        self.strength = strengthening
         self.terms: tuple[CostTerm, ...] = tuple(t for t in cost_model.milp_terms() if t.active_if not in ALWAYS_ZERO)
         self.rb = [request_bounds(r, limits, policies) for r in self.requests]
         self.fb = feature_bounds(self.rb, limits)
@@ -204,14 +249,27 @@ class Formulation:
         prob += G_before == O, f"terminate_{i}"  # (1)
 
     def _symmetry(self) -> None:
-        """Identical requests (same arrival, I, O) are interchangeable: relabel them in finishing order,
-        so the lower-index one has finished whenever the higher-index one has (valid, cuts symmetric copies)."""
-        key = [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in self.requests]
-        for i in range(len(key)):
-            twin = next((k for k in range(i + 1, len(key)) if key[k] == key[i]), None)
-            if twin is not None:
-                for j in range(self.slots):
-                    self.prob += self.cells[i][j].fin >= self.cells[twin][j].fin, f"sym_{i}_{twin}_{j}"
+        """Identical requests (`identical_classes`) are interchangeable: any schedule stays valid, with the same
+        objective, when they swap labels, so the labels may follow any order of their trajectories. "finish":
+        by finishing slot — the lower-index one has finished whenever the higher-index one has. "full": ties in
+        finishing slot broken by the processed-slot pattern ``cz``, read as a binary number over the first
+        ``LEX_SLOTS`` slots (earliest slot most significant; the lower index has the larger number). Both only
+        label, so at least one optimal schedule satisfies them (docs/design.md, "Strengthening")."""
+        mode = self.strength.symmetry
+        if mode == "none":
+            return
+        K = self.slots
+        L = min(K, LEX_SLOTS)
+        for cls in identical_classes(self.requests):
+            for i, twin in zip(cls, cls[1:]):
+                a, b = self.cells[i], self.cells[twin]
+                for j in range(K):
+                    self.prob += a[j].fin >= b[j].fin, f"sym_{i}_{twin}_{j}"
+                if mode == "full":
+                    # Σ 2^(L−1−j)·(cz_a − cz_b) >= −2^L·(slots b finishes after a): binding only on a tie
+                    later = pulp.lpSum(a[j].fin - b[j].fin for j in range(K))
+                    self.prob += (pulp.lpSum((1 << (L - 1 - j)) * (a[j].cz - b[j].cz) for j in range(L))
+                                  >= -(1 << L) * later), f"sym_lex_{i}_{twin}"
 
     def _product(self, name: str, b, x, bound: int):
         """``w = b·x`` for a binary ``b`` and ``0 <= x <= bound`` (McCormick, exact for a binary)."""
@@ -350,7 +408,8 @@ class Formulation:
         for k in range(1, len(ts)):
             self.prob += beta[k] <= beta[k - 1], f"gt{ts[k]}_{j}_order"
         upper = ts[1:] + [peak]
-        self.prob += n_tokens <= ts[0] + pulp.lpSum((u - t) * b for t, u, b in zip(ts, upper, beta)), f"steps_{j}_le"
+        first = ts[0] * self.z[j] if self.strength.cuts else ts[0]  # an empty slot has n = 0: perspective form
+        self.prob += n_tokens <= first + pulp.lpSum((u - t) * b for t, u, b in zip(ts, upper, beta)), f"steps_{j}_le"
         lower = [ts[0] + 1] + [t - prev for prev, t in zip(ts, ts[1:])]
         self.prob += n_tokens >= pulp.lpSum(w * b for w, b in zip(lower, beta)), f"steps_{j}_ge"
         return dict(zip(ts, beta))
@@ -415,9 +474,12 @@ class Formulation:
                 if low < 0:
                     prob += tau >= low * a, f"tau_low_{t_idx}_{j}"
                 for p_idx, (p, (_, hi)) in enumerate(zip(term.pieces, ranges)):
-                    big = max(0.0, hi) * T
-                    piece = T * p.intercept_s + pulp.lpSum(T * c * feats[f] for f, c in p.coef_s.items() if c)
-                    prob += tau >= piece - big * (1 - a), f"tau_{t_idx}_{p_idx}_{j}"
+                    slopes = pulp.lpSum(T * c * feats[f] for f, c in p.coef_s.items() if c)
+                    if self.strength.cuts and all(vanishes_with_gate(f, term.active_if) for f, c in p.coef_s.items() if c):
+                        prob += tau >= T * p.intercept_s * a + slopes, f"tau_{t_idx}_{p_idx}_{j}"
+                    else:
+                        big = max(0.0, hi) * T
+                        prob += tau >= T * p.intercept_s + slopes - big * (1 - a), f"tau_{t_idx}_{p_idx}_{j}"
                 taus.append(tau)
             self.tau.append(taus)
             self.gates.append(cache)

@@ -14,10 +14,10 @@ from infermax.replay import ScheduleViolation, replay
 from infermax.request import Request
 from infermax.schedule import Schedule
 
-from .assign import set_from_schedule, to_schedule, violations
+from .assign import label_identical, set_from_schedule, to_schedule, violations
 from .backends import SolveOptions, SolveOutcome, SolverFailed, quiet_stdout, relative_gap, solve
 from .bounds import SlotBound, slot_bound
-from .formulation import TIME_UNIT, Formulation
+from .formulation import TIME_UNIT, Formulation, Strengthening
 from .objective import Objective
 from .scale import refuse_prefix_caching
 from .policy import Policies
@@ -102,10 +102,11 @@ def choose_slots(requests, cost_model, objective: Objective, slots: int | None, 
 def optimize(requests: list[Request], limits: Limits, cost_model, objective: Objective = Objective(makespan=1),
              policies: Policies = Policies(), slots: int | None = None, warm_start: Schedule | None = None,
              options: SolveOptions | None = None, budget_s: float | None = None,
-             objective_cut_s: float | None = None) -> OptimizeResult:
+             objective_cut_s: float | None = None, strengthening: Strengthening = Strengthening()) -> OptimizeResult:
     """Solve the CSP for ``requests``; see `OptimizeResult`. ``budget_s`` overrides the objective value
     used to bound the slots (default: the warm start's). ``objective_cut_s``: a lower bound over every
-    schedule, added as a cut (`Formulation`)."""
+    schedule, added as a cut (`Formulation`). ``strengthening``: optional symmetry breaking and cuts (changes
+    the solve time, never the optimum)."""
     options = options or SolveOptions()
     refuse_prefix_caching(limits)
     check_fits(requests, limits)
@@ -116,13 +117,13 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
                      "batches": len(warm_start.batches)}
         budget_s = warm_value if budget_s is None else budget_s
     K, sb = choose_slots(requests, cost_model, objective, slots, warm_start, budget_s)
-    form = Formulation(requests, limits, cost_model, K, objective, policies, objective_cut_s)
+    form = Formulation(requests, limits, cost_model, K, objective, policies, objective_cut_s, strengthening)
     warm = False
     if warm_start is not None:
         if len(warm_start.batches) > K:
             warm_info.update(accepted=False, reason=f"{len(warm_start.batches)} batches do not fit {K} slots")
         else:
-            set_from_schedule(form, warm_start, cost_model)
+            set_from_schedule(form, label_identical(form, warm_start), cost_model)
             bad = violations(form.prob)
             warm = not bad
             warm_info.update(accepted=warm, model_objective_s=form.objective_s(), violations=bad[:10])
