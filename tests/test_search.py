@@ -190,3 +190,21 @@ def test_search_rejects_bad_input():
         search([], Limits(), COST, Objective(makespan=1), time_limit_s=1.0)
     with pytest.raises(ValueError):
         search([Request(0, 0.0, 1, 1)], Limits(), COST, Objective(makespan=1), time_limit_s=0)
+
+
+def test_search_reaches_prefill_batches_that_stay_under_a_token_step():
+    # B = 16, I = 64, O = 4 on the fitted A100 Llama-2-7B profile, whose batch time jumps above 384 tokens.
+    # A schedule written by hand: prefill-only batches of 6, 6 and 4 prompts (384, 384, 256 tokens), then
+    # three decode batches of all 16. The search must do at least as well as this schedule replays to.
+    from infermax.costmodel import load_cost_model
+    from infermax.schedule import Schedule, ScheduledBatch
+    from infermax.workload import fixed
+
+    cost = load_cost_model()
+    reqs = fixed(64, 4, 16)
+    ids = [r.id for r in reqs]
+    batches = [ScheduledBatch(items=[(i, 64) for i in group]) for group in (ids[:6], ids[6:12], ids[12:])]
+    batches += [ScheduledBatch(items=[(i, 1) for i in ids]) for _ in range(3)]
+    by_hand = replay(Schedule(reqs, Limits(), batches), cost).summary["makespan_s"]
+    found = search(reqs, Limits(), cost, Objective(makespan=1), time_limit_s=60)
+    assert found.value_s <= by_hand * (1 + 1e-12)
