@@ -241,3 +241,22 @@ def test_schedulers_without_caching_support_and_the_solvers_refuse_it():
     for solve in (optimize, analyse, lower_bound):
         with pytest.raises(ValueError, match="do not model prefix caching"):
             solve(reqs, caching(), AffineCost())
+
+
+def test_command_line_runs_caching_and_names_the_schedulers_that_support_it():
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    runner = CliRunner()
+    args = ["simulate", "--prefix-caching", "--block-size", "16", "--workload", "system-prompt", "--system-tokens",
+            "64", "--B", "20", "--output-dist", "const:4", "--arrival", "poisson", "--rate", "2", "--json"]
+    ok = runner.invoke(app, [*args, "-s", "vllm-v1"])
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads(ok.output)
+    # 20 requests, arriving over about 10 s, share a 64-token (4-block) system prompt: the first computes it,
+    # the later ones can hit it (blocks are hittable after the batch that computes them).
+    assert 0 < summary["prefix_hit_tokens"] <= 19 * 64 and summary["generated_tokens"] == 20 * 4
+    refused = runner.invoke(app, [*args, "-s", "vllm"])
+    assert refused.exit_code == 2 and "does not support prefix caching" in refused.output
+    assert "vllm-v1" in refused.output
