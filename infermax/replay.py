@@ -140,14 +140,14 @@ class Replayer:
         # cache on the GPU in KV form, without token timestamps to keep. `apply` checks such an item
         # with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
         self._plain: set[int] = set()
-        # The lazy decode cohort (``lazy_decoders``; see `_cohort_batch`): plain decoders that the last
-        # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
         self.prefix_cache = None
         if limits.prefix_caching:
             from .prefix_cache import PrefixCache
 
             self.prefix_cache = PrefixCache(limits)
             lazy_decoders = False  # the cache registers every filled block, batch by batch
+        # The lazy decode cohort (``lazy_decoders``; see `_cohort_batch`): plain decoders that the last
+        # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
         self.lazy_decoders = lazy_decoders
         self._epoch = 0  # batches applied to the whole cohort at once
         self._cohort_end_s = 0.0  # end of the last such batch
