@@ -32,6 +32,7 @@ batch; schedulers read it through `hit_tokens`, `hit_new_blocks`, `free_tokens` 
 from __future__ import annotations
 
 from itertools import islice
+from typing import Callable
 
 from .limits import Limits
 from .request import Request, output_segment, prompt_segment
@@ -82,10 +83,10 @@ class PrefixCache:
     ``evicted_blocks`` (cached blocks dropped to make room).
     """
 
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, used_tokens: Callable[[], int]):
         self.block_size = limits.block_size
         self.capacity_blocks = limits.M // limits.block_size
-        self.used_tokens = 0  # referenced KV, block-rounded; kept equal to the replayer's ``kv_tokens``
+        self._used_tokens = used_tokens  # the referenced KV, block-rounded (the replayer's ``kv_tokens``)
         self._by_hash: dict[int, int] = {}  # content hash -> the block registered for it
         self._hash_of: dict[int, int] = {}  # registered block -> its hash
         self._refs: dict[int, int] = {}  # block -> requests referencing it (full blocks only)
@@ -119,7 +120,7 @@ class PrefixCache:
     def free_tokens(self) -> int:
         """KV tokens not referenced by any request: empty blocks plus cached, unreferenced ones (those are
         evicted when memory is needed)."""
-        return self.capacity_blocks * self.block_size - self.used_tokens
+        return self.capacity_blocks * self.block_size - self._used_tokens()
 
     def held_blocks(self, s) -> list[tuple[int, int]]:
         """``(block, requests referencing it)`` for each full block ``s`` holds, in order: a block with more
@@ -206,7 +207,7 @@ class PrefixCache:
 
     def make_room(self) -> None:
         """Drop least-recently-used cached blocks until referenced + cached blocks fit ``⌊M/b⌋``."""
-        over = self.used_tokens // self.block_size + len(self._lru) - self.capacity_blocks
+        over = self._used_tokens() // self.block_size + len(self._lru) - self.capacity_blocks
         if over <= 0:
             return
         lru, refs, by_hash, hash_of = self._lru, self._refs, self._by_hash, self._hash_of

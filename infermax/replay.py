@@ -144,7 +144,7 @@ class Replayer:
         if limits.prefix_caching:
             from .prefix_cache import PrefixCache
 
-            self.prefix_cache = PrefixCache(limits)
+            self.prefix_cache = PrefixCache(limits, lambda: self.kv_tokens)
             lazy_decoders = False  # the cache registers every filled block, batch by batch
         # The lazy decode cohort (``lazy_decoders``; see `_cohort_batch`): plain decoders that the last
         # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
@@ -328,7 +328,6 @@ class Replayer:
             raise ScheduleViolation(j, None, "Rmax", f"{self.holders} requests hold KV > Rmax={lim.Rmax}")
 
         if cache is not None:  # the batch's new blocks come from empty ones, then from the LRU cached ones
-            cache.used_tokens = self.kv_tokens
             cache.make_room()
         compute = self.cost_model.batch_time_s(feats)
         duration = compute
@@ -385,7 +384,6 @@ class Replayer:
                 s = states[rid]
                 if s.m >= (s.cache_blocks + 1) * b and s.finish_s is None:
                     cache.fill(s)
-            cache.used_tokens = self.kv_tokens
         for s in now_plain:
             if s.finish_s is None:
                 self._plain.add(s.id)
@@ -433,7 +431,6 @@ class Replayer:
             self.holders += 1
             s.m = n
             s.prefix_hit_tokens += n
-        cache.used_tokens = self.kv_tokens
 
     def _swap(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> tuple[int, int]:
         """Apply the batch's swap-outs then swap-ins; return the tokens moved each way."""
@@ -529,7 +526,6 @@ class Replayer:
         self._plain.discard(s.id)
         if self.prefix_cache is not None:  # shared blocks stay referenced by their other holders
             self.kv_tokens -= self.limits.block_size * self.prefix_cache.release(s)
-            self.prefix_cache.used_tokens = self.kv_tokens
         else:
             self.kv_tokens -= cache_tokens(self.limits, gpu, s.hidden)
         self.holders -= gpu > 0

@@ -15,8 +15,8 @@ Order of evaluation (cheap and promising first; docs/design.md, "Schedule search
    and, when the objective weighs TTFT, first-token-first (prefills every request's prompt as early
    as the limits allow, evicting) at a few prefill budgets;
 3. the other registered Algorithm-1 schedulers, then points of the template's space: Sarathi P=C with other ``P``, admission caps ``Rmax``
-   around the number of requests whose peaks fit ``M``, ranking keys with and without eviction; vLLM
-   with ``P`` at each of the cost model's token-count steps (`_step_aligned`);
+   around the number of requests whose peaks fit ``M``, ranking keys with and without eviction; then
+   vLLM-ef and vLLM with ``P`` at each of the cost model's token-count steps (`_step_aligned`);
 4. local search while time remains: hill-climbing from the best candidate, then from the best of
    every other family (neighbouring parameters, random perturbations of a plan's placement order).
 
