@@ -26,6 +26,7 @@ from infermax.request import Request
 
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES
 from .objective import Objective
+from .pairwise_bound import class_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies
 from .scale import refuse_prefix_caching
 
@@ -271,6 +272,10 @@ def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
 
 # The pipelined-completions DP is exact over all groupings (cubic in the number of requests): up to this many.
 PIPELINE_MAX_REQUESTS = 128
+# The pairwise-completions QP (`pairwise_bound`): one per distinct (I, O), so only up to this many classes, within
+# this time budget for all of them together (a budget cut short still yields a valid, weaker bound).
+PAIRWISE_MAX_CLASSES = 16
+PAIRWISE_TIME_LIMIT_S = 10.0
 # Features that are sums over a batch's items (so a batch's value is the sum of its items' values).
 _ADDITIVE = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs",
              "n_decode_seqs", "decode_kv_tokens") + tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
@@ -607,7 +612,45 @@ class LowerBounder:
             if pipelined is not None:
                 parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
                 total = max(total, pipelined)
+            pairwise = self._pairwise_completion_sum(arrays)
+            if pairwise is not None:
+                parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
+                total = max(total, pairwise)
         return total - float(self.arrivals.sum()), parts
+
+    def _pairwise_completion_sum(self, arrays: DemandArrays) -> float | None:
+        """Σ_k f_(k) for an offline instance through every pair of completions (docs/design.md, "Pairwise
+        completions"; `pairwise_bound`): per distinct (I, O) a convex QP over that class's completion profile,
+        certified by Frank–Wolfe, plus, for every two requests of different classes, the smaller of their
+        marginal works. None with arrivals at different times, without an additive split, or above
+        `PAIRWISE_MAX_CLASSES` classes."""
+        split = additive_split(self.terms)
+        if split is None or len(np.unique(self.arrivals)) > 1:
+            return None
+        a0, _, marginal = split
+        keys = np.array([(r.prompt_tokens, r.output_tokens) for r in self.requests])
+        classes, which = np.unique(keys, axis=0, return_inverse=True)
+        which = np.ravel(which)
+        if len(classes) > PAIRWISE_MAX_CLASSES:
+            return None
+        total, works, counts = 0.0, [], []
+        for c, (I, O) in enumerate(classes.tolist()):
+            members = np.flatnonzero(which == c)
+            grid = _k_grid(O - 1, dense=64, ratio=1.04) if O > 1 else []
+            grid = [0, *grid, O]
+            at = [busy_time_lb_s(DemandArrays.of([Request(0, 0.0, I, O - d)], self.limits).total(), self.limits,
+                                 marginal, self.policies, self.hidden) if d < O else 0.0 for d in grid]
+            kernel = lower_convex_envelope(step_lower(grid, at, O))
+            qp = class_qp_bound(len(members), a0, kernel, self._batches_needed(arrays.subset(members)),
+                                PAIRWISE_TIME_LIMIT_S / len(classes))
+            if qp is None:
+                return None
+            total += qp.lower_s
+            works.append(float(kernel[0]))
+            counts.append(len(members))
+        cross = sum(counts[i] * counts[j] * min(works[i], works[j])
+                    for i in range(len(counts)) for j in range(i + 1, len(counts)))
+        return (len(self.requests) * self.t0 + total + cross) * (1 - LP_SAFETY_RTOL)
 
     def _pipelined_completion_sum(self, arrays: DemandArrays, lower: np.ndarray) -> float | None:
         """Σ_k f_(k) bounded with the work that requests finishing later must already have done

@@ -264,7 +264,11 @@ def test_grouped_completion_bound_below_brute_force(case, objective, cost):
     pipelined = lb.parts.get("pipelined_sum_s", 0.0)
     assert ("pipelined_sum_s" in lb.parts) == (objective.latency > 0 and min(r.output_tokens for r in requests) > 1)
     assert pipelined <= best * (1 + TOL), f"pipelined bound {pipelined} above the brute-force optimum {best}"
-    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined), rel=1e-12)
+    pairwise = lb.parts.get("pairwise_sum_s", 0.0)
+    offline = len({r.arrival_s for r in requests}) == 1
+    assert ("pairwise_sum_s" in lb.parts) == (objective.latency > 0 and offline)
+    assert pairwise <= best * (1 + TOL), f"pairwise bound {pairwise} above the brute-force optimum {best}"
+    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined, pairwise), rel=1e-12)
     assert lb.value_s <= best * (1 + TOL)
 
 
