@@ -281,12 +281,27 @@ _ADDITIVE = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tok
              "n_decode_seqs", "decode_kv_tokens") + tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
 
 
-def additive_split(terms: tuple[CostTerm, ...]) -> tuple[float, float, tuple[CostTerm, ...]] | None:
+def _linearised_steps(steps: list[tuple[int, float]], max_tokens: int, shift_s: float) -> float:
+    """The largest α with Σ_t s_t·[n > t] >= α·n − shift_s for every token count n in 1..max_tokens (s_t >= 0).
+    Within a level of the step function (S + shift)/n falls with n, so the minimum over n is at a level's last
+    count: each threshold t (where [n > t] is still 0) and max_tokens."""
+    steps = sorted(steps)
+    ends = sorted({t for t, _ in steps if 1 <= t < max_tokens} | {max_tokens})
+    return min((sum(s for t, s in steps if n > t) + shift_s) / n for n in ends)
+
+
+def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, step_share: float = 0.0
+                   ) -> tuple[float, float, tuple[CostTerm, ...]] | None:
     """Batch time >= intercepts + Σ over items of an item's marginal cost: ``(a0, a_p, marginal terms)``.
 
     Per term one piece is kept (the term is the maximum of its pieces, so at least any one; the one with
-    the largest intercept). Padded counts ``⌈n/q⌉q`` are replaced by ``n``; steps, KV maxima and the
+    the largest intercept). Padded counts ``⌈n/q⌉q`` are replaced by ``n``; KV maxima and the
     swap / hidden-recompute features are dropped (all >= 0 with slopes >= 0, which the callers check).
+    Token-count steps ``[n_tokens > t]`` are dropped too, unless ``max_tokens`` (the most tokens a batch can
+    hold) is given and the term is active in every non-empty batch (gate ``n_tokens``): then their sum S(n) is
+    replaced by the line ``α·n − β`` below it for 1 <= n <= max_tokens, with
+    β = ``step_share`` × the piece's intercept (moved out of the intercept) and α the largest slope that keeps
+    the line below S (`_linearised_steps`); a step model's batching cost then reaches the marginal costs.
     What remains is additive over items, so a batch's time is at least the gate intercepts plus the sum
     over requests of the intercept-free terms on that request's items. ``a0``: the least intercept of a
     non-empty batch (the token gate plus the cheaper of the prefill and decode gates, plus any negative
@@ -295,22 +310,34 @@ def additive_split(terms: tuple[CostTerm, ...]) -> tuple[float, float, tuple[Cos
     marginal = []
     for t in terms:
         piece = max(t.pieces, key=lambda p: p.intercept_s)
-        if t.active_if == "n_tokens":
-            a_n += piece.intercept_s
-        elif t.active_if in PREFILL_FEATURES:
-            a_p += piece.intercept_s
-        elif t.active_if in DECODE_FEATURES:
-            a_d += piece.intercept_s
-        else:  # charged only with swaps or hidden-form caches
-            a_o += min(0.0, piece.intercept_s)
-            continue
+        intercept = piece.intercept_s
         coefs: dict[str, float] = {}
+        steps = []
         for f, c in piece.coef_s.items():
+            step = token_step(f)
             if padding_quantum(f) is not None:
                 f = "n_tokens"
+            elif step is not None and step[0] == "n_tokens":
+                steps.append((step[1], c))
+                continue
             elif f not in _ADDITIVE:
                 continue
             coefs[f] = coefs.get(f, 0.0) + c
+        if steps and max_tokens and t.active_if == "n_tokens":  # a term active in every batch: α·n sums exactly
+            shift = step_share * max(0.0, intercept)
+            alpha = _linearised_steps(steps, max_tokens, shift)
+            if alpha > 0:
+                coefs["n_tokens"] = coefs.get("n_tokens", 0.0) + alpha
+                intercept -= shift
+        if t.active_if == "n_tokens":
+            a_n += intercept
+        elif t.active_if in PREFILL_FEATURES:
+            a_p += intercept
+        elif t.active_if in DECODE_FEATURES:
+            a_d += intercept
+        else:  # charged only with swaps or hidden-form caches
+            a_o += min(0.0, intercept)
+            continue
         marginal.append(CostTerm(t.name, t.active_if, (AffinePiece(0.0, coefs),)))
     a0 = a_n + min(a_p, a_d) + a_o
     if a0 < 0:
@@ -505,6 +532,11 @@ class LowerBound:
     elapsed_s: float = 0.0
 
 
+def _largest(values) -> float | None:
+    """The largest of the values that are not None (None if there are none)."""
+    return max((v for v in values if v is not None), default=None)
+
+
 def _k_grid(n: int, dense: int = 64, ratio: float = 1.03) -> list[int]:
     """Counts 1..dense, then geometric steps up to n (n always included)."""
     ks = list(range(1, min(n, dense) + 1))
@@ -603,29 +635,43 @@ class LowerBounder:
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
                  "order_statistic_sum_s": float(lower.sum()) - float(self.arrivals.sum())}
         total = float(lower.sum())
-        grouped = self._grouped_completion_sum(arrays, lower, first_token_only)
+        splits = self._additive_splits()
+        grouped = _largest(self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits)
         if grouped is not None:
             parts["grouped_sum_s"] = grouped - float(self.arrivals.sum())
             total = max(total, grouped)
         if not first_token_only:
-            pipelined = self._pipelined_completion_sum(arrays, lower)
+            pipelined = _largest(self._pipelined_completion_sum(arrays, lower, sp) for sp in splits)
             if pipelined is not None:
                 parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
                 total = max(total, pipelined)
-            pairwise = self._pairwise_completion_sum(arrays)
+            pairwise = _largest(self._pairwise_completion_sum(arrays, sp, PAIRWISE_TIME_LIMIT_S / len(splits))
+                                for sp in splits)
             if pairwise is not None:
                 parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
                 total = max(total, pairwise)
         return total - float(self.arrivals.sum()), parts
 
-    def _pairwise_completion_sum(self, arrays: DemandArrays) -> float | None:
+    def _additive_splits(self) -> list[tuple[float, float, tuple[CostTerm, ...]]]:
+        """The additive splits the completion bounds try (each gives a valid bound; the largest is kept): token
+        steps dropped, and linearised with none, half or all of their term's intercept moved into the slope."""
+        splits = []
+        for share in (0.0, 0.5, 1.0):
+            sp = additive_split(self.terms, self.limits.C, share)
+            if sp is not None and sp not in splits:
+                splits.append(sp)
+        plain = additive_split(self.terms)
+        if plain is not None and plain not in splits:
+            splits.append(plain)
+        return splits
+
+    def _pairwise_completion_sum(self, arrays: DemandArrays, split, budget_s: float) -> float | None:
         """Σ_k f_(k) for an offline instance through every pair of completions (docs/design.md, "Pairwise
         completions"; `pairwise_bound`): per distinct (I, O) a convex QP over that class's completion profile,
         certified by Frank–Wolfe, plus, for every two requests of different classes, the smaller of their
         marginal works. None with arrivals at different times, without an additive split, or above
         `PAIRWISE_MAX_CLASSES` classes."""
-        split = additive_split(self.terms)
-        if split is None or len(np.unique(self.arrivals)) > 1:
+        if len(np.unique(self.arrivals)) > 1:
             return None
         a0, _, marginal = split
         keys = np.array([(r.prompt_tokens, r.output_tokens) for r in self.requests])
@@ -642,7 +688,7 @@ class LowerBounder:
                                  marginal, self.policies, self.hidden) if d < O else 0.0 for d in grid]
             kernel = lower_convex_envelope(step_lower(grid, at, O))
             qp = class_qp_bound(len(members), a0, kernel, self._batches_needed(arrays.subset(members)),
-                                PAIRWISE_TIME_LIMIT_S / len(classes))
+                                budget_s / len(classes))
             if qp is None:
                 return None
             total += qp.lower_s
@@ -652,15 +698,14 @@ class LowerBounder:
                     for i in range(len(counts)) for j in range(i + 1, len(counts)))
         return (len(self.requests) * self.t0 + total + cross) * (1 - LP_SAFETY_RTOL)
 
-    def _pipelined_completion_sum(self, arrays: DemandArrays, lower: np.ndarray) -> float | None:
+    def _pipelined_completion_sum(self, arrays: DemandArrays, lower: np.ndarray, split) -> float | None:
         """Σ_k f_(k) bounded with the work that requests finishing later must already have done
         (docs/design.md, "Pipelined completions"): a request finishing d batches after another has generated all
         but d of its tokens before it. Exact DP over every grouping of the completions (no grid), so only up
         to `PIPELINE_MAX_REQUESTS` requests; None beyond, without an additive split, or when some O = 1."""
         n = len(arrays)
-        split = additive_split(self.terms)
         o_min = int(arrays.generated.min())
-        if split is None or n > PIPELINE_MAX_REQUESTS or o_min < 2:
+        if n > PIPELINE_MAX_REQUESTS or o_min < 2:
             return None
         a0, _, marginal = split
         work = np.sort(self._marginal_work_s(False, marginal))
@@ -725,7 +770,8 @@ class LowerBounder:
                                         self.limits, marginal, self.policies, self.hidden) for i, o in classes])
         return work[np.ravel(which)]
 
-    def _grouped_completion_sum(self, arrays: DemandArrays, lower: np.ndarray, first_token_only: bool) -> float | None:
+    def _grouped_completion_sum(self, arrays: DemandArrays, lower: np.ndarray, first_token_only: bool, split
+                                ) -> float | None:
         """Σ_k f_(k) bounded by grouping the completions by batch (docs/design.md, "Batched completions").
 
         Requests completing in the same batch share its finish time, so each is charged the bound of the last
@@ -734,11 +780,7 @@ class LowerBounder:
         by them, every request of group g finishes at >= max(lower[k_g], T_min + a0·β_g + (a_c − a0)·g +
         W(k_g)), with W(k) the k smallest per-request marginal works and β_g >= max(ch(k_g), g − 1 + ch(1)).
         The least such sum over all groupings (a DP over k, exact on a grid of group ends where every
-        quantity takes its value at the grid point below) is a lower bound. None when the cost model has no
-        additive split (`additive_split`)."""
-        split = additive_split(self.terms)
-        if split is None:
-            return None
+        quantity takes its value at the grid point below) is a lower bound, for the given `additive_split`."""
         a0, a_c, marginal = split
         n = len(arrays)
         if first_token_only or int(arrays.generated.max()) == 1:

@@ -116,3 +116,28 @@ def test_pairwise_bound_certifies_decode_heavy_schedules():
     assert lb.parts["pairwise_sum_s"] == pytest.approx(lb.value_s, rel=1e-12)
     assert min(sums.values()) / lb.value_s - 1 <= 0.05
     assert lb.parts["pipelined_sum_s"] < 0.8 * lb.value_s
+
+
+@given(st.lists(st.tuples(st.integers(1, 200), st.floats(0, 1, allow_nan=False)), min_size=1, max_size=8),
+       st.integers(1, 256), st.floats(0, 2, allow_nan=False))
+@settings(max_examples=200, deadline=None)
+def test_linearised_steps_stay_below_the_step_sum(steps, max_tokens, shift):
+    """α·n − β never exceeds Σ s_t·[n > t] for any n in 1..max_tokens, and no larger α would do."""
+    from solvers.lower_bound import _linearised_steps
+
+    alpha = _linearised_steps(steps, max_tokens, shift)
+    S = [sum(s for t, s in steps if n > t) for n in range(1, max_tokens + 1)]
+    slack = [S[n - 1] - (alpha * n - shift) for n in range(1, max_tokens + 1)]
+    assert min(slack) >= -1e-9
+    assert min(slack) <= 1e-9 * max(1.0, max(S) + shift)  # tight somewhere: α is the largest such slope
+
+
+def test_step_model_latency_bound_below_schedules():
+    """The default (fitted, step) cost model: linearising its token steps raises the latency bound, which stays
+    below every simulated schedule."""
+    cost, limits = load_cost_model(), Limits(C=4096, M=100_000)
+    reqs = fixed(512, 128, 64)
+    lb = LowerBounder(reqs, limits, cost).latency_sum_s()
+    sums = [simulate(reqs, s, limits, cost).summary["mean_latency_s"] * len(reqs) for s in ("vllm", "sarathi", "vllm-ef")]
+    assert lb.value_s <= min(sums)
+    assert lb.parts["pairwise_sum_s"] > 1.05 * lb.parts["order_statistic_sum_s"]
