@@ -67,7 +67,8 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     refuse_prefix_caching(limits)
     check_fits(requests, limits)
     details: dict = {}
-    bound_s, details["lower_bound_method"] = lower_bound_or_zero(requests, limits, cost_model, objective, policies)
+    bound_s, details["lower_bound_method"] = lower_bound_or_zero(
+        requests, limits, cost_model, objective, policies, time_left_s=deadline.left())
     bound_by = "lower bound" if bound_s > 0 else "none"
     say(f"lower bound {bound_s:.6g} s")
     best_s, best_by, best = math.inf, None, None

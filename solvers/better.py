@@ -76,7 +76,8 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     sim = simulate(requests, scheduler, limits, cost_model)
     base = objective.value(sim)
     target = (1 - margin) * base
-    lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies)
+    lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies,
+                                            time_left_s=deadline.left())
     say(f"lower bound {lb_s:.6g} s, target {target:.6g} s ({lb_how})")
     sb = slot_bound(requests, cost_model.milp_terms(), objective, target)
     methods = {"lower_bound_s": lb_s, "lower_bound_method": lb_how}

@@ -551,7 +551,9 @@ class LowerBounder:
     """Bounds for one instance: ``makespan_s()``, ``latency_sum_s()``, ``mean_ttft_s()``, ``of(objective)``."""
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, policies: Policies = Policies(),
-                 hidden_cache: bool = False, progress=None):
+                 hidden_cache: bool = False, progress=None, pairwise_budget_s: float = PAIRWISE_TIME_LIMIT_S):
+        """``pairwise_budget_s``: the time the pairwise-completions QPs may take together (a shorter budget gives
+        a valid, possibly weaker bound; callers under a time limit pass a share of what is left)."""
         if not requests:
             raise ValueError("the workload has no requests")
         self.requests, self.limits, self.policies, self.hidden = list(requests), limits, policies, hidden_cache
@@ -563,6 +565,7 @@ class LowerBounder:
         self.first = DemandArrays.of(self.requests, limits, first_token_only=True)
         self._monotone_problem = monotone_terms(self.terms)
         self._busy_cache: dict = {}
+        self.pairwise_budget_s = pairwise_budget_s
 
     def busy_s(self, d: Demand, integer_counts: bool = False) -> float:
         key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
@@ -645,7 +648,7 @@ class LowerBounder:
             if pipelined is not None:
                 parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
                 total = max(total, pipelined)
-            pairwise = _largest(self._pairwise_completion_sum(arrays, sp, PAIRWISE_TIME_LIMIT_S / len(splits))
+            pairwise = _largest(self._pairwise_completion_sum(arrays, sp, self.pairwise_budget_s / len(splits))
                                 for sp in splits)
             if pairwise is not None:
                 parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
@@ -860,12 +863,14 @@ def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: 
     return LowerBounder(requests, limits, cost_model, policies, hidden_cache).of(objective)
 
 
-def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies()
-                        ) -> tuple[float, str]:
+def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
+                        time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
-    allow one (`BoundUnavailable`)."""
+    allow one (`BoundUnavailable`). ``time_left_s``: the caller's remaining time; the pairwise QPs get at most
+    a quarter of it."""
+    budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:
-        lb = LowerBounder(requests, limits, cost_model, policies).of(objective)
+        lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget).of(objective)
         return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
     except BoundUnavailable as exc:
         return 0.0, f"no aggregate bound: {exc}"

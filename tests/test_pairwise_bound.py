@@ -138,6 +138,17 @@ def test_step_model_latency_bound_below_schedules():
     cost, limits = load_cost_model(), Limits(C=4096, M=100_000)
     reqs = fixed(512, 128, 64)
     lb = LowerBounder(reqs, limits, cost).latency_sum_s()
-    sums = [simulate(reqs, s, limits, cost).summary["mean_latency_s"] * len(reqs) for s in ("vllm", "sarathi", "vllm-ef")]
+    sums = [simulate(reqs, s, limits, cost).summary["mean_latency_s"] * len(reqs)
+            for s in ("vllm", "sarathi", "vllm-ef")]
     assert lb.value_s <= min(sums)
     assert lb.parts["pairwise_sum_s"] > 1.05 * lb.parts["order_statistic_sum_s"]
+
+
+def test_a_spent_budget_still_gives_a_bound():
+    """With no time for Frank–Wolfe, one certificate is still a valid bound, no larger than the full one."""
+    cost, limits = load_cost_model(kind="linear"), Limits(C=4096, M=100_000)
+    reqs = fixed(1, 512, 64)
+    full = LowerBounder(reqs, limits, cost).latency_sum_s().parts["pairwise_sum_s"]
+    rushed = LowerBounder(reqs, limits, cost, pairwise_budget_s=0.0).latency_sum_s().parts["pairwise_sum_s"]
+    found = simulate(reqs, "vllm-ef", limits, cost).summary["mean_latency_s"] * len(reqs)
+    assert rushed <= full * (1 + 1e-9) <= found
