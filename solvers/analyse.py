@@ -113,7 +113,8 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         seed = best if best is not None and len(best.batches) <= K else warm
         milp = optimize(requests, limits, cost_model, objective, policies, slots=K, warm_start=seed,
                         options=replace(options, time_limit_s=max(deadline.left(), 1.0)),
-                        budget_s=budget, objective_cut_s=bound_s if bound_by == "lower bound" and cut else None)
+                        budget_s=budget, objective_cut_s=bound_s if bound_by == "lower bound" and cut else None,
+                        deadline=deadline)
         if milp.value_s is not None and milp.value_s < best_s:
             best_s, best_by, best = milp.value_s, "MILP", milp.schedule
         if milp.global_optimum and milp.bound_s > bound_s:

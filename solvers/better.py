@@ -125,7 +125,7 @@ def _better_by_milp(requests, limits, cost_model, objective, policies, options, 
     warm = best_schedule if best_schedule is not None and len(best_schedule.batches) <= slots else (
         sim.schedule if len(sim.schedule.batches) <= slots else None)
     res = optimize(requests, limits, cost_model, objective, policies, slots=slots, warm_start=warm, options=options,
-                   budget_s=target, objective_cut_s=lb_s or None)
+                   budget_s=target, objective_cut_s=lb_s or None, deadline=deadline)
     status = res.solve.status if res.solve else None
     bound = max(lb_s, res.bound_s) if sb.slots is not None else lb_s
     common.update(slots=slots, solver_status=status)

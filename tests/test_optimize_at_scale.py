@@ -83,3 +83,29 @@ def test_optimize_without_a_usable_warm_start():
     summary = json.loads(res.stdout)
     assert "warm_start_error" in summary and summary["objective_s"] is not None
     assert summary["lower_bound_s"] <= summary["objective_s"] * (1 + TOL)
+
+
+def test_the_solver_gets_what_is_left_after_the_model_is_built(monkeypatch):
+    """The MILP's own time limit is what remains of the command's deadline after building the model (less a
+    reserve for the hand-over and the polishing LP), not the limit the command started with."""
+    import importlib
+
+    from infermax.limits import Limits
+    from infermax.workload import fixed
+    from solvers.backends import SolveOptions
+    from solvers.scale import Deadline
+
+    optimize_module = importlib.import_module("solvers.optimize")  # the package re-exports a function of that name
+    given_limits = []
+    real_solve = optimize_module.solve
+
+    def spy(prob, options, warm=False):
+        given_limits.append(options.time_limit_s)
+        return real_solve(prob, options, warm=warm)
+
+    monkeypatch.setattr(optimize_module, "solve", spy)
+    deadline = Deadline(30.0)
+    res = optimize_module.optimize(fixed(4, 2, 2), Limits(C=64, M=64), COST, slots=4,
+                                   options=SolveOptions(time_limit_s=30.0), deadline=deadline)
+    assert res.status == "optimal"
+    assert len(given_limits) == 1 and 1.0 <= given_limits[0] < 30.0
