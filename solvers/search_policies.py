@@ -282,13 +282,17 @@ class ClairvoyantScheduler(_ProfileScheduler):
     (None: unlimited), giving up for the batch after ``lookahead`` waiting requests that do not fit."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, rank: str = "arrival",
-                 max_admit: int | None = None, lookahead: int = 8, hybrid: bool = True, name: str | None = None):
+                 max_admit: int | None = None, lookahead: int = 8, hybrid: bool = True, name: str | None = None,
+                 work_cap_tokens: int | None = None):
         if rank not in RANKS:
             raise ValueError(f"rank must be one of {sorted(RANKS)}, got {rank!r}")
         super().__init__(limits, cost_model, hybrid=hybrid,
                          name=name or f"clairvoyant rank={rank} max_admit={max_admit}")
         self.rank = RANKS[rank]
         self.max_admit = max_admit
+        # Admission only while the running requests' I + O plus the newcomer's stay within this many tokens
+        # (always at least one request): many short requests run together, long ones few at a time.
+        self.work_cap_tokens = work_cap_tokens
         self.lookahead = lookahead
         self.waiting: list[RequestState] = []
         self._fails = 0
@@ -301,6 +305,14 @@ class ClairvoyantScheduler(_ProfileScheduler):
     def _candidates(self):
         self._fails = 0
         return self.waiting
+
+    def _try_admit(self, s: RequestState, tokens_left: int, prefill_left: int, holders: int,
+                   prefill_kv: int) -> tuple[int, int] | None:
+        if self.work_cap_tokens is not None and (self.running or self._new):
+            load = sum(r.req.prompt_tokens + r.req.output_tokens for r in (*self.running, *self._new))
+            if load + s.req.prompt_tokens + s.req.output_tokens > self.work_cap_tokens:
+                return None
+        return super()._try_admit(s, tokens_left, prefill_left, holders, prefill_kv)
 
     def _on_failure(self, s) -> bool:
         self._fails += 1
