@@ -212,8 +212,9 @@ def test_search_reaches_prefill_batches_that_stay_under_a_token_step():
 
 def test_search_finds_shortest_first_waves_on_a_mix():
     """A.3's LISO+SISO at B = 8 (paper's linear model): the four short requests prefilled together and decoded
-    to the end, then the four long ones (a schedule written out here by hand and replayed) beat every
-    registered scheduler; the search finds a schedule at least as good, which replays to its reported value."""
+    to the end, then the four long ones one at a time, shortest first (a schedule written out here by hand and
+    replayed), beat every registered scheduler and two waves; the search finds a schedule at least as good,
+    which replays to its reported value."""
     from infermax.costmodel import load_cost_model
     from infermax.schedule import Schedule, ScheduledBatch
     from infermax.workload import heterogeneous_mix
@@ -228,8 +229,12 @@ def test_search_finds_shortest_first_waves_on_a_mix():
         return [ScheduledBatch(items=[(r.id, r.prompt_tokens) for r in group])] + \
             [ScheduledBatch(items=[(r.id, 1) for r in group]) for _ in range(O - 1)]
 
-    two_waves = replay(Schedule(reqs, limits, wave(short, 16) + wave(long, 8)), cost)
-    by_hand = Objective(latency=1).value(two_waves)
+    two_waves = Objective(latency=1).value(replay(Schedule(reqs, limits, wave(short, 16) + wave(long, 8)), cost))
+    one_at_a_time = wave(short, 16)
+    for r in sorted(long, key=lambda r: r.prompt_tokens + r.output_tokens):
+        one_at_a_time += wave([r], 8)
+    by_hand = Objective(latency=1).value(replay(Schedule(reqs, limits, one_at_a_time), cost))
+    assert by_hand < two_waves
     registered = min(Objective(latency=1).value(simulate(reqs, s, limits, cost)) for s in ("vllm", "sarathi", "rank-i"))
     assert by_hand < 0.8 * registered
     found = search(reqs, limits, cost, Objective(latency=1), time_limit_s=30)
