@@ -74,10 +74,10 @@ def test_search_returns_a_replayed_schedule_no_worse_than_its_candidates(case, o
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(max_n=12, max_prompt=150, long_prompts=True), st.sampled_from(sorted(RANKS)), st.booleans(),
-       st.one_of(st.none(), st.integers(1, 3)))
-def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid, max_admit):
+       st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(1, 400)))
+def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid, max_admit, work_cap):
     reqs, limits = case  # prompts up to 150 > C sometimes: long prompts are chunked under the envelope
-    scheds = [ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit)]
+    scheds = [ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit, work_cap_tokens=work_cap)]
     sched_plan = []
     try:
         sched_plan = latest_start_plan(reqs, limits, rank, start_every=max_admit or 1)
@@ -95,7 +95,7 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
         assert (res.batches.kv_tokens_peak <= limits.M).all()
         assert (res.requests.generated_tokens == res.requests.output_tokens).all()
         # The engine's fast-forward skips batch_done on repeated decode batches: same schedule as stepping.
-        fresh = (ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit)
+        fresh = (ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit, work_cap_tokens=work_cap)
                  if isinstance(sched, ClairvoyantScheduler) else PlannedScheduler(limits, list(sched_plan), hybrid=hybrid))
         stepped = simulate(reqs, fresh, limits, COST, fast_forward=False)
         assert [b.items for b in stepped.schedule.batches] == [b.items for b in res.schedule.batches]
