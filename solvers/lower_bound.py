@@ -285,7 +285,6 @@ def _linearised_steps(steps: list[tuple[int, float]], max_tokens: int, shift_s: 
     """The largest α with Σ_t s_t·[n > t] >= α·n − shift_s for every token count n in 1..max_tokens (s_t >= 0).
     Within a level of the step function (S + shift)/n falls with n, so the minimum over n is at a level's last
     count: each threshold t (where [n > t] is still 0) and max_tokens."""
-    steps = sorted(steps)
     ends = sorted({t for t, _ in steps if 1 <= t < max_tokens} | {max_tokens})
     return min((sum(s for t, s in steps if n > t) + shift_s) / n for n in ends)
 
@@ -565,6 +564,8 @@ class LowerBounder:
         self.first = DemandArrays.of(self.requests, limits, first_token_only=True)
         self._monotone_problem = monotone_terms(self.terms)
         self._busy_cache: dict = {}
+        self._alone_cache: dict = {}
+        self._splits: list | None = None
         self.pairwise_budget_s = pairwise_budget_s
 
     def busy_s(self, d: Demand, integer_counts: bool = False) -> float:
@@ -657,16 +658,28 @@ class LowerBounder:
 
     def _additive_splits(self) -> list[tuple[float, float, tuple[CostTerm, ...]]]:
         """The additive splits the completion bounds try (each gives a valid bound; the largest is kept): token
-        steps dropped, and linearised with none, half or all of their term's intercept moved into the slope."""
-        splits = []
-        for share in (0.0, 0.5, 1.0):
-            sp = additive_split(self.terms, self.limits.C, share)
-            if sp is not None and sp not in splits:
-                splits.append(sp)
-        plain = additive_split(self.terms)
-        if plain is not None and plain not in splits:
-            splits.append(plain)
-        return splits
+        steps dropped, and linearised with none, half or all of their term's intercept moved into the slope.
+        Computed once per instance (the marginal terms' identity keys `_work_alone_s`'s cache)."""
+        if self._splits is None:
+            self._splits = []
+            for sp in [additive_split(self.terms, self.limits.C, share) for share in (0.0, 0.5, 1.0)] + [
+                    additive_split(self.terms)]:
+                if sp is not None and sp not in self._splits:
+                    self._splits.append(sp)
+        return self._splits
+
+    def _work_alone_s(self, I: int, O: int, marginal: tuple[CostTerm, ...]) -> float:
+        """A lower bound on the intercept-free time of the items that give one request of prompt I its first O
+        tokens: the busy LP of that request alone over ``marginal`` (0 for O <= 0). Cached per (I, O, terms):
+        the completion bounds ask for the same values (``marginal`` is one of `_additive_splits`, which live as
+        long as this object, so their ids are stable keys)."""
+        if O <= 0:
+            return 0.0
+        key = (int(I), int(O), id(marginal))
+        if key not in self._alone_cache:
+            self._alone_cache[key] = busy_time_lb_s(DemandArrays.of([Request(0, 0.0, int(I), int(O))], self.limits)
+                                                    .total(), self.limits, marginal, self.policies, self.hidden)
+        return self._alone_cache[key]
 
     def _pairwise_completion_sum(self, arrays: DemandArrays, split, budget_s: float) -> float | None:
         """Σ_k f_(k) for an offline instance through every pair of completions (docs/design.md, "Pairwise
@@ -687,8 +700,7 @@ class LowerBounder:
             members = np.flatnonzero(which == c)
             grid = _k_grid(O - 1, dense=64, ratio=1.04) if O > 1 else []
             grid = [0, *grid, O]
-            at = [busy_time_lb_s(DemandArrays.of([Request(0, 0.0, I, O - d)], self.limits).total(), self.limits,
-                                 marginal, self.policies, self.hidden) if d < O else 0.0 for d in grid]
+            at = [self._work_alone_s(I, O - d, marginal) for d in grid]
             kernel = lower_convex_envelope(step_lower(grid, at, O))
             qp = class_qp_bound(len(members), a0, kernel, self._batches_needed(arrays.subset(members)),
                                 budget_s / len(classes))
@@ -719,8 +731,7 @@ class LowerBounder:
         # non-increasing in d, so a d between grid points g_{a−1} < d <= g_a gets M(g_a).
         classes = np.unique(np.array([(r.prompt_tokens, r.output_tokens) for r in self.requests]), axis=0)
         d_grid = sorted({1, o_min - 1, *np.geomspace(1, o_min - 1, 12).astype(int).tolist()})
-        M = [min(busy_time_lb_s(DemandArrays.of([Request(0, 0.0, int(i), int(o) - d)], self.limits).total(),
-                                self.limits, marginal, self.policies, self.hidden) for i, o in classes) for d in d_grid]
+        M = [min(self._work_alone_s(i, o - d, marginal) for i, o in classes) for d in d_grid]
         gaps = [(1, M[0])] + [(d_grid[a - 1] + 1, M[a]) for a in range(1, len(d_grid))] + [(o_min, 0.0)]
         k = np.arange(n + 1)
         best = 0.0
@@ -769,8 +780,7 @@ class LowerBounder:
         """Per request: a lower bound on the intercept-free time of its own items (the busy LP of the request
         alone over the `additive_split` terms), per distinct (I, O) class as in `_solo_s`."""
         classes, which = self._classes(first_token_only)
-        work = np.array([busy_time_lb_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total(),
-                                        self.limits, marginal, self.policies, self.hidden) for i, o in classes])
+        work = np.array([self._work_alone_s(i, o, marginal) for i, o in classes])
         return work[np.ravel(which)]
 
     def _grouped_completion_sum(self, arrays: DemandArrays, lower: np.ndarray, first_token_only: bool, split
