@@ -10,7 +10,7 @@ the incumbent meets the bound.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from infermax.engine import check_fits, simulate
 from infermax.schedulers import InfeasibleRequestError, SchedulerError
@@ -111,10 +111,9 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     milp = None
     if refusal is None:
         seed = best if best is not None and len(best.batches) <= K else warm
-        milp = optimize(requests, limits, cost_model, objective, policies, slots=K, warm_start=seed,
-                        options=replace(options, time_limit_s=max(deadline.left(), 1.0)),
+        milp = optimize(requests, limits, cost_model, objective, policies, slots=K, warm_start=seed, options=options,
                         budget_s=budget, objective_cut_s=bound_s if bound_by == "lower bound" and cut else None,
-                        deadline=deadline)
+                        deadline=deadline)  # the solver's time limit: what the deadline leaves after the build
         if milp.value_s is not None and milp.value_s < best_s:
             best_s, best_by, best = milp.value_s, "MILP", milp.schedule
         if milp.global_optimum and milp.bound_s > bound_s:

@@ -77,7 +77,7 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     base = objective.value(sim)
     target = (1 - margin) * base
     lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies,
-                                            time_left_s=deadline.left())
+                                       time_left_s=deadline.left())
     say(f"lower bound {lb_s:.6g} s, target {target:.6g} s ({lb_how})")
     sb = slot_bound(requests, cost_model.milp_terms(), objective, target)
     methods = {"lower_bound_s": lb_s, "lower_bound_method": lb_how}
@@ -120,7 +120,8 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
 def _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline, sim, sb, slots, lb_s,
                     best_s, best_by, best_schedule, methods, common, margin) -> BetterAnswer:
     scheduler, base, target = common["scheduler"], common["scheduler_objective_s"], common["target_s"]
-    options = replace(options, time_limit_s=max(deadline.left(), 1.0), stop_if_incumbent_below=target * TIME_UNIT,
+    # the solver's time limit comes from the deadline, after the model is built (`optimize`)
+    options = replace(options, stop_if_incumbent_below=target * TIME_UNIT,
                       stop_if_bound_above=target * TIME_UNIT * (1 + BOUND_RTOL))
     warm = best_schedule if best_schedule is not None and len(best_schedule.batches) <= slots else (
         sim.schedule if len(sim.schedule.batches) <= slots else None)
