@@ -27,7 +27,7 @@ from ..costmodel.base import CostModel
 from ..limits import Limits
 from ..replay import RequestState
 from ..schedule import ScheduledBatch
-from .base import InfeasibleRequestError, Scheduler
+from .base import InfeasibleRequestError, Scheduler, split_finished_prefills
 
 GROUPINGS = ("prefill_first", "decode_first", "rank")
 EVICTORS = ("running", "running_decode", "none")
@@ -304,12 +304,9 @@ class Algorithm1Scheduler(Scheduler):
             s = self._by_id[rid]
             self._leave_running(s)
             self.waiting.appendleft(s)
-        if self._prefilling:
-            done = [s for s in self._prefilling if s.m >= s.input_tokens]
-            if done:
-                self._prefilling = [s for s in self._prefilling if s.m < s.input_tokens]
-                for s in done:
-                    self._join_decoding(s)
+        self._prefilling, done = split_finished_prefills(self._prefilling)
+        for s in done:
+            self._join_decoding(s)
         for s in admitted:
             if self.waiting and self.waiting[0] is s:
                 self.waiting.popleft()

@@ -22,6 +22,15 @@ class InfeasibleRequestError(ValueError):
     """A request can never be scheduled under the given limits and policy."""
 
 
+def split_finished_prefills(prefilling: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
+    """(still prefilling, done): the requests whose prompt is now fully computed (``m >= Icur``) leave the
+    prefill phase; both lists keep the given order."""
+    done = [s for s in prefilling if s.m >= s.input_tokens]
+    if not done:
+        return prefilling, done
+    return [s for s in prefilling if s.m < s.input_tokens], done
+
+
 class Scheduler(ABC):
     """Plans one batch at a time over the requests that have arrived.
 

@@ -44,7 +44,7 @@ from ..costmodel.base import CostModel
 from ..limits import Limits
 from ..replay import RequestState
 from ..schedule import ScheduledBatch
-from .base import Scheduler
+from .base import Scheduler, split_finished_prefills
 
 POLICIES = ("fcfs", "priority")
 
@@ -363,13 +363,10 @@ class VllmV1Scheduler(Scheduler):
             self.running.append(s)
             self._running_ids.add(s.id)
             self._prefilling.append(s)
-        if self._prefilling:
-            done = [s for s in self._prefilling if s.m >= s.input_tokens]
-            if done:
-                self._prefilling = [s for s in self._prefilling if s.m < s.input_tokens]
-                for s in done:
-                    self._decoding.append(s)
-                    self._decode_items.append((s.id, 1))
+        self._prefilling, done = split_finished_prefills(self._prefilling)
+        for s in done:
+            self._decoding.append(s)
+            self._decode_items.append((s.id, 1))
         for s in finished:
             self._leave_running(s)
         if self.prefix_cache is not None:
