@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
@@ -32,6 +32,7 @@ def costs_and_earliest(draw):
 
 
 @given(costs_and_earliest())
+@example((np.array([0.0, 0.0, 1e-9]), np.array([0, 0])))  # HiGHS answered 2e-9 here (within its tolerance)
 @settings(max_examples=150, deadline=None)
 def test_cheapest_profile_is_the_lp_optimum(case):
     """min cost·x over {x >= 0, Σx = n, prefix sums X_j <= #{k : earliest[k] <= j}}: the greedy equals HiGHS."""
@@ -44,7 +45,9 @@ def test_cheapest_profile_is_the_lp_optimum(case):
     lp = linprog(cost, A_ub=np.tril(np.ones((J, J))), b_ub=caps, A_eq=np.ones((1, J)), b_eq=[n], bounds=(0, None),
                  method="highs")
     assert lp.status == 0
-    assert float(cost @ x) == pytest.approx(lp.fun, abs=1e-9)
+    # HiGHS stops within its optimality tolerance (1e-7 per unit of mass), so its value may sit that far above
+    # the exact minimum: a drawn cost of 1e-9 once gave 2e-9 against the exact 0.
+    assert float(cost @ x) == pytest.approx(lp.fun, abs=1e-7 * n * max(1.0, float(np.abs(cost).max())))
 
 
 @given(st.lists(st.floats(0, 100, allow_nan=False), min_size=2, max_size=40))
