@@ -28,6 +28,7 @@ from .bounds import DECODE_FEATURES, PREFILL_FEATURES
 from .objective import Objective
 from .pairwise_bound import class_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies
+from .queue_bound import INTERCEPT_SHARES, fine_classes, srpt_finish_times
 from .scale import refuse_prefix_caching
 
 # The LP is solved in floating point (HiGHS, tolerances ~1e-7 relative): the reported bound is the LP
@@ -276,6 +277,9 @@ PIPELINE_MAX_REQUESTS = 128
 # this time budget for all of them together (a budget cut short still yields a valid, weaker bound).
 PAIRWISE_MAX_CLASSES = 16
 PAIRWISE_TIME_LIMIT_S = 10.0
+# The per-request LPs of the queued-completions bound (online arrivals) together take at most this long by
+# default; requests not reached keep their coarse-grid work (`LowerBounder._classes`).
+QUEUE_TIME_LIMIT_S = 10.0
 # Features that are sums over a batch's items (so a batch's value is the sum of its items' values).
 _ADDITIVE = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs",
              "n_decode_seqs", "decode_kv_tokens") + tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
@@ -550,9 +554,12 @@ class LowerBounder:
     """Bounds for one instance: ``makespan_s()``, ``latency_sum_s()``, ``mean_ttft_s()``, ``of(objective)``."""
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, policies: Policies = Policies(),
-                 hidden_cache: bool = False, progress=None, pairwise_budget_s: float = PAIRWISE_TIME_LIMIT_S):
-        """``pairwise_budget_s``: the time the pairwise-completions QPs may take together (a shorter budget gives
-        a valid, possibly weaker bound; callers under a time limit pass a share of what is left)."""
+                 hidden_cache: bool = False, progress=None, pairwise_budget_s: float = PAIRWISE_TIME_LIMIT_S,
+                 queue_budget_s: float = QUEUE_TIME_LIMIT_S):
+        """``pairwise_budget_s``: the time the pairwise-completions QPs may take together (offline instances);
+        ``queue_budget_s``: the time the queued-completions bound may spend on per-request LPs (online
+        instances). A shorter budget gives a valid, possibly weaker bound; callers under a time limit pass a
+        share of what is left."""
         if not requests:
             raise ValueError("the workload has no requests")
         self.requests, self.limits, self.policies, self.hidden = list(requests), limits, policies, hidden_cache
@@ -566,7 +573,7 @@ class LowerBounder:
         self._busy_cache: dict = {}
         self._alone_cache: dict = {}
         self._splits: list | None = None
-        self.pairwise_budget_s = pairwise_budget_s
+        self.pairwise_budget_s, self.queue_budget_s = pairwise_budget_s, queue_budget_s
 
     def busy_s(self, d: Demand, integer_counts: bool = False) -> float:
         key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
@@ -638,6 +645,11 @@ class LowerBounder:
                 self.progress(int(T), n)
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
                  "order_statistic_sum_s": float(lower.sum()) - float(self.arrivals.sum())}
+        if len(releases) > 1:
+            queued = self._queued_finish_times(arrays, first_token_only)
+            if queued is not None:
+                parts["queued_sum_s"] = float(queued.sum()) - float(self.arrivals.sum())
+                lower = np.maximum(lower, queued)
         total = float(lower.sum())
         splits = self._additive_splits()
         grouped = _largest(self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits)
@@ -655,6 +667,49 @@ class LowerBounder:
                 parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
                 total = max(total, pairwise)
         return total - float(self.arrivals.sum()), parts
+
+    def _queued_finish_times(self, arrays: DemandArrays, first_token_only: bool) -> np.ndarray | None:
+        """Ascending lower bounds on the k-th finish (or first token) with online arrivals: SRPT on one machine
+        of rate 1 over each request's attributed work (`queue_bound`; docs/design.md, "Queued completions"),
+        the per-rank maximum over the additive splits and the ways of sharing the batch intercept. The work:
+        the request's marginal LP alone on the fine grid (while `queue_budget_s` lasts, else its coarse-grid
+        value) plus its share of the intercept, which is the prefill gate's ``a_p`` for first tokens (every
+        batch with a first-token item has a prefill item) and ``a0`` otherwise."""
+        lim = self.limits
+        start, splits = time.perf_counter(), self._additive_splits()
+        kv = arrays.kv_area * (0.5 if self.hidden else 1.0)
+        # a first-token item is a prefill item: at most min(C, P) of them per batch; otherwise C
+        tokens_per_batch = min(lim.C, lim.prefill_budget) if first_token_only else lim.C
+        tokens = arrays.prompt + arrays.decode_items
+        best = None
+        for i, (a0, a_p, marginal) in enumerate(splits):  # split i may use its share of the budget and what is left
+            work = self._fine_work_s(arrays, first_token_only, marginal,
+                                     start + self.queue_budget_s * (i + 1) / len(splits))
+            gate = a_p if first_token_only else a0
+            for l_kv, l_tok, l_item in INTERCEPT_SHARES:
+                if l_item and lim.Rmax is None:
+                    continue
+                share = l_kv * kv / lim.M + l_tok * tokens / tokens_per_batch
+                if l_item:
+                    share = share + l_item * arrays.generated / lim.Rmax
+                finish = srpt_finish_times(self.arrivals, work + gate * share)
+                best = finish if best is None else np.maximum(best, finish)
+        return None if best is None else best * (1 - LP_SAFETY_RTOL)
+
+    def _fine_work_s(self, arrays: DemandArrays, first_token_only: bool, marginal: tuple, deadline: float
+                     ) -> np.ndarray:
+        """Per request: its marginal work alone (`_work_alone_s`) at its (I, O) rounded down to the fine grid of
+        `fine_classes`, the most populated grid points first until ``deadline`` (perf_counter); a request whose
+        point is not reached keeps its coarse-grid value (`_marginal_work_s`). Both are lower bounds, so the
+        larger is kept."""
+        coarse = self._marginal_work_s(first_token_only, marginal)
+        classes, which = fine_classes(arrays.prompt, arrays.generated)
+        fine = np.zeros(len(classes))
+        for c in np.argsort(-np.bincount(which, minlength=len(classes)), kind="stable"):
+            if time.perf_counter() > deadline:
+                break
+            fine[c] = self._work_alone_s(*classes[c], marginal)
+        return np.maximum(coarse, fine[which])
 
     def _additive_splits(self) -> list[tuple[float, float, tuple[CostTerm, ...]]]:
         """The additive splits the completion bounds try (each gives a valid bound; the largest is kept): token
@@ -876,11 +931,12 @@ def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: 
 def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
                         time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
-    allow one (`BoundUnavailable`). ``time_left_s``: the caller's remaining time; the pairwise QPs get at most
-    a quarter of it."""
+    allow one (`BoundUnavailable`). ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued
+    bound's LPs get at most a quarter of it."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
-    try:
-        lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget).of(objective)
+    try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
+        lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
+                          queue_budget_s=budget).of(objective)
         return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
     except BoundUnavailable as exc:
         return 0.0, f"no aggregate bound: {exc}"
