@@ -177,11 +177,11 @@ def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None 
                                                    work_cap_tokens=work_cap), lim))
 
 
-def _first_token(limits: Limits, hybrid: bool, P: int | None = None) -> Candidate:
-    label = "first-token-first" + (f" P={P}" if P else "")
+def _first_token(limits: Limits, hybrid: bool, P: int | None = None, srpt: bool = False) -> Candidate:
+    label = "first-token-first" + (" srpt" if srpt else "") + (f" P={P}" if P else "")
     lim = limits if P is None else replace(limits, P=min(P, limits.prefill_budget))
-    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid},
-                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label), lim))
+    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid, "srpt": srpt},
+                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label, srpt=srpt), lim))
 
 
 def _fit_count(requests, limits: Limits) -> int:
@@ -243,6 +243,12 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
         if objective.ttft > 0 and not policies.eviction_free and not policies.no_chunked_prefill:  # it chunks
             first_tokens = [_first_token(limits, hybrid, P) for P in (None, budget // 2, budget // 4, budget // 16)
                             if P != 0]
+            # With arrivals over time a short prompt should not wait behind a long one's chunks: shortest
+            # prompt left first, with small chunks so that it can cut in (Azure slice: P = 512 best)
+            srpt = [_first_token(limits, hybrid, P, srpt=True) for P in (budget // 8, budget // 4, budget // 2)
+                    if P != 0]
+            online = len({r.arrival_s for r in requests}) > 1
+            first_tokens = srpt + first_tokens if online else first_tokens + srpt
         # Time-limited searches on large instances reach only the first few: mean TTFT is won by
         # first-token-first, the sum of latencies by waves or forward admission, makespan by plans.
         out += first_tokens + _waves(requests, limits, objective, policies_of, policies) + (

@@ -104,18 +104,18 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans())
-def test_first_token_scheduler_completes_within_the_limits(case, hybrid):
+@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans(), st.booleans())
+def test_first_token_scheduler_completes_within_the_limits(case, hybrid, srpt):
     reqs, limits = case
     try:
-        res = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid), limits, COST)
+        res = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt), limits, COST)
     except InfeasibleRequestError:  # a prompt, or without hybrid batching a refill (up to I+O-1), over min(C, P)
         budget = min(limits.C, limits.prefill_budget)
         assert any(r.prompt_tokens > budget or (not hybrid and r.peak_kv_tokens > budget) for r in reqs)
         return
     assert (res.batches.kv_tokens_peak <= limits.M).all()
     assert (res.requests.generated_tokens == res.requests.output_tokens).all()
-    stepped = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid), limits, COST, fast_forward=False)
+    stepped = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt), limits, COST, fast_forward=False)
     assert [(b.items, b.evict) for b in stepped.schedule.batches] == [(b.items, b.evict) for b in res.schedule.batches]
     if not hybrid:
         assert policy_violations(res.schedule, Policies(no_hybrid=True), COST) == []
@@ -133,6 +133,20 @@ def test_first_token_scheduler_by_hand():
     assert sorted(b[1].items) == [(2, 2), (3, 2)] and b[1].evict == [1]
     assert (res.batches.kv_tokens_peak <= limits.M).all()
     assert res.requests.set_index("id").ttft_s.max() == pytest.approx(2 * (0.01 + 4 * 0.001))
+
+
+def test_first_token_srpt_lets_a_short_prompt_cut_in():
+    # r0 (I=8) starts a chunked prefill at 0 (C=4: 4 of its 8 tokens); r1 (I=2) arrives during that batch.
+    # By default the started prompt goes on (batch 1 finishes r0's prefill, r1 waits for batch 2); with srpt
+    # r1 has fewer tokens left (2 < 4), so it goes first, and r0's 4 left are not chunked beside it.
+    reqs = [Request(0, 0.0, 8, 2), Request(1, 0.001, 2, 2)]
+    limits = Limits(C=4, M=64)
+    firsts = {}
+    for srpt in (False, True):
+        res = simulate(reqs, FirstTokenScheduler(limits, COST, srpt=srpt), limits, COST)
+        firsts[srpt] = [b.items for b in res.schedule.batches[:3]]
+    assert firsts[False] == [[(0, 4)], [(0, 4)], [(1, 2)]]
+    assert firsts[True] == [[(0, 4)], [(1, 2)], [(0, 4)]]
 
 
 def _hand_instance():
