@@ -180,6 +180,8 @@ class _LP:
         self.rows.append(({k: v for k, v in coefs.items() if v != 0}, sense, float(rhs)))
 
     def solve(self, objective: dict, values: dict | None = None) -> float:
+        if not self.integer:
+            return self._solve_lp(objective, values)
         from scipy.optimize import linprog
         from scipy.sparse import coo_matrix
 
@@ -225,6 +227,67 @@ class _LP:
             if dual is not None and math.isfinite(dual):
                 return float(min(res.fun, dual))
         return float(res.fun)
+
+
+    def _solve_lp(self, objective: dict, values: dict | None) -> float:
+        """A pure LP straight through highspy (row-wise matrix, no SciPy wrapper): the bounds solve thousands of
+        these small LPs, and SciPy's input checks and sparse conversions cost more than HiGHS itself."""
+        import highspy
+
+        index = {n: i for i, n in enumerate(self.names)}
+        n, inf = len(self.names), highspy.kHighsInf
+        lower, upper, start, cols, coefs = [], [], [0], [], []
+        for row, sense, rhs in self.rows:
+            lower.append(-inf if sense == "<=" else rhs)
+            upper.append(inf if sense == ">=" else rhs)
+            cols.extend(index[name] for name in row)
+            coefs.extend(row.values())
+            start.append(len(cols))
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = n, len(self.rows)
+        cost = np.zeros(n)
+        for name, coef in objective.items():
+            cost[index[name]] = coef
+        lp.col_cost_ = cost
+        lp.col_lower_ = np.zeros(n)
+        lp.col_upper_ = np.array([inf if self.upper.get(name) is None else self.upper[name] for name in self.names])
+        lp.row_lower_, lp.row_upper_ = np.array(lower), np.array(upper)
+        a = lp.a_matrix_
+        a.format_ = highspy.MatrixFormat.kRowwise
+        a.num_col_, a.num_row_ = n, len(self.rows)
+        a.start_, a.index_, a.value_ = np.array(start, dtype=np.int32), np.array(cols, dtype=np.int32), np.array(coefs)
+        h = _quiet_highs()
+        h.passModel(lp)
+        h.run()
+        status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return math.inf  # no schedule does this demand within the limits
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise RuntimeError(f"lower-bound LP failed: {h.modelStatusToString(status)}")
+        if values is not None:
+            values.update(zip(self.names, h.getSolution().col_value))
+        return float(h.getInfo().objective_function_value)
+
+
+_HIGHS_GREETED = False
+
+
+def _quiet_highs():
+    """A silent highspy.Highs. HiGHS prints its banner to file descriptor 1 when the process creates its first
+    instance, which would break ``--json`` output, so that first one is created with descriptor 1 muted."""
+    global _HIGHS_GREETED
+    import highspy
+
+    if _HIGHS_GREETED:
+        h = highspy.Highs()
+    else:
+        from .backends import quiet_stdout
+
+        with quiet_stdout():
+            h = highspy.Highs()
+        _HIGHS_GREETED = True
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 TIME_SCALE = 1e3  # the LP works in milliseconds (coefficients such as 1e-9 s per c² would sit at tolerances)

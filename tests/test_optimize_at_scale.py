@@ -75,6 +75,19 @@ def test_json_stdout_has_no_solver_banner():
     assert "HiGHS" not in out.stdout
 
 
+def test_json_stdout_has_no_banner_when_the_bound_lps_create_highs_first():
+    """The latency bound's LPs go straight to highspy (solvers/lower_bound.py) before any MILP is built; the
+    first HiGHS instance of the process is created there, and its banner must not reach stdout either."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "infermax", "optimize", "--objective", "latency", "--I", "64", "--O",
+                          "4", "--B", "4", "--time-limit", "20", "--json"], capture_output=True, text=True, check=True)
+    summary = json.loads(out.stdout)
+    assert summary["objective"] == "latency" and summary["lower_bound_s"] > 0
+    assert "HiGHS" not in out.stdout
+
+
 def test_optimize_without_a_usable_warm_start():
     """vLLM cannot batch a 100-token prompt with C = 64 (no chunking): optimize goes on without its warm start."""
     res = runner.invoke(app, ["optimize", "--I", "100", "--O", "2", "--B", "4", "--C", "64", "--time-limit", "20",
