@@ -45,3 +45,40 @@ def test_head_arrays_follow_adds_and_removes(ops):
         assert heads == expected
         assert sorted(q._slot.values()) == list(range(n))
         assert len(q) == len(live)
+
+
+# Both ways of computing the buckets' head bounds make the plain scheduler's decisions: the random
+# workloads of test_aptserve_equivalence.py have few sizes (the loop), so they are run here with numpy
+# for every bucket count, and a loaded queue with many sizes with the loop only.
+from test_aptserve_equivalence import check_same, runs  # noqa: E402
+
+import infermax.schedulers.aptserve_waiting as waiting  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs())
+def test_numpy_heads_make_the_plain_decisions(run):
+    old = waiting.NUMPY_HEADS
+    waiting.NUMPY_HEADS = 0
+    try:
+        check_same(*run)
+    finally:
+        waiting.NUMPY_HEADS = old
+
+
+def test_both_head_paths_on_a_loaded_queue_with_many_sizes(monkeypatch):
+    import random
+
+    from conftest import AffineCost
+
+    from infermax.limits import Limits
+    from infermax.schedulers.aptserve import AptServeOptions
+
+    rng = random.Random(7)
+    reqs = [Request(i, float(rng.randrange(0, 60)) / 3, rng.randrange(1, 400), rng.randrange(1, 30),
+                    rng.choice([None, 4.0]), 0.5) for i in range(400)]
+    for threshold in (0, 10**9):
+        monkeypatch.setattr(waiting, "NUMPY_HEADS", threshold)
+        for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=2e-3, demotion="decay"),
+                        AptServeOptions(hybrid=False)):
+            check_same(reqs, Limits(C=700, M=3000, block_size=4), options, AffineCost(0.01, 0.0005))

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..replay import RequestState
 
+NUMPY_HEADS = 64  # more buckets than this: their heads' bounds are computed with numpy
 BOUND_SLACK = 1e-9  # relative: covers the rounding of the exact densities against their bound
 _FIXED_BITS = 1100  # every finite double is an integer multiple of 2^-1074: times are summed exactly as ints
 
@@ -188,12 +189,18 @@ class WaitingQueue:
         ``bound(tokens, p)``: an upper bound on the density of any item of a request with that prefill
         waiting ``p`` (nondecreasing in ``p``; never None for a bucket ``heads_array`` offers), and
         ``bound.heads_array(tokens, refs, now)`` the same for every bucket's head at once (an array,
-        −inf where the request has no item, e.g. no option fits); ``expand(state, p)``: the request's
+        −inf where the request has no item, e.g. no option fits; used above ``NUMPY_HEADS`` buckets); ``expand(state, p)``: the request's
         items ``(θ, size, step, candidate)`` in rank order.
         """
         buckets, states = self._buckets, self._states
         n = len(self._slot)
-        heads = _descending(bound.heads_array(self._head_tokens[:n], self._head_refs[:n], now_s), self._head_tokens[:n])
+        if n > NUMPY_HEADS:
+            heads = _descending(bound.heads_array(self._head_tokens[:n], self._head_refs[:n], now_s), self._head_tokens[:n])
+        else:  # a few buckets: numpy's per-call cost would exceed the loop's
+            found = [(-b, low) for low, bucket in buckets.items() for b in (bound(low, now_s - bucket[0][0]),)
+                     if b is not None]
+            found.sort()
+            heads = iter(found)
         sources: list[tuple] = []  # (−bound, tokens, index in bucket); holds the next unread head too
         nxt = next(heads, None)
         if nxt is not None:
