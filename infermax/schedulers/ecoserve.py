@@ -45,7 +45,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import Scheduler
 from .ecoserve_kv import KVLedger, hosting_plan
-from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, PromptQueue, slack_bucket  # noqa: F401
+from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, DeadEntries, PromptQueue, slack_bucket  # noqa: F401
 
 STATES = ("waiting", "execution", "gt_queue", "preemption")
 
@@ -575,6 +575,7 @@ class EcoServeScheduler(Scheduler):
         keys, task_of = q.keys, q.task_of
         picked: list[tuple[_Task, int]] = []
         done: set[int] = set()  # looked at in this call (picked or passed over)
+        dead = DeadEntries()  # closest_fit's memory for this walk
 
         def gone(t: _Task) -> bool:
             return t.s.id in done or skip(t)
@@ -590,7 +591,7 @@ class EcoServeScheduler(Scheduler):
                 continue
             t = h
             if fits_left and h.s.remaining_prefill > budget:
-                u = q.closest_fit(budget, keys[i], gone)
+                u = q.closest_fit(budget, keys[i], gone, dead)
                 if u is None:
                     fits_left = False  # the budget only falls
                 else:
