@@ -44,3 +44,4 @@ def test_closest_fit_with_memory_matches_a_full_read(prompts, walk, skipped):
         if got is not None and taken % 2:
             done.add(got.s.id)
         done.add(taken)
+
