@@ -253,6 +253,7 @@ class AptServeScheduler(Scheduler):
         self._prefill_cap = min(limits.C, limits.prefill_budget)
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
         self._bucket_sizes: dict[int, tuple[int, int]] = {}  # prefill tokens -> (KV, hidden) memory
+        self._running_with_slo: set[int] = set()  # running requests with a TTFT or TBT target
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -296,9 +297,10 @@ class AptServeScheduler(Scheduler):
         if opt.hybrid:
             n = len(self.waiting) + len(running)
             if opt.n_minus_violators:
-                n -= self.waiting.violators(now_s) + sum(
-                    self.violates(s, self.pending_s(s, now_s)) for s in running if s.req.ttft_slo_s is not None
-                    or s.req.tbt_slo_s is not None)
+                n -= self.waiting.violators(now_s)
+                if self._running_with_slo:  # a trace without targets skips the pass over the running requests
+                    n -= sum(self.violates(s, self.pending_s(s, now_s)) for s in running
+                             if s.id in self._running_with_slo)
         if opt.prefill_memory == "paper":
             free = lim.M - sum(lim.blocks(s.m) for s in running)
         else:
@@ -488,9 +490,11 @@ class AptServeScheduler(Scheduler):
         return ScheduledBatch(items=items, evict=evict, hidden=frozenset(hidden))
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        with_slo = self._running_with_slo
         if batch.evict:
             out = set(batch.evict)
             self.running = [s for s in self.running if s.id not in out]
+            with_slo.difference_update(out)
             evicted = [self._by_id[rid] for rid in batch.evict]
             self.waiting.extendleft_in_order(evicted)
             for s in evicted:
@@ -498,10 +502,14 @@ class AptServeScheduler(Scheduler):
         running_ids = {s.id for s in self.running}
         admitted = [rid for rid, _ in batch.items if rid not in running_ids]
         for rid in admitted:
-            self.running.append(self.waiting.remove(rid))
+            s = self.waiting.remove(rid)
+            self.running.append(s)
+            if s.req.ttft_slo_s is not None or s.req.tbt_slo_s is not None:
+                with_slo.add(rid)
         if finished:
             done = {s.id for s in finished}
             self.running = [s for s in self.running if s.id not in done]
+            with_slo.difference_update(done)
 
     def describe_state(self) -> str:
         used = sum(cache_tokens(self.limits, s.m, s.hidden) for s in self.running)
