@@ -45,3 +45,34 @@ def test_closest_fit_with_memory_matches_a_full_read(prompts, walk, skipped):
             done.add(got.s.id)
         done.add(taken)
 
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5), st.floats(0, 3)), min_size=1, max_size=60),
+       st.lists(st.tuples(st.integers(1, 50), st.integers(0, 3), st.integers(0, 59)), max_size=40),
+       st.sets(st.integers(0, 59)))
+def test_closest_fit_passing_over_unstarted_answers_matches_repeated_calls(prompts, walk, skipped):
+    """``pass_over``: one call answers as the caller's loop of calls that passes over unstarted answers."""
+    q = PromptQueue(ordering=True, block_size=1)
+    for i, (length, started, deadline) in enumerate(prompts):
+        s = RequestState(Request(i, 0.0, length + 1, 1))
+        s.m = started % 2 * min(started, length)  # some started, the rest not
+        q.add(SimpleNamespace(s=s, deadline=deadline), 1.0)
+    done_fast: set[int] = set()
+    done_slow: set[int] = set()
+    dead, head = DeadEntries(), 0
+    for budget, advance, taken in walk:
+        head = min(head + advance, len(q.keys) - 1)
+        head_key = q.keys[head]
+        got = q.closest_fit(budget, head_key, lambda t: t.s.id in done_fast or t.s.id in skipped, dead,
+                            lambda t: done_fast.add(t.s.id))
+        while True:  # the loop it replaces, on a full read
+            want = brute_closest_fit(q, budget, head_key, lambda t: t.s.id in done_slow or t.s.id in skipped)
+            if want is None or want.s.m > 0:
+                break
+            done_slow.add(want.s.id)
+        assert got is want and done_fast == done_slow
+        for done in (done_fast, done_slow):
+            if got is not None and taken % 2:
+                done.add(got.s.id)
+            done.add(taken)

@@ -598,6 +598,9 @@ class EcoServeScheduler(Scheduler):
         def gone(t: _Task) -> bool:
             return t.s.id in done or skip(t)
 
+        def pass_over(t: _Task) -> None:
+            done.add(t.s.id)
+
         fits_left = self.opt.ordering  # a PT that fits the budget whole may remain
         i = 0
         while i < len(keys) and budget > 0:
@@ -609,7 +612,9 @@ class EcoServeScheduler(Scheduler):
                 continue
             t = h
             if fits_left and h.s.remaining_prefill > budget:
-                u = q.closest_fit(budget, keys[i], gone, dead)
+                # With Rmax reached, an unstarted answer would be passed over (below) and the search repeated.
+                u = q.closest_fit(budget, keys[i], gone, dead,
+                                  pass_over if rmax is not None and holders >= rmax else None)
                 if u is None:
                     fits_left = False  # the budget only falls
                 else:

@@ -129,7 +129,8 @@ class PromptQueue:
                 if new:
                     heapq.heappush(self._heaps[new], (t.deadline, rid))
 
-    def closest_fit(self, budget: int, head_key: tuple, skip, dead: "DeadEntries | None" = None) -> object | None:
+    def closest_fit(self, budget: int, head_key: tuple, skip, dead: "DeadEntries | None" = None,
+                    pass_over=None) -> object | None:
         """Among members at or after ``head_key`` in priority order and not ``skip(task)``: one with
         the largest remaining prompt ``≤ budget``, the first in priority order among equals.
 
@@ -137,7 +138,11 @@ class PromptQueue:
         and jumped over by the later calls of the same walk. Valid while, within the walk, ``head_key``
         only grows, ``skip`` stays true once true and the queue does not change (a PT walk: the head
         advances, the tasks looked at join ``skip``); then each entry is read at most twice per walk
-        instead of once per call (a walk that passes over thousands of PTs calls this for each)."""
+        instead of once per call (a walk that passes over thousands of PTs calls this for each).
+
+        ``pass_over(task)`` (optional): the caller would pass over an unstarted answer (``m == 0``) and
+        ask again, the task then counting as ``skip``; such answers are handed to ``pass_over`` here and
+        the search goes on, so one call returns what the last of those calls would."""
         by_rem, task_of = self.by_rem, self.task_of
         dead = dead if dead is not None else DeadEntries()
 
@@ -149,14 +154,20 @@ class PromptQueue:
             return False
 
         i = dead.left(bisect_right(by_rem, (budget, (float("inf"),))) - 1)
-        while i >= 0 and not qualifies(i):
-            i = dead.left(i - 1)
-        if i < 0:
-            return None
-        j = dead.right(bisect_left(by_rem, (by_rem[i][0],)))
-        while not qualifies(j):  # ends at i at the latest
-            j = dead.right(j + 1)
-        return task_of[by_rem[j][1]]
+        while True:
+            while i >= 0 and not qualifies(i):
+                i = dead.left(i - 1)
+            if i < 0:
+                return None
+            j = dead.right(bisect_left(by_rem, (by_rem[i][0],)))
+            while not qualifies(j):  # ends at i at the latest
+                j = dead.right(j + 1)
+            t = task_of[by_rem[j][1]]
+            if pass_over is None or t.s.m > 0:
+                return t
+            pass_over(t)
+            dead.kill(j)
+            i = dead.left(i)
 
 
 class DeadEntries:
