@@ -13,6 +13,26 @@ from infermax.request import Request
 from infermax.schedulers.ecoserve_queue import DeadEntries, PromptQueue
 
 
+# (prompt length, started tokens, deadline) per PT; (budget, head advance, a task looked at) per step; skipped ids
+def WALKS(test):
+    return settings(max_examples=300, deadline=None)(given(
+        st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5), st.floats(0, 3)), min_size=1, max_size=60),
+        st.lists(st.tuples(st.integers(1, 50), st.integers(0, 3), st.integers(0, 59)), max_size=40),
+        st.sets(st.integers(0, 59)))(test))
+
+
+def queue_of(prompts, with_started: bool) -> PromptQueue:
+    """PTs of ``length + 1`` tokens; with ``with_started``, those with an odd second field have cached
+    ``min(it, length)`` tokens."""
+    q = PromptQueue(ordering=True, block_size=1)
+    for i, (length, started, deadline) in enumerate(prompts):
+        s = RequestState(Request(i, 0.0, length + 1, 1))
+        if with_started:
+            s.m = started % 2 * min(started, length)
+        q.add(SimpleNamespace(s=s, deadline=deadline), 1.0)
+    return q
+
+
 def brute_closest_fit(q: PromptQueue, budget: int, head_key: tuple, gone) -> object | None:
     ok = [(rem, key) for rem, key in q.by_rem if rem <= budget and key >= head_key and not gone(q.task_of[key])]
     if not ok:
@@ -21,15 +41,9 @@ def brute_closest_fit(q: PromptQueue, budget: int, head_key: tuple, gone) -> obj
     return q.task_of[min(key for rem, key in ok if rem == best)]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5), st.floats(0, 3)), min_size=1, max_size=60),
-       st.lists(st.tuples(st.integers(1, 50), st.integers(0, 3), st.integers(0, 59)), max_size=40),
-       st.sets(st.integers(0, 59)))
+@WALKS
 def test_closest_fit_with_memory_matches_a_full_read(prompts, walk, skipped):
-    q = PromptQueue(ordering=True, block_size=1)
-    for i, (length, _, deadline) in enumerate(prompts):
-        s = RequestState(Request(i, 0.0, length, 1))
-        q.add(SimpleNamespace(s=s, deadline=deadline), 1.0)
+    q = queue_of(prompts, with_started=False)
     done: set[int] = set()
 
     def gone(t) -> bool:
@@ -46,18 +60,10 @@ def test_closest_fit_with_memory_matches_a_full_read(prompts, walk, skipped):
         done.add(taken)
 
 
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5), st.floats(0, 3)), min_size=1, max_size=60),
-       st.lists(st.tuples(st.integers(1, 50), st.integers(0, 3), st.integers(0, 59)), max_size=40),
-       st.sets(st.integers(0, 59)))
+@WALKS
 def test_closest_fit_passing_over_unstarted_answers_matches_repeated_calls(prompts, walk, skipped):
     """``pass_over``: one call answers as the caller's loop of calls that passes over unstarted answers."""
-    q = PromptQueue(ordering=True, block_size=1)
-    for i, (length, started, deadline) in enumerate(prompts):
-        s = RequestState(Request(i, 0.0, length + 1, 1))
-        s.m = started % 2 * min(started, length)  # some started, the rest not
-        q.add(SimpleNamespace(s=s, deadline=deadline), 1.0)
+    q = queue_of(prompts, with_started=True)
     done_fast: set[int] = set()
     done_slow: set[int] = set()
     dead, head = DeadEntries(), 0
