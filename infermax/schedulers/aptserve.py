@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
 
+import numpy as np
+
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState, cache_tokens
@@ -250,7 +252,8 @@ class AptServeScheduler(Scheduler):
         self._by_id: dict[int, RequestState] = {}
         self._prefill_cap = min(limits.C, limits.prefill_budget)
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
-        self._bucket_sizes: dict[int, tuple[int, int]] = {}  # bucket low -> (KV, hidden) memory
+        self._bucket_sizes: dict[int, tuple[int, int]] = {}  # prefill tokens -> (KV, hidden) memory
+        self._running_with_slo: set[int] = set()  # running requests with a TTFT or TBT target
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -294,9 +297,10 @@ class AptServeScheduler(Scheduler):
         if opt.hybrid:
             n = len(self.waiting) + len(running)
             if opt.n_minus_violators:
-                n -= self.waiting.violators(now_s) + sum(
-                    self.violates(s, self.pending_s(s, now_s)) for s in running if s.req.ttft_slo_s is not None
-                    or s.req.tbt_slo_s is not None)
+                n -= self.waiting.violators(now_s)
+                if self._running_with_slo:  # a trace without targets skips the pass over the running requests
+                    n -= sum(self.violates(s, self.pending_s(s, now_s)) for s in running
+                             if s.id in self._running_with_slo)
         if opt.prefill_memory == "paper":
             free = lim.M - sum(lim.blocks(s.m) for s in running)
         else:
@@ -384,12 +388,7 @@ class AptServeScheduler(Scheduler):
             c = self._candidate(s, p, s.input_tokens, n, demote and self.violates(s, p))
             return [(theta, size, step, c) for theta, size, step in _feasible_items(c, capacity)]
 
-        lim, hybrid = self.limits, self.options.hybrid
-
-        def may_fit(tokens: int) -> bool:  # a KV or hidden option within capacity (_feasible_items)
-            return lim.blocks(tokens) <= capacity or (hybrid and cache_tokens(lim, tokens, True) <= capacity)
-
-        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand, may_fit)
+        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
         return greedy_take(items, capacity, admit, self.options.double_check)
 
     def _density_bound(self, n: int, capacity: int) -> "_DensityBound":
@@ -491,9 +490,11 @@ class AptServeScheduler(Scheduler):
         return ScheduledBatch(items=items, evict=evict, hidden=frozenset(hidden))
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        with_slo = self._running_with_slo
         if batch.evict:
             out = set(batch.evict)
             self.running = [s for s in self.running if s.id not in out]
+            with_slo.difference_update(out)
             evicted = [self._by_id[rid] for rid in batch.evict]
             self.waiting.extendleft_in_order(evicted)
             for s in evicted:
@@ -501,10 +502,14 @@ class AptServeScheduler(Scheduler):
         running_ids = {s.id for s in self.running}
         admitted = [rid for rid, _ in batch.items if rid not in running_ids]
         for rid in admitted:
-            self.running.append(self.waiting.remove(rid))
+            s = self.waiting.remove(rid)
+            self.running.append(s)
+            if s.req.ttft_slo_s is not None or s.req.tbt_slo_s is not None:
+                with_slo.add(rid)
         if finished:
             done = {s.id for s in finished}
             self.running = [s for s in self.running if s.id not in done]
+            with_slo.difference_update(done)
 
     def describe_state(self) -> str:
         used = sum(cache_tokens(self.limits, s.m, s.hidden) for s in self.running)
@@ -512,26 +517,23 @@ class AptServeScheduler(Scheduler):
 
 
 class _DensityBound:
-    """Upper bound on any item density of a waiting request with a prefill of at least ``low`` tokens,
-    pending ``p``, or None when no such request has an option that fits ``capacity``.
+    """Upper bound on any item density of a waiting request with a ``tokens``-token prefill, pending
+    ``p``, or None when it has no option that fits ``capacity``.
 
     Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
-    if that fits, ``(p − N·ρ·kv)/hidden`` at most; sizes are taken at their least (``low``), a
-    demoted request's KV density is below twice ``DEMOTED_DENSITY``, a decayed one below the
-    undecayed, an upgrade below its hidden step; ``BOUND_SLACK`` covers rounding."""
+    if that fits, ``(p − N·ρ·kv)/hidden`` at most; a demoted request's KV density is below twice
+    ``DEMOTED_DENSITY``, a decayed one below the undecayed, an upgrade below its hidden step;
+    ``BOUND_SLACK`` covers rounding."""
 
     def __init__(self, scheduler: AptServeScheduler, n: int, capacity: int):
         self.limits, self.hybrid, self.n_rho = scheduler.limits, scheduler.options.hybrid, n * scheduler.rho
         self.sizes, self.capacity = scheduler._bucket_sizes, capacity
 
-    def __call__(self, low: int, p: float) -> float | None:
+    def __call__(self, tokens: int, p: float) -> float | None:
         sizes = self.sizes
-        kv_hidden = sizes.get(low)
+        kv_hidden = sizes.get(tokens)
         if kv_hidden is None:
-            kv_hidden = sizes[low] = (self.limits.blocks(low), cache_tokens(self.limits, low, True))
-        return self._bound(kv_hidden, p)
-
-    def _bound(self, kv_hidden: tuple[int, int], p: float) -> float | None:
+            kv_hidden = sizes[tokens] = (self.limits.blocks(tokens), cache_tokens(self.limits, tokens, True))
         kv, hidden = kv_hidden
         b = None
         if kv <= self.capacity:
@@ -546,33 +548,18 @@ class _DensityBound:
                 b = h
         return None if b is None else b * (1 + BOUND_SLACK)
 
-    def heads(self, buckets: dict, now_s: float) -> list[tuple[int, float]]:
-        """``(low, bound)`` of every bucket's oldest request (the same values, one loop)."""
-        sizes, out = self.sizes, []
-        cap, hybrid, n_rho = self.capacity, self.hybrid, self.n_rho
-        floor, slack = 2 * DEMOTED_DENSITY, 1 + BOUND_SLACK
-        for low, bucket in buckets.items():
-            kv_hidden = sizes.get(low)
-            if kv_hidden is None:
-                kv_hidden = sizes[low] = (self.limits.blocks(low), cache_tokens(self.limits, low, True))
-            kv, hidden = kv_hidden
-            p = now_s - bucket[0][0]
-            if kv <= cap:
-                b = p / kv
-                if b < floor:
-                    b = floor
-                if hybrid and hidden <= cap:
-                    h = (p - n_rho * kv) / hidden
-                    if h > b:
-                        b = h
-            elif hybrid and hidden <= cap:
-                b = (p - n_rho * kv) / hidden
-                if b < 0:
-                    b = 0.0
-            else:
-                continue
-            out.append((low, b * slack))
-        return out
+    def heads_array(self, tokens: np.ndarray, refs: np.ndarray, now_s: float) -> np.ndarray:
+        """``__call__`` for many requests at once (``tokens``, pending since ``refs``); −inf for None."""
+        b_size = self.limits.block_size
+        kv_blocks = tokens if b_size == 1 else -(-tokens // b_size)
+        kv = kv_blocks * b_size
+        hidden = b_size * -(-kv_blocks // 2)
+        p = now_s - refs
+        out = np.where(kv <= self.capacity, np.maximum(p / kv, 2 * DEMOTED_DENSITY), -np.inf)
+        if self.hybrid:
+            h = np.maximum((p - self.n_rho * kv) / hidden, 0.0)
+            out = np.where(hidden <= self.capacity, np.maximum(out, h), out)
+        return out * (1 + BOUND_SLACK)
 
 
 def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:

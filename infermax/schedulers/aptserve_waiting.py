@@ -11,14 +11,19 @@ way computes each over all of them (``O(|W| log |W|)`` per batch, with thousands
 A request's pending time ``p = now − ref`` (``ref``: arrival, or its last token once it has one) and
 its prefill size are fixed while it waits, so the index keeps them by ``ref``:
 
-- **Density order** (``items``): requests are bucketed by prefill size (``[lo, lo + lo/16)``), each
-  bucket sorted by ``ref``. A request's best item density is at most
-  ``max(p/kv(lo), (p − N·ρ·kv(lo))/hidden(lo))`` (a demoted or decayed value is smaller; an upgrade
-  is never denser than its hidden step), which grows with ``p``, so a bucket's oldest unexpanded
-  request bounds the whole bucket. Requests are expanded (their exact candidate computed as before)
-  bucket by bucket in bound order, and an item is emitted only once its density exceeds every
-  unexpanded bucket's bound: every item that could tie with it or precede it is already expanded, so
-  the emitted sequence is exactly the full sort's prefix, ties in queue order included.
+- **Density order** (``items``): requests are bucketed by exact prefill size, each bucket sorted by
+  ``ref``. A request's best item density is at most ``max(p/kv, (p − N·ρ·kv)/hidden)`` at its sizes (a
+  demoted or decayed value is smaller; an upgrade is never denser than its hidden step), which grows
+  with ``p``, so a bucket's oldest unexpanded request bounds the whole bucket, and for a bucket head
+  that is not an SLO violator the bound is its density itself. The heads' bounds are computed for
+  every bucket at once (numpy, ``heads_array``) and read in descending order in chunks. Requests are
+  expanded (their exact candidate computed as before) in bound order, and an item is emitted only once
+  its density exceeds every unexpanded bucket's bound: every item that could tie with it or precede
+  it is already expanded, so the emitted sequence is exactly the full sort's prefix, ties in queue
+  order included. Exact sizes matter on an overloaded queue: the greedy serves the densest requests
+  first, so the waiting requests' densities crowd just below the one it stops at (on azure-conv,
+  hundreds within 0.1%), and a bound loose by a bucket's width (6%, the former size buckets)
+  expanded ~400 requests per batch to emit ~25.
 - **Violators** (``violators``): per SLO value, refs sorted; ``now − ref > slo`` holds on a prefix.
 - **Summed pending time** (``pending_sum_below``): ``|W|·now − Σ ref`` kept exactly (fixed point); the
   float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
@@ -33,8 +38,11 @@ import bisect
 import heapq
 from typing import Callable, Iterator
 
+import numpy as np
+
 from ..replay import RequestState
 
+NUMPY_HEADS = 64  # more buckets than this: their heads' bounds are computed with numpy
 BOUND_SLACK = 1e-9  # relative: covers the rounding of the exact densities against their bound
 _FIXED_BITS = 1100  # every finite double is an integer multiple of 2^-1074: times are summed exactly as ints
 
@@ -43,12 +51,6 @@ def _fixed(x: float) -> int:
     """``x · 2^_FIXED_BITS`` exactly."""
     num, den = x.as_integer_ratio()
     return num << (_FIXED_BITS - den.bit_length() + 1)
-
-
-def bucket_low(tokens: int) -> int:
-    """Low end of the size bucket of a ``tokens``-token prefill: the top 5 bits kept (≤ 6.25% wide)."""
-    shift = max(tokens.bit_length() - 5, 0)
-    return (tokens >> shift) << shift
 
 
 def ref_s(s: RequestState) -> float:
@@ -70,7 +72,11 @@ class WaitingQueue:
         self._order: list[tuple[int, int]] = []  # (pos, id), sorted
         self._front = 0  # next front position is _front - 1
         self._back = 0
-        self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # low -> sorted (ref, pos, id, tokens)
+        self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # tokens -> sorted (ref, pos, id, tokens)
+        # The buckets' heads, compact for numpy: slot i holds bucket _head_tokens[i] with oldest ref _head_refs[i]
+        self._slot: dict[int, int] = {}  # tokens -> slot
+        self._head_tokens = np.zeros(64, dtype=np.int64)
+        self._head_refs = np.zeros(64)
         self._slo_refs: dict[float, list[float]] = {}
         self._ref_sum = 0  # Σ ref, fixed point (_fixed)
 
@@ -100,11 +106,17 @@ class WaitingQueue:
             self._add(s, self._front)
 
     def _add(self, s: RequestState, pos: int) -> None:
-        ref, slo, low = ref_s(s), slo_s(s), bucket_low(s.input_tokens)
+        ref, slo, low = ref_s(s), slo_s(s), s.input_tokens
         self._states[s.id] = s
         self._entry[s.id] = (pos, ref, low, slo, s.input_tokens)
         bisect.insort(self._order, (pos, s.id))
-        bisect.insort(self._buckets.setdefault(low, []), (ref, pos, s.id, s.input_tokens))
+        bucket = self._buckets.get(low)
+        if bucket is None:
+            bucket = self._buckets[low] = []
+            self._open_slot(low)
+        bisect.insort(bucket, (ref, pos, s.id, s.input_tokens))
+        if bucket[0][0] == ref:
+            self._head_refs[self._slot[low]] = ref
         if slo is not None:
             bisect.insort(self._slo_refs.setdefault(slo, []), ref)
         self._ref_sum += _fixed(ref)
@@ -116,6 +128,9 @@ class WaitingQueue:
         _delete(bucket, (ref, pos, rid, tokens))
         if not bucket:
             del self._buckets[low]
+            self._close_slot(low)
+        else:
+            self._head_refs[self._slot[low]] = bucket[0][0]
         if slo is not None:
             refs = self._slo_refs[slo]
             _delete(refs, ref)
@@ -123,6 +138,22 @@ class WaitingQueue:
                 del self._slo_refs[slo]
         self._ref_sum -= _fixed(ref)
         return self._states.pop(rid)
+
+    def _open_slot(self, low: int) -> None:
+        i = len(self._slot)
+        if i == len(self._head_tokens):
+            self._head_tokens = np.concatenate([self._head_tokens, np.zeros(i, dtype=np.int64)])
+            self._head_refs = np.concatenate([self._head_refs, np.zeros(i)])
+        self._slot[low] = i
+        self._head_tokens[i] = low
+
+    def _close_slot(self, low: int) -> None:
+        """The last slot moves into the emptied one."""
+        i, last = self._slot.pop(low), len(self._slot)
+        if i != last:
+            moved = int(self._head_tokens[last])
+            self._slot[moved] = i
+            self._head_tokens[i], self._head_refs[i] = moved, self._head_refs[last]
 
     # -- the aggregates -----------------------------------------------------------------------------
     def violators(self, now_s: float) -> int:
@@ -152,33 +183,37 @@ class WaitingQueue:
         return total_s > sum(now_s - entry[rid][1] for _, rid in self._order)
 
     # -- density order ------------------------------------------------------------------------------
-    def items(self, now_s: float, bound: Callable[[int, float], float],
-              expand: Callable[[RequestState, float], list[tuple]],
-              may_fit: Callable[[int], bool] | None = None) -> Iterator[tuple]:
+    def items(self, now_s: float, bound, expand: Callable[[RequestState, float], list[tuple]]) -> Iterator[tuple]:
         """The greedy's items ``(−θ, position, rank, size, step, candidate)`` in ascending order.
 
-        ``bound(low, p)``: an upper bound on the density of any item of a request of that bucket
-        waiting ``p`` (nondecreasing in ``p``), None if none of them has an item (then the bucket is
-        skipped; this depends on ``low`` only); if it has a ``heads(buckets, now)`` method, that gives
-        ``(low, bound)`` of every bucket's oldest request at once (faster); ``expand(state, p)``: the request's items
-        ``(θ, size, step, candidate)`` in rank order; ``may_fit(tokens)``: False when a request with
-        that prefill has no item at all (it is then skipped without being expanded).
+        ``bound(tokens, p)``: an upper bound on the density of any item of a request with that prefill
+        waiting ``p`` (nondecreasing in ``p``; never None for a bucket ``heads_array`` offers), and
+        ``bound.heads_array(tokens, refs, now)`` the same for every bucket's head at once (an array,
+        −inf where the request has no item, e.g. no option fits; used above ``NUMPY_HEADS`` buckets); ``expand(state, p)``: the request's
+        items ``(θ, size, step, candidate)`` in rank order.
         """
-        sources = [(-b, low, 0) for low, b in bound.heads(self._buckets, now_s)] if hasattr(bound, "heads") else [
-            (-b, low, 0) for low, bucket in self._buckets.items()
-            for b in (bound(low, now_s - bucket[0][0]),) if b is not None]
-        heapq.heapify(sources)
+        buckets, states = self._buckets, self._states
+        n = len(self._slot)
+        if n > NUMPY_HEADS:
+            heads = _descending(bound.heads_array(self._head_tokens[:n], self._head_refs[:n], now_s), self._head_tokens[:n])
+        else:  # a few buckets: numpy's per-call cost would exceed the loop's
+            found = [(-b, low) for low, bucket in buckets.items() for b in (bound(low, now_s - bucket[0][0]),)
+                     if b is not None]
+            found.sort()
+            heads = iter(found)
+        sources: list[tuple] = []  # (−bound, tokens, index in bucket); holds the next unread head too
+        nxt = next(heads, None)
+        if nxt is not None:
+            sources.append((nxt[0], nxt[1], 0))
         ready: list[tuple] = []
-        states, buckets = self._states, self._buckets
         while True:
             while sources and (not ready or sources[0][0] <= ready[0][0]):
                 _, low, i = heapq.heappop(sources)
+                if i == 0:
+                    nxt = next(heads, None)
+                    if nxt is not None:
+                        heapq.heappush(sources, (nxt[0], nxt[1], 0))
                 bucket = buckets[low]
-                if may_fit is not None:  # later entries wait less: the bound still holds for them
-                    while i < len(bucket) and not may_fit(bucket[i][3]):
-                        i += 1
-                    if i == len(bucket):
-                        continue
                 ref, pos, rid, _ = bucket[i]
                 for rank, (theta, size, step, cand) in enumerate(expand(states[rid], now_s - ref)):
                     heapq.heappush(ready, (-theta, pos, rank, size, step, cand))
@@ -187,6 +222,25 @@ class WaitingQueue:
             if not ready:
                 return
             yield heapq.heappop(ready)
+
+
+def _descending(bounds: np.ndarray, tokens: np.ndarray, first: int = 32) -> Iterator[tuple[float, int]]:
+    """``(−bound, tokens)`` of the entries with a finite bound, by descending bound, sorted a chunk at
+    a time (``first`` entries, then four times as many, ...): a batch usually reads only the first."""
+    keep = np.flatnonzero(bounds > -np.inf)
+    neg, toks = -bounds[keep], tokens[keep]
+    k = first
+    while len(neg):
+        if len(neg) > k:
+            part = np.argpartition(neg, k)
+            top, rest = part[:k], part[k:]
+        else:
+            top, rest = np.arange(len(neg)), None
+        top = top[np.argsort(neg[top], kind="stable")]
+        yield from zip(neg[top].tolist(), toks[top].tolist())
+        if rest is None:
+            return
+        neg, toks, k = neg[rest], toks[rest], 4 * k
 
 
 def _delete(sorted_list: list, key) -> None:

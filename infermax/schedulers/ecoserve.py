@@ -45,7 +45,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import Scheduler
 from .ecoserve_kv import KVLedger, hosting_plan
-from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, PromptQueue, slack_bucket  # noqa: F401
+from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, DeadEntries, PromptQueue, slack_bucket  # noqa: F401
 
 STATES = ("waiting", "execution", "gt_queue", "preemption")
 
@@ -185,6 +185,8 @@ class EcoServeScheduler(Scheduler):
         self.held: dict[int, list[int]] = {}  # release="group": finished members' ids per group
         self._next_group = 0
         self.group_completed = False
+        # (id, m after) of the PT that got the first chunk of the last plan that broke a PT deadlock
+        self._last_rescue: tuple[int, int] | None = None
         self.iteration = 0
         self.stats = EcoServeStats()
 
@@ -383,13 +385,20 @@ class EcoServeScheduler(Scheduler):
 
     def _evict_one_resident(self, batch: ScheduledBatch, keep: int) -> bool:
         """Evict the lowest-priority waiting request that holds GPU KV (deadlock breaking)."""
+        t = self._resident_victim(batch, keep)
+        if t is None:
+            return False
+        self._evict(t, batch)
+        return True
+
+    def _resident_victim(self, batch: ScheduledBatch, keep: int) -> _Task | None:
+        """The most recently queued waiting request other than ``keep`` that holds GPU KV (GT queue first)."""
         evicted = set(batch.evict) | {rid for rid, _ in batch.swap_out}
         for queue in (self.q_g, self.q_p.tasks):
             for t in reversed(queue.values()):
                 if t.s.id != keep and t.s.gpu_tokens > 0 and t.s.id not in evicted:
-                    self._evict(t, batch)
-                    return True
-        return False
+                    return t
+        return None
 
     def _admit(self, batch: ScheduledBatch, now: float) -> None:
         """Step 2: GT admission (groups, split, pipelining), or one by one without ``sync``."""
@@ -540,13 +549,22 @@ class EcoServeScheduler(Scheduler):
             return
         holders = len(self.holding) - sum(1 for rid in set(batch.evict) if self.tasks[rid].s.gpu_tokens > 0)
         # A swapped-out request keeps its GPU part, so swaps do not change the holder count.
+        broken = until_done = False  # deadlock broken in this plan; then evict until a prompt completes
         while True:
             picked = self._pick_prompts(budget, holders, skip)
-            if picked or self.running or batch.items:
+            if self.running or batch.items or (picked and not (
+                    until_done and sum(c for _, c in picked) < budget and all(c < t.s.remaining_prefill for t, c in picked))):
                 break
-            if not self._evict_one_resident(batch, keep=self._first_candidate(skip).s.id):  # deadlock breaking
+            victim = self._resident_victim(batch, keep=self._first_candidate(skip).s.id)  # deadlock breaking
+            if victim is None:
                 break
+            if not broken and self._last_rescue == (victim.s.id, victim.s.m):
+                until_done = True
+            self._evict(victim, batch)
+            broken = True
             holders -= 1
+        if broken and picked:
+            self._last_rescue = (picked[0][0].s.id, picked[0][0].s.m + picked[0][1])
         for t, c in picked:
             batch.items.append((t.s.id, c))
             self.ledger.set_resident(t.s.id, t.s.m + c)
@@ -575,9 +593,13 @@ class EcoServeScheduler(Scheduler):
         keys, task_of = q.keys, q.task_of
         picked: list[tuple[_Task, int]] = []
         done: set[int] = set()  # looked at in this call (picked or passed over)
+        dead = DeadEntries()  # closest_fit's memory for this walk
 
         def gone(t: _Task) -> bool:
             return t.s.id in done or skip(t)
+
+        def pass_over(t: _Task) -> None:
+            done.add(t.s.id)
 
         fits_left = self.opt.ordering  # a PT that fits the budget whole may remain
         i = 0
@@ -590,7 +612,9 @@ class EcoServeScheduler(Scheduler):
                 continue
             t = h
             if fits_left and h.s.remaining_prefill > budget:
-                u = q.closest_fit(budget, keys[i], gone)
+                # With Rmax reached, an unstarted answer would be passed over (below) and the search repeated.
+                u = q.closest_fit(budget, keys[i], gone, dead,
+                                  pass_over if rmax is not None and holders >= rmax else None)
                 if u is None:
                     fits_left = False  # the budget only falls
                 else:

@@ -129,21 +129,71 @@ class PromptQueue:
                 if new:
                     heapq.heappush(self._heaps[new], (t.deadline, rid))
 
-    def closest_fit(self, budget: int, head_key: tuple, skip) -> object | None:
+    def closest_fit(self, budget: int, head_key: tuple, skip, dead: "DeadEntries | None" = None,
+                    pass_over=None) -> object | None:
         """Among members at or after ``head_key`` in priority order and not ``skip(task)``: one with
-        the largest remaining prompt ``≤ budget``, the first in priority order among equals."""
-        by_rem, i = self.by_rem, bisect_right(self.by_rem, (budget, (float("inf"),)))
-        best = None
-        while i > 0:
-            i -= 1
-            rem, key = by_rem[i]
-            if key >= head_key and not skip(self.task_of[key]):
-                best = rem
-                break
-        if best is None:
-            return None
-        for j in range(bisect_left(by_rem, (best,)), i + 1):
+        the largest remaining prompt ``≤ budget``, the first in priority order among equals.
+
+        ``dead`` (optional, one per walk over the queue): entries found not to qualify are remembered
+        and jumped over by the later calls of the same walk. Valid while, within the walk, ``head_key``
+        only grows, ``skip`` stays true once true and the queue does not change (a PT walk: the head
+        advances, the tasks looked at join ``skip``); then each entry is read at most twice per walk
+        instead of once per call (a walk that passes over thousands of PTs calls this for each).
+
+        ``pass_over(task)`` (optional): the caller would pass over an unstarted answer (``m == 0``) and
+        ask again, the task then counting as ``skip``; such answers are handed to ``pass_over`` here and
+        the search goes on, so one call returns what the last of those calls would."""
+        by_rem, task_of = self.by_rem, self.task_of
+        dead = dead if dead is not None else DeadEntries()
+
+        def qualifies(j: int) -> bool:
             key = by_rem[j][1]
-            if key >= head_key and not skip(self.task_of[key]):
-                return self.task_of[key]
-        raise AssertionError("unreachable: the entry found above qualifies")
+            if key >= head_key and not skip(task_of[key]):
+                return True
+            dead.kill(j)
+            return False
+
+        i = dead.left(bisect_right(by_rem, (budget, (float("inf"),))) - 1)
+        while True:
+            while i >= 0 and not qualifies(i):
+                i = dead.left(i - 1)
+            if i < 0:
+                return None
+            j = dead.right(bisect_left(by_rem, (by_rem[i][0],)))
+            while not qualifies(j):  # ends at i at the latest
+                j = dead.right(j + 1)
+            t = task_of[by_rem[j][1]]
+            if pass_over is None or t.s.m > 0:
+                return t
+            pass_over(t)
+            dead.kill(j)
+            i = dead.left(i)
+
+
+class DeadEntries:
+    """Indexes known not to qualify, with jumps to the nearest live index on either side (path-halving
+    union-find in each direction; sparse: only dead indexes have entries)."""
+
+    def __init__(self) -> None:
+        self._left: dict[int, int] = {}
+        self._right: dict[int, int] = {}
+
+    def kill(self, j: int) -> None:
+        self._left[j], self._right[j] = j - 1, j + 1
+
+    @staticmethod
+    def _find(jump: dict[int, int], j: int) -> int:
+        while j in jump:
+            nxt = jump[j]
+            if nxt in jump:
+                jump[j] = jump[nxt]
+            j = nxt
+        return j
+
+    def left(self, j: int) -> int:
+        """The largest live index ``≤ j`` (−1 or below: none)."""
+        return self._find(self._left, j)
+
+    def right(self, j: int) -> int:
+        """The smallest live index ``≥ j``."""
+        return self._find(self._right, j)
