@@ -1,0 +1,95 @@
+"""The run-length block manager (infermax/schedulers/bros_blocks.py: a request's blocks and the free blocks
+as runs of consecutive ids, written a run at a time) reaches exactly the states of the per-block manager it
+replaced (tests/bros_blocks_reference.py, commit 622b166) under random operations: every block's owners and
+counts, every request's blocks in order, GPU tokens, KV holders, the iteration's checkpointed and dropped
+tokens, and every return value; ``check()`` holds after each step."""
+
+from __future__ import annotations
+
+from bros_blocks_reference import BiBlockManager as PerBlockManager
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager
+
+
+def _observed(mgr):
+    blocks = [(mgr.rt_owner[b], mgr.rt_n[b], mgr.be_owner[b], mgr.be_n[b]) for b in range(mgr.num_blocks)]
+    return (blocks, mgr.blocks, dict(mgr.gpu), set(mgr.holders), dict(mgr.cls), dict(mgr.checkpointed),
+            dict(mgr.dropped), len(mgr.free), sorted(mgr.free))
+
+
+def _receipt_blocks(receipt, block_size):
+    """A receipt as the slots it placed, block by block, in order (the two managers spell free runs apart)."""
+    out = []
+    for step in receipt:
+        if step[0] == "free":
+            blocks = [b for run in step[1] for b in (range(*run) if isinstance(run, tuple) else [run])]
+            out += [("free", b) for b in blocks]
+            out.append(("placed", step[2]))
+        else:
+            out.append(step)
+    return out
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["rt", "rt", "be", "be", "undo", "drop", "drop", "release", "end"]),
+                         st.integers(0, 9), st.integers(1, 60), st.sets(st.integers(0, 9), max_size=3)),
+               max_size=80)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([1, 1, 2, 3, 4, 16]), st.integers(1, 64), OPS)
+def test_run_length_manager_matches_the_per_block_manager(block_size, num_blocks, ops):
+    new, ref = BiBlockManager(num_blocks, block_size), PerBlockManager(num_blocks, block_size)
+    receipts: dict[int, list] = {}
+    for kind, rid, n, protected in ops:
+        cls = RT if rid % 3 else BE  # two RT requests to every BE one
+        if rid not in new.cls:
+            new.register(rid, cls)
+            ref.register(rid, cls)
+        protected = {p for p in protected if p % 3 == 0}  # BE requests only, as the scheduler would pass
+        if kind == "rt" and cls == RT and rid not in receipts:  # one allocation per request per iteration
+            assert new.rt_capacity(rid, protected) == ref.rt_capacity(rid, protected)
+            a, b = new.alloc_rt(rid, n, protected), ref.alloc_rt(rid, n, protected)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert _receipt_blocks(a, block_size) == _receipt_blocks(b, block_size)
+                receipts[rid] = (a, b)
+        elif kind == "be" and cls == BE:
+            assert new.be_capacity(rid) == ref.be_capacity(rid)
+            assert new.alloc_be(rid, n) == ref.alloc_be(rid, n)
+        elif kind == "undo" and rid in receipts:
+            a, b = receipts.pop(rid)
+            new.undo_rt(rid, a)
+            ref.undo_rt(rid, b)
+        elif kind == "drop" and rid not in receipts:  # the scheduler never drops a request it selected
+            assert new.drop(rid) == ref.drop(rid)
+        elif kind in ("release", "end"):
+            # Releases happen between iterations (the scheduler's batch_done): close the iteration first.
+            assert new.end_iteration() == ref.end_iteration()
+            receipts.clear()
+            if kind == "release":
+                new.release(rid)
+                ref.release(rid)
+        new.check()
+        assert _observed(new) == _observed(ref)
+        assert [new.last_block(r, s) for r in range(10) for s in (RT, BE)] == \
+            [ref.last_block(r, s) for r in range(10) for s in (RT, BE)]
+
+
+def test_free_runs_merge_and_split():
+    """Dropping interleaved requests fragments the free blocks; giving the gaps back merges the runs again."""
+    mgr = BiBlockManager(10, 1)
+    for rid in (1, 2):
+        mgr.register(rid, RT)
+    for _ in range(4):  # decode-like: the two requests alternate single blocks 0..7
+        mgr.alloc_rt(1, 1)
+        mgr.alloc_rt(2, 1)
+    assert mgr.runs == {1: [[0, 1], [2, 3], [4, 5], [6, 7]], 2: [[1, 2], [3, 4], [5, 6], [7, 8]]}
+    mgr.drop(1)
+    assert mgr.free.runs() == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 10)] and len(mgr.free) == 6
+    mgr.alloc_rt(2, 3)  # lowest first: blocks 0, 2, 4
+    assert mgr.blocks[2] == [1, 3, 5, 7, 0, 2, 4]
+    mgr.release(2)
+    assert mgr.free.runs() == [(0, 10)] and mgr.runs == {1: []}
+    mgr.check()
