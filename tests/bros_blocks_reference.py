@@ -1,6 +1,6 @@
-"""Reference block manager for the run-length equivalence test: infermax/schedulers/bros_blocks.py as of
+"""Reference block manager for the equivalence test of the vectorised one: infermax/schedulers/bros_blocks.py as of
 commit 622b166 (per-block lists of a request's blocks, a numpy mask of free blocks, one Python step per
-block on drop and release), verbatim below this docstring. tests/test_bros_blocks_runs.py drives it and
+block on drop and release), verbatim below this docstring. tests/test_bros_blocks_vectorised.py drives it and
 the production manager through the same random operations and compares every observable. Do not optimise it.
 
 Its own docstring, for the rules: see infermax/schedulers/bros_blocks.py."""

@@ -26,14 +26,23 @@ taken. Each candidate set keeps a min-heap beside it (stale entries are skipped 
 the top), so a pick costs O(log blocks), and allocation works in runs: one step per block (several
 free blocks in one loop), never one step per slot. The result equals the slot-by-slot rules: a run
 ends exactly where the slot-by-slot rule would switch (design.md, BROS decision 13).
+
+Representation (decision 14): the per-block owners and counts are numpy arrays (owner −1: none), a
+request's blocks a list of numpy chunks in fill order, the free blocks a mask. Taking free blocks,
+dropping and releasing a request, and undoing a free-block step touch their blocks by vectorised
+indexing (a few ns per block, no Python step per block): at block size 1 BROS moves thousands of
+single-slot blocks per iteration, scattered over memory by the lowest-id rule. Full RT-only blocks
+(never a candidate) are in no set. Scalar reads use ``.item`` so every count handed out is a Python int.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from heapq import heapify, heappop, heappush
 
+import numpy as np
+
 RT, BE = 0, 1
+_NONE = -1  # "no owner" in the owner arrays
 
 
 class BlockError(RuntimeError):
@@ -44,13 +53,12 @@ class _Candidates:
     """A set of block ids with its lowest member in O(log n): the set and a min-heap of every id added
     since the last compaction (members leave the set only; stale heap entries are dropped at the top)."""
 
-    __slots__ = ("members", "heap", "ordered")
+    __slots__ = ("members", "heap")
     tracked = True
 
-    def __init__(self, ordered: bool = True):
+    def __init__(self):
         self.members: set[int] = set()
         self.heap: list[int] = []
-        self.ordered = ordered  # False: never asked for its lowest member (no heap kept)
 
     def __len__(self) -> int:
         return len(self.members)
@@ -63,22 +71,21 @@ class _Candidates:
 
     def add(self, blk: int) -> None:
         self.members.add(blk)
-        if self.ordered:
-            heappush(self.heap, blk)
-            self._compact()
+        heappush(self.heap, blk)
+        self._compact()
 
-    def add_range(self, first: int, end: int) -> None:
-        """Add blocks ``first .. end − 1``."""
-        self.members.update(range(first, end))
-        if self.ordered:
-            heap = self.heap
-            if end - first > len(heap):
-                heap.extend(range(first, end))
-                heapify(heap)
-            else:
-                for blk in range(first, end):
-                    heappush(heap, blk)
-            self._compact()
+    def add_array(self, blks: np.ndarray) -> None:
+        if not len(blks):
+            return
+        ids = blks.tolist()
+        self.members.update(ids)
+        if len(ids) > len(self.heap):
+            self.heap.extend(ids)
+            heapify(self.heap)
+        else:
+            for blk in ids:
+                heappush(self.heap, blk)
+        self._compact()
 
     def _compact(self) -> None:
         if len(self.heap) > 2 * len(self.members) + 64:
@@ -88,8 +95,8 @@ class _Candidates:
     def discard(self, blk: int) -> None:
         self.members.discard(blk)
 
-    def discard_range(self, first: int, end: int) -> None:
-        self.members.difference_update(range(first, end))
+    def discard_array(self, blks: np.ndarray) -> None:
+        self.members.difference_update(blks.tolist())
 
     def lowest(self) -> int | None:
         heap, members = self.heap, self.members
@@ -118,148 +125,142 @@ class _Untracked:
     def discard(self, blk: int) -> None:
         pass
 
-    def add_range(self, first: int, end: int) -> None:
+    def add_array(self, blks: np.ndarray) -> None:
         pass
 
-    def discard_range(self, first: int, end: int) -> None:
+    def discard_array(self, blks: np.ndarray) -> None:
         pass
 
 
-class _FreeRuns:
-    """The wholly free blocks as maximal runs of consecutive ids. ``_neg[j]`` is minus the first block of run
-    ``j`` and ``_end[j]`` its end (exclusive), ``_neg`` ascending: the lowest run is the last entry, so
-    taking the lowest blocks pops from the end. Taking ``q`` blocks costs O(runs taken); giving back a run
-    O(log runs) plus a list insertion (C memmove)."""
+class _FreeBlocks:
+    """The wholly free blocks: a mask and a count. Every block below ``low`` is in use, so the lowest free
+    blocks are found by scanning the mask (in C) from ``low``."""
 
-    __slots__ = ("_neg", "_end", "count")
+    __slots__ = ("mask", "count", "low")
     tracked = True
 
     def __init__(self, num_blocks: int):
-        self._neg, self._end = [0], [num_blocks]
-        self.count = num_blocks
+        self.mask = np.ones(num_blocks, dtype=bool)
+        self.count, self.low = num_blocks, 0
 
     def __len__(self) -> int:
         return self.count
 
-    def runs(self) -> list[tuple[int, int]]:
-        """(first, end) of every run, ascending."""
-        return [(-n, e) for n, e in zip(reversed(self._neg), reversed(self._end))]
+    def __contains__(self, blk: int) -> bool:
+        return bool(self.mask[blk])
 
     def __iter__(self):
-        for first, end in self.runs():
-            yield from range(first, end)
-
-    def __contains__(self, blk: int) -> bool:
-        p = bisect_left(self._neg, -blk)  # the run with the largest first block <= blk
-        return p < len(self._neg) and blk < self._end[p]
+        return iter(np.flatnonzero(self.mask).tolist())
 
     def add(self, blk: int) -> None:
-        self.add_run(blk, blk + 1)
-
-    def add_run(self, first: int, end: int) -> None:
-        """Give back blocks ``first .. end − 1`` (none of them free now), merged with adjacent runs."""
-        neg, ends = self._neg, self._end
-        p = bisect_left(neg, -first)  # runs >= p start at or below first, runs < p above it
-        if (p < len(neg) and ends[p] > first) or (p and -neg[p - 1] < end):
-            raise BlockError(f"blocks {first}..{end - 1} are already partly free")
-        low = p < len(neg) and ends[p] == first
-        high = p > 0 and -neg[p - 1] == end
-        if low and high:
-            ends[p] = ends[p - 1]
-            del neg[p - 1], ends[p - 1]
-        elif low:
-            ends[p] = end
-        elif high:
-            neg[p - 1] = -first
-        else:
-            neg.insert(p, -first)
-            ends.insert(p, end)
-        self.count += end - first
+        if not self.mask[blk]:
+            self.mask[blk] = True
+            self.count += 1
+            if blk < self.low:
+                self.low = blk
 
     def discard(self, blk: int) -> None:
-        neg, ends = self._neg, self._end
-        p = bisect_left(neg, -blk)
-        if p == len(neg) or ends[p] <= blk:
-            return
-        first, end = -neg[p], ends[p]
-        if first == blk and end == blk + 1:
-            del neg[p], ends[p]
-        elif first == blk:
-            neg[p] = -(blk + 1)
-        elif end == blk + 1:
-            ends[p] = blk
-        else:
-            ends[p] = blk
-            neg.insert(p, -(blk + 1))
-            ends.insert(p, end)
-        self.count -= 1
+        if self.mask[blk]:
+            self.mask[blk] = False
+            self.count -= 1
 
-    def take_lowest(self, q: int) -> list[tuple[int, int]]:
-        """Remove the ``q`` lowest free blocks (``q <= len(self)``); return them as ascending runs."""
-        neg, ends = self._neg, self._end
-        out: list[tuple[int, int]] = []
-        left = q
-        while left:
-            if not neg:
-                raise BlockError(f"fewer than {q} free blocks (count {self.count} is wrong)")
-            first, end = -neg[-1], ends[-1]
-            if end - first <= left:
-                neg.pop()
-                ends.pop()
-                out.append((first, end))
-                left -= end - first
-            else:
-                neg[-1] = -(first + left)
-                out.append((first, first + left))
-                left = 0
+    def add_array(self, blks: np.ndarray) -> None:
+        """Add blocks that are not free now."""
+        if len(blks):
+            self.mask[blks] = True
+            self.count += len(blks)
+            self.low = min(self.low, blks.min().item())
+
+    def take_lowest(self, q: int) -> np.ndarray:
+        """Remove and return the ``q`` lowest free blocks (``0 < q <= len(self)``), ascending."""
+        mask, lo, n = self.mask, self.low, len(self.mask)
+        if q == 1:  # a decode step: the first free block at or above low (argmax stops at the first True)
+            blk = lo + mask[lo:].argmax().item()
+            if not mask[blk]:
+                raise BlockError(f"no free block (count {self.count} is wrong)")
+            out = np.array([blk], dtype=np.int64)
+        else:
+            found: list[np.ndarray] = []
+            got, window = 0, max(2 * q, 64)
+            while got < q:
+                if lo >= n:
+                    raise BlockError(f"fewer than {q} free blocks (count {self.count} is wrong)")
+                hi = min(n, lo + window)
+                part = np.flatnonzero(mask[lo:hi])[:q - got]
+                if len(part):
+                    found.append(part + lo)
+                    got += len(part)
+                lo, window = hi, 2 * window
+            out = found[0] if len(found) == 1 else np.concatenate(found)
+        mask[out] = False
         self.count -= q
+        self.low = out.item(-1) + 1
         return out
 
 
-def _expand(runs) -> list[int]:
-    return [blk for first, end in runs for blk in range(first, end)]
+def _single(blk: int) -> np.ndarray:
+    return np.array([blk], dtype=np.int64)
 
 
 class BiBlockManager:
-    """Two-owner KV blocks; see the module docstring. ``cls[rid]`` is ``RT`` or ``BE``.
-
-    A request's blocks, in fill order, are kept as runs ``[first, end)`` of consecutive ids (``runs``;
-    ``blocks`` expands them); the per-block owner and count lists are written a run at a time (slice
-    assignment), so taking, dropping and releasing cost one Python step per run, not per slot."""
+    """Two-owner KV blocks; see the module docstring. ``cls[rid]`` is ``RT`` or ``BE``; request ids are
+    non-negative. ``rt_owner``, ``rt_n``, ``be_owner``, ``be_n`` and ``blocks`` are list views built on
+    access (inspection, tests)."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of at least one slot, got {num_blocks} x {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.rt_owner: list[int | None] = [None] * num_blocks
-        self.be_owner: list[int | None] = [None] * num_blocks
-        self.rt_n = [0] * num_blocks
-        self.be_n = [0] * num_blocks
-        self.runs: dict[int, list[list[int]]] = {}  # request -> its blocks in fill order, as [first, end) runs
+        self._rto = np.full(num_blocks, _NONE, dtype=np.int64)  # RT owner per block
+        self._beo = np.full(num_blocks, _NONE, dtype=np.int64)
+        self._rtn = np.zeros(num_blocks, dtype=np.int64)  # RT slots per block
+        self._ben = np.zeros(num_blocks, dtype=np.int64)
+        self._own: dict[int, list[np.ndarray]] = {}  # request -> its blocks in fill order, as non-empty chunks
         self.gpu: dict[int, int] = {}  # request -> GPU-resident tokens
         self.holders: set[int] = set()  # requests with GPU-resident tokens (gpu > 0)
         self.cls: dict[int, int] = {}
         # Candidate sets, kept in step with the block state by _file():
-        self.free = _FreeRuns(num_blocks)  # no owner at all
+        self.free = _FreeBlocks(num_blocks)  # no owner at all
         # by empty slots: RT owner, no BE owner (full ones are never candidates: not tracked)
         self.rt_only: list[_Candidates | _Untracked] = [_Untracked()] + [_Candidates() for _ in range(block_size)]
         self.be_only = [_Candidates() for _ in range(block_size + 1)]  # by empty slots: BE owner, no RT owner
-        self._where: list[_Candidates | _Untracked | _FreeRuns | None] = [self.free] * num_blocks
+        self._where = np.empty(num_blocks, dtype=object)  # the set each block is filed in (None: shared)
+        self._where[:] = self.free
         # Per iteration:
         self.checkpointed: dict[int, int] = {}  # BE request -> tokens checkpointed (overwritten) this iteration
         self.dropped: dict[int, int] = {}  # request -> tokens swapped out by a drop this iteration
         self._touched: set[int] = set()  # blocks whose count fell this iteration (owners left with 0 slots)
 
-    # --- bookkeeping ----------------------------------------------------------------------------
+    # --- views (inspection, tests) ----------------------------------------------------------------
+
+    @property
+    def rt_owner(self) -> list[int | None]:
+        return [None if o == _NONE else o for o in self._rto.tolist()]
+
+    @property
+    def be_owner(self) -> list[int | None]:
+        return [None if o == _NONE else o for o in self._beo.tolist()]
+
+    @property
+    def rt_n(self) -> list[int]:
+        return self._rtn.tolist()
+
+    @property
+    def be_n(self) -> list[int]:
+        return self._ben.tolist()
 
     @property
     def blocks(self) -> dict[int, list[int]]:
-        """Every registered request's blocks in fill order (expanded from the runs; inspection, tests)."""
-        return {rid: _expand(runs) for rid, runs in self.runs.items()}
+        """Every registered request's blocks in fill order."""
+        return {rid: [blk for chunk in own for blk in chunk.tolist()] for rid, own in self._own.items()}
+
+    # --- bookkeeping ----------------------------------------------------------------------------
 
     def register(self, rid: int, cls: int) -> None:
+        if rid < 0:
+            raise ValueError(f"request ids must be non-negative, got {rid}")
         self.cls[rid] = cls
-        self.runs.setdefault(rid, [])
+        self._own.setdefault(rid, [])
         self.gpu.setdefault(rid, 0)
 
     def _add_gpu(self, rid: int, n: int) -> None:
@@ -270,16 +271,16 @@ class BiBlockManager:
             self.holders.discard(rid)
 
     def empty_slots(self, blk: int) -> int:
-        return self.block_size - self.rt_n[blk] - self.be_n[blk]
+        return self.block_size - self._rtn.item(blk) - self._ben.item(blk)
 
-    def _target(self, blk: int) -> _Candidates | _Untracked | _FreeRuns | None:
+    def _target(self, blk: int) -> _Candidates | _Untracked | _FreeBlocks | None:
         """The candidate set ``blk`` belongs in (None: shared by an RT and a BE owner)."""
-        rt, be = self.rt_owner[blk], self.be_owner[blk]
-        if rt is None and be is None:
+        rt, be = self._rto.item(blk), self._beo.item(blk)
+        if rt == _NONE and be == _NONE:
             return self.free
-        if be is None:
+        if be == _NONE:
             return self.rt_only[self.empty_slots(blk)]
-        if rt is None:
+        if rt == _NONE:
             return self.be_only[self.empty_slots(blk)]
         return None
 
@@ -294,56 +295,51 @@ class BiBlockManager:
                 target.add(blk)
             self._where[blk] = target
 
-    def _append(self, rid: int, first: int, end: int) -> None:
-        """Blocks ``first .. end − 1`` follow the request's blocks (extending its last run when adjacent)."""
-        runs = self.runs[rid]
-        if runs and runs[-1][1] == first:
-            runs[-1][1] = end
-        else:
-            runs.append([first, end])
-
     def _take(self, blk: int, rid: int, side: int) -> None:
-        if side == RT:
-            self.rt_owner[blk] = rid
-        else:
-            self.be_owner[blk] = rid
-        self._append(rid, blk, blk + 1)
+        (self._rto if side == RT else self._beo)[blk] = rid
+        self._own[rid].append(_single(blk))
 
     def last_block(self, rid: int, side: int) -> int | None:
         """The request's last block if it still owns that block's ``side``."""
-        runs = self.runs.get(rid)
-        if not runs:
+        own = self._own.get(rid)
+        if not own:
             return None
-        blk = runs[-1][1] - 1
-        return blk if (self.rt_owner if side == RT else self.be_owner)[blk] == rid else None
+        blk = own[-1].item(-1)
+        return blk if (self._rto if side == RT else self._beo).item(blk) == rid else None
 
-    def _take_free(self, rid: int, side: int, n: int) -> tuple[list[tuple[int, int]], int]:
+    def _pop_last(self, rid: int, blk: int) -> None:
+        own = self._own[rid]
+        if not own or own[-1].item(-1) != blk:
+            raise BlockError(f"block {blk} is not request {rid}'s last block")
+        if len(own[-1]) == 1:
+            own.pop()
+        else:
+            own[-1] = own[-1][:-1]
+
+    def _take_free(self, rid: int, side: int, n: int) -> tuple[np.ndarray | None, int]:
         """Take free blocks, lowest id first, for up to ``n`` slots of ``rid``'s ``side`` (all of them but
-        the last filled); return (the blocks as ascending runs, slots placed). Equal to taking them one at
-        a time."""
+        the last filled); return (the blocks, ascending, slots placed). Equal to taking them one at a time."""
         S = self.block_size
         q = min(-(-n // S), self.free.count)
         if not q:
-            return [], 0
+            return None, 0
         taken = self.free.take_lowest(q)
         placed = min(n, q * S)
-        owner, count = (self.rt_owner, self.rt_n) if side == RT else (self.be_owner, self.be_n)
+        owner, count = (self._rto, self._rtn) if side == RT else (self._beo, self._ben)
         full_set = (self.rt_only if side == RT else self.be_only)[0]
-        where = self._where
-        for first, end in taken:
-            k = end - first
-            owner[first:end] = [rid] * k
-            count[first:end] = [S] * k
-            where[first:end] = [full_set] * k
-            self._append(rid, first, end)
-        last = taken[-1][1] - 1
+        owner[taken] = rid
+        count[taken] = S
+        self._where[taken] = full_set
+        self._own[rid].append(taken)
         last_n = placed - (q - 1) * S
-        for first, end in taken:
-            full_set.add_range(first, last if end == last + 1 and last_n < S else end)
         if last_n < S:
+            full_set.add_array(taken[:-1])
+            last = taken.item(-1)
             count[last] = last_n
-            where[last] = None
+            self._where[last] = None
             self._file(last)
+        else:
+            full_set.add_array(taken)
         self._add_gpu(rid, placed)
         return taken, placed
 
@@ -363,7 +359,7 @@ class BiBlockManager:
         blk = self.last_block(rid, BE)
         if blk is not None and self.empty_slots(blk):
             k = min(left, self.empty_slots(blk))
-            self.be_n[blk] += k
+            self._ben[blk] += k
             left -= k
             self._add_gpu(rid, k)
             self._file(blk)
@@ -373,7 +369,7 @@ class BiBlockManager:
             blk = self._most_empty_rt_only()
             self._take(blk, rid, BE)
             k = min(left, self.empty_slots(blk))
-            self.be_n[blk] += k
+            self._ben[blk] += k
             left -= k
             self._add_gpu(rid, k)
             self._file(blk)
@@ -411,11 +407,11 @@ class BiBlockManager:
         last = self.last_block(rid, RT)
         if last is not None:
             total += self.empty_slots(last)
-            if not self.free.count and self.be_n[last] and self.be_owner[last] not in protected:
-                total += self.be_n[last]
+            if not self.free.count and self._ben.item(last) and self._beo.item(last) not in protected:
+                total += self._ben.item(last)
         be_only = sum(len(c) for c in self.be_only)
         if protected and be_only:
-            be_only = sum(1 for c in self.be_only for blk in c if self.be_owner[blk] not in protected)
+            be_only = sum(1 for c in self.be_only for blk in c if self._beo.item(blk) not in protected)
         return total + S * be_only
 
     def _rt_run(self, rid: int, left: int, protected) -> tuple | None:
@@ -427,38 +423,38 @@ class BiBlockManager:
         if self.free.count:  # (2) wholly free blocks, lowest id first
             taken, k = self._take_free(rid, RT, left)
             return ("free", taken, k)
-        if last is not None and self.be_n[last] and self.be_owner[last] not in protected:  # (3) overwrite the peer
-            return self._rt_overwrite(rid, last, False, min(left, self.be_n[last]))
+        if last is not None and self._ben.item(last) and self._beo.item(last) not in protected:  # (3) the peer
+            return self._rt_overwrite(rid, last, False, min(left, self._ben.item(last)))
         for e in range(self.block_size, -1, -1):  # (4) a BE-only block, most empty slots first, lowest id
             cands = self.be_only[e]
             if not cands.members:
                 continue
             blk = cands.lowest()
-            if self.be_owner[blk] in protected:
-                blk = next((b for b in cands.ascending() if self.be_owner[b] not in protected), None)
+            if self._beo.item(blk) in protected:
+                blk = next((b for b in cands.ascending() if self._beo.item(b) not in protected), None)
                 if blk is None:
                     continue
             if e:
                 return self._rt_put(rid, blk, True, min(left, e))
-            return self._rt_overwrite(rid, blk, True, min(left, self.be_n[blk]))
+            return self._rt_overwrite(rid, blk, True, min(left, self._ben.item(blk)))
         return None
 
     def _rt_put(self, rid: int, blk: int, new: bool, k: int) -> tuple:
         if new:
             self._take(blk, rid, RT)
-        self.rt_n[blk] += k
+        self._rtn[blk] += k
         self._add_gpu(rid, k)
         self._file(blk)
         return ("put", blk, new, None, k)
 
     def _rt_overwrite(self, rid: int, blk: int, new: bool, k: int) -> tuple:
-        be = self.be_owner[blk]
+        be = self._beo.item(blk)
         if new:
             self._take(blk, rid, RT)
-        self.be_n[blk] -= k
+        self._ben[blk] -= k
         self._add_gpu(be, -k)
         self.checkpointed[be] = self.checkpointed.get(be, 0) + k
-        self.rt_n[blk] += k
+        self._rtn[blk] += k
         self._add_gpu(rid, k)
         self._file(blk)
         self._touched.add(blk)
@@ -470,97 +466,73 @@ class BiBlockManager:
         for step in reversed(receipt):
             if step[0] == "free":
                 _, taken, k = step
-                last = taken[-1][1] - 1
-                self._undo_step(rid, last, True, None, k - S * (sum(e - f for f, e in taken) - 1))
-                for first, end in reversed(taken):  # the full blocks before it, latest first, a run at a time
-                    self._free_tail(rid, first, min(end, last))
+                self._undo_step(rid, taken.item(-1), True, None, k - S * (len(taken) - 1))
+                if len(taken) > 1:
+                    self._free_tail(rid, taken[:-1])
             else:
                 _, blk, new, be, k = step
                 self._undo_step(rid, blk, new, be, k)
         receipt.clear()
 
     def _undo_step(self, rid: int, blk: int, new: bool, be: int | None, k: int) -> None:
-        self.rt_n[blk] -= k
+        self._rtn[blk] -= k
         self._add_gpu(rid, -k)
         if be is not None and be not in self.dropped:
-            self.be_n[blk] += k
+            self._ben[blk] += k
             self._add_gpu(be, k)
             self.checkpointed[be] -= k
             if not self.checkpointed[be]:
                 del self.checkpointed[be]
         if new:
-            runs = self.runs[rid]
-            if not runs or runs[-1][1] - 1 != blk or self.rt_n[blk]:
+            if self._rtn.item(blk):
                 raise BlockError(f"undo of request {rid}'s block {blk} out of order")
-            self._pop_tail(runs, blk, blk + 1)
-            self.rt_owner[blk] = None
+            self._pop_last(rid, blk)
+            self._rto[blk] = _NONE
         self._file(blk)
         self._touched.add(blk)
 
-    @staticmethod
-    def _pop_tail(runs: list[list[int]], first: int, end: int) -> None:
-        """Remove blocks ``first .. end − 1`` from the end of a request's runs (they must be its last blocks)."""
-        last = runs[-1]
-        if last[1] != end or last[0] > first:
-            raise BlockError(f"blocks {first}..{end - 1} are not the request's last blocks")
-        if last[0] == first:
-            runs.pop()
-        else:
-            last[1] = first
-
-    def _free_tail(self, rid: int, first: int, end: int) -> None:
-        """Undo of RT request ``rid``'s full blocks ``first .. end − 1`` taken free by its receipt, the last of
-        its blocks now: they become free again. Equal to undoing them one by one: no other request can have
-        changed a full RT-only block (BE takes empty slots only, RT overwrites BE tokens only), and a block
-        left with no owner is not changed by ``end_iteration`` (so it is not marked touched)."""
-        if first >= end:
-            return
-        n, S = end - first, self.block_size
-        full = self.rt_only[0]
-        if (self.rt_owner[first:end].count(rid) != n or self.rt_n[first:end].count(S) != n
-                or self._where[first:end].count(full) != n):
-            raise BlockError(f"undo of request {rid}'s blocks {first}..{end - 1}: not its full blocks")
-        self._pop_tail(self.runs[rid], first, end)
-        self.rt_owner[first:end] = [None] * n
-        self.rt_n[first:end] = [0] * n
-        self._where[first:end] = [self.free] * n
-        self.free.add_run(first, end)
-        self._add_gpu(rid, -n * S)
+    def _free_tail(self, rid: int, blks: np.ndarray) -> None:
+        """Undo RT request ``rid``'s full blocks ``blks``, taken free by its receipt and its last blocks now:
+        they become free again. Equal to undoing them one by one: no other request can have changed a full
+        RT-only block (BE takes empty slots only, RT overwrites BE tokens only), and a block left without an
+        owner is not changed by ``end_iteration`` (so it is not marked touched)."""
+        own, n = self._own[rid], len(blks)
+        if (not own or len(own[-1]) != n or not (own[-1] == blks).all() or not (self._rto[blks] == rid).all()
+                or not (self._rtn[blks] == self.block_size).all() or not (self._beo[blks] == _NONE).all()):
+            raise BlockError(f"undo of request {rid}'s blocks {blks.tolist()}: not its last full blocks")
+        own.pop()
+        self._rto[blks] = _NONE
+        self._rtn[blks] = 0
+        self._where[blks] = self.free
+        self.free.add_array(blks)
+        self._add_gpu(rid, -n * self.block_size)
 
     def _clear(self, rid: int) -> None:
-        """Give up all of ``rid``'s slots (owners cleared, blocks re-filed). The full, unshared blocks of a run
-        (the common case: all of it, or all but its last block) are cleared by slice assignment and freed as
-        one run; other blocks one by one."""
-        rt = self.cls[rid] == RT
-        owner = self.rt_owner if rt else self.be_owner
-        for first, end in self.runs[rid]:
-            if end - first > 1:
-                if self._free_full_run(rt, first, end):
-                    continue
-                if end - first > 2 and self._free_full_run(rt, first, end - 1):
-                    first = end - 1
-            for blk in range(first, end):
-                if owner[blk] != rid:
-                    raise BlockError(f"request {rid} lists block {blk} without owning its side")
-                (self.rt_n if rt else self.be_n)[blk] = 0
-                owner[blk] = None
-                self._file(blk)
-        self.runs[rid] = []
+        """Give up all of ``rid``'s slots (owners cleared, blocks re-filed). Its full blocks without another
+        owner (the common case) are freed by vectorised indexing; others one by one."""
+        own = self._own[rid]
+        if own:
+            rt = self.cls[rid] == RT
+            owner, count, other = (self._rto, self._rtn, self._beo) if rt else (self._beo, self._ben, self._rto)
+            blks = own[0] if len(own) == 1 else np.concatenate(own)
+            if not (owner[blks] == rid).all():
+                raise BlockError(f"request {rid} lists blocks whose side it does not own")
+            full = (other[blks] == _NONE) & (count[blks] == self.block_size)  # filed in the full set
+            rest = None
+            if not full.all():
+                rest, blks = blks[~full], blks[full]
+            owner[blks] = _NONE
+            count[blks] = 0
+            self._where[blks] = self.free
+            (self.rt_only if rt else self.be_only)[0].discard_array(blks)
+            self.free.add_array(blks)
+            if rest is not None:
+                for blk in rest.tolist():
+                    count[blk] = 0
+                    owner[blk] = _NONE
+                    self._file(blk)
+        self._own[rid] = []
         self._add_gpu(rid, -self.gpu[rid])
-
-    def _free_full_run(self, rt: bool, first: int, end: int) -> bool:
-        """Free blocks ``first .. end − 1`` of one request's side if all are full and have no other owner (filed
-        as full); False (nothing changed) otherwise."""
-        n, where = end - first, self._where
-        full = (self.rt_only if rt else self.be_only)[0]
-        if (self.be_owner if rt else self.rt_owner)[first:end].count(None) != n or where[first:end].count(full) != n:
-            return False
-        (self.rt_owner if rt else self.be_owner)[first:end] = [None] * n
-        (self.rt_n if rt else self.be_n)[first:end] = [0] * n
-        where[first:end] = [self.free] * n
-        full.discard_range(first, end)
-        self.free.add_run(first, end)
-        return True
 
     def drop(self, rid: int) -> int:
         """Swap out all of ``rid``'s GPU tokens (its slots become empty); return how many."""
@@ -572,9 +544,9 @@ class BiBlockManager:
 
     def release(self, rid: int) -> None:
         """Free a finished request's slots and forget it."""
-        if rid in self.runs:
+        if rid in self._own:
             self._clear(rid)
-        self.runs.pop(rid, None)
+        self._own.pop(rid, None)
         self.gpu.pop(rid, None)
         self.holders.discard(rid)
         self.cls.pop(rid, None)
@@ -583,14 +555,17 @@ class BiBlockManager:
         """Close the iteration: clear owners left with no slot; return ``{request: tokens swapped out}``."""
         gone: dict[int, list[int]] = {}
         for blk in self._touched:
-            for owner, count in ((self.rt_owner, self.rt_n), (self.be_owner, self.be_n)):
-                rid = owner[blk]
-                if rid is not None and not count[blk]:
-                    owner[blk] = None
+            for owner, count in ((self._rto, self._rtn), (self._beo, self._ben)):
+                rid = owner.item(blk)
+                if rid != _NONE and not count.item(blk):
+                    owner[blk] = _NONE
                     gone.setdefault(rid, []).append(blk)
             self._file(blk)
         for rid, blks in gone.items():
-            self.runs[rid] = _without(self.runs[rid], sorted(blks))
+            own = self._own[rid]
+            kept = np.concatenate(own)
+            kept = kept[~np.isin(kept, blks)]
+            self._own[rid] = [kept] if len(kept) else []
         self._touched = set()
         out = dict(self.checkpointed)
         for rid, n in self.dropped.items():
@@ -601,15 +576,15 @@ class BiBlockManager:
     # --- checks (tests) ---------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise BlockError unless every invariant holds (owners, counts, runs, candidate sets)."""
+        """Raise BlockError unless every invariant holds (owners, counts, candidate sets)."""
         S = self.block_size
+        rt_owner, be_owner, rt_n, be_n, blocks = self.rt_owner, self.be_owner, self.rt_n, self.be_n, self.blocks
         counted: dict[int, int] = {rid: 0 for rid in self.gpu}
-        blocks = self.blocks
         for blk in range(self.num_blocks):
-            r, b = self.rt_n[blk], self.be_n[blk]
+            r, b = rt_n[blk], be_n[blk]
             if r < 0 or b < 0 or r + b > S:
                 raise BlockError(f"block {blk}: {r} RT + {b} BE slots of {S}")
-            for owner, n, side in ((self.rt_owner[blk], r, RT), (self.be_owner[blk], b, BE)):
+            for owner, n, side in ((rt_owner[blk], r, RT), (be_owner[blk], b, BE)):
                 if owner is None:
                     if n:
                         raise BlockError(f"block {blk}: {n} slots without an owner")
@@ -620,18 +595,17 @@ class BiBlockManager:
                     raise BlockError(f"block {blk} missing from request {owner}'s block list")
                 counted[owner] += n
         for rid, own in blocks.items():
-            side_owner = self.rt_owner if self.cls[rid] == RT else self.be_owner
+            side_owner = rt_owner if self.cls[rid] == RT else be_owner
             if len(set(own)) != len(own) or any(side_owner[blk] != rid for blk in own):
                 raise BlockError(f"request {rid}'s block list {own} disagrees with the owners")
-            if any(first >= end for first, end in self.runs[rid]):
-                raise BlockError(f"request {rid} has an empty run: {self.runs[rid]}")
+            if any(not len(chunk) or chunk.dtype != np.int64 for chunk in self._own[rid]):
+                raise BlockError(f"request {rid} has an empty or mistyped block chunk")
         for rid, n in counted.items():
             if n != self.gpu[rid]:
                 raise BlockError(f"request {rid}: {n} slots in blocks, {self.gpu[rid]} recorded")
-        runs = self.free.runs()
-        if any(f >= e for f, e in runs) or any(e >= f for (_, e), (f, _) in zip(runs, runs[1:])) \
-                or self.free.count != sum(e - f for f, e in runs):
-            raise BlockError(f"free runs {runs} not disjoint, separated and ascending, or count {self.free.count}")
+        free = self.free
+        if free.count != int(free.mask.sum()) or free.mask[:free.low].any():
+            raise BlockError(f"free-block count {free.count} or hint {free.low} disagrees with the mask")
         if self.holders != {rid for rid, n in self.gpu.items() if n}:
             raise BlockError("the KV-holder set disagrees with the GPU token counts")
         for blk in range(self.num_blocks):
@@ -641,29 +615,6 @@ class BiBlockManager:
         for cands in (*self.rt_only, *self.be_only):
             if cands.tracked and any(self._where[blk] is not cands for blk in cands):
                 raise BlockError(f"a candidate set holds a block filed elsewhere: {sorted(cands)}")
-        free_blocks = [blk for blk in range(self.num_blocks) if self._where[blk] is self.free]
-        if free_blocks != list(self.free):
-            raise BlockError("the free runs disagree with the blocks filed as free")
 
     def used_slots(self) -> int:
-        return sum(self.rt_n) + sum(self.be_n)
-
-
-def _without(runs: list[list[int]], gone: list[int]) -> list[list[int]]:
-    """``runs`` less the blocks ``gone`` (ascending), adjacent pieces merged."""
-    out: list[list[int]] = []
-    for first, end in runs:
-        i, j = bisect_left(gone, first), bisect_left(gone, end)
-        pieces, at = [], first
-        for blk in gone[i:j]:
-            if blk > at:
-                pieces.append([at, blk])
-            at = blk + 1
-        if at < end:
-            pieces.append([at, end])
-        for piece in pieces:
-            if out and out[-1][1] == piece[0]:
-                out[-1][1] = piece[1]
-            else:
-                out.append(piece)
-    return out
+        return int(self._rtn.sum() + self._ben.sum())

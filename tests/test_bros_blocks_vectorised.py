@@ -1,5 +1,5 @@
-"""The run-length block manager (infermax/schedulers/bros_blocks.py: a request's blocks and the free blocks
-as runs of consecutive ids, written a run at a time) reaches exactly the states of the per-block manager it
+"""The vectorised block manager (infermax/schedulers/bros_blocks.py: per-block owners and counts in numpy
+arrays, a request's blocks as numpy chunks, taken and freed by vectorised indexing) reaches exactly the states of the per-block manager it
 replaced (tests/bros_blocks_reference.py, commit 622b166) under random operations: every block's owners and
 counts, every request's blocks in order, GPU tokens, KV holders, the iteration's checkpointed and dropped
 tokens, and every return value; ``check()`` holds after each step."""
@@ -19,17 +19,9 @@ def _observed(mgr):
             dict(mgr.dropped), len(mgr.free), sorted(mgr.free))
 
 
-def _receipt_blocks(receipt, block_size):
-    """A receipt as the slots it placed, block by block, in order (the two managers spell free runs apart)."""
-    out = []
-    for step in receipt:
-        if step[0] == "free":
-            blocks = [b for run in step[1] for b in (range(*run) if isinstance(run, tuple) else [run])]
-            out += [("free", b) for b in blocks]
-            out.append(("placed", step[2]))
-        else:
-            out.append(step)
-    return out
+def _receipt_blocks(receipt):
+    """A receipt with its free-block steps as plain lists (one manager keeps a numpy array there)."""
+    return [("free", [int(b) for b in step[1]], step[2]) if step[0] == "free" else step for step in receipt]
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["rt", "rt", "rt", "be", "be", "undo", "undo", "drop", "drop", "release", "end"]),
@@ -39,7 +31,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["rt", "rt", "rt", "be", "be", "undo", 
 
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from([1, 1, 2, 3, 4, 16]), st.integers(1, 64), OPS)
-def test_run_length_manager_matches_the_per_block_manager(block_size, num_blocks, ops):
+def test_vectorised_manager_matches_the_per_block_manager(block_size, num_blocks, ops):
     new, ref = BiBlockManager(num_blocks, block_size), PerBlockManager(num_blocks, block_size)
     receipts: dict[int, list] = {}
     for kind, rid, n, protected in ops:
@@ -53,7 +45,7 @@ def test_run_length_manager_matches_the_per_block_manager(block_size, num_blocks
             a, b = new.alloc_rt(rid, n, protected), ref.alloc_rt(rid, n, protected)
             assert (a is None) == (b is None)
             if a is not None:
-                assert _receipt_blocks(a, block_size) == _receipt_blocks(b, block_size)
+                assert _receipt_blocks(a) == _receipt_blocks(b)
                 receipts[rid] = (a, b)
         elif kind == "be" and cls == BE:
             assert new.be_capacity(rid) == ref.be_capacity(rid)
@@ -78,19 +70,27 @@ def test_run_length_manager_matches_the_per_block_manager(block_size, num_blocks
             [ref.last_block(r, s) for r in range(10) for s in (RT, BE)]
 
 
-def test_free_runs_merge_and_split():
-    """Dropping interleaved requests fragments the free blocks; giving the gaps back merges the runs again."""
+def test_scattered_blocks_are_dropped_and_retaken_lowest_first_with_python_ints():
+    """Interleaved single-block allocations scatter a request's blocks; dropping it frees exactly those, the
+    next allocation takes the lowest free ones, and every count handed out is a plain int (they reach the
+    Schedule's JSON)."""
     mgr = BiBlockManager(10, 1)
     for rid in (1, 2):
         mgr.register(rid, RT)
     for _ in range(4):  # decode-like: the two requests alternate single blocks 0..7
         mgr.alloc_rt(1, 1)
         mgr.alloc_rt(2, 1)
-    assert mgr.runs == {1: [[0, 1], [2, 3], [4, 5], [6, 7]], 2: [[1, 2], [3, 4], [5, 6], [7, 8]]}
-    mgr.drop(1)
-    assert mgr.free.runs() == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 10)] and len(mgr.free) == 6
-    mgr.alloc_rt(2, 3)  # lowest first: blocks 0, 2, 4
-    assert mgr.blocks[2] == [1, 3, 5, 7, 0, 2, 4]
+    assert mgr.blocks == {1: [0, 2, 4, 6], 2: [1, 3, 5, 7]}
+    assert mgr.drop(1) == 4 and type(mgr.drop(1)) is int
+    assert list(mgr.free) == [0, 2, 4, 6, 8, 9] and len(mgr.free) == 6
+    receipt = mgr.alloc_rt(2, 3)  # lowest first: blocks 0, 2, 4
+    assert mgr.blocks[2] == [1, 3, 5, 7, 0, 2, 4] and mgr.last_block(2, RT) == 4
+    assert all(type(x) is int for step in receipt for x in step[1:] if not hasattr(x, "dtype"))
+    mgr.undo_rt(2, receipt)
+    assert mgr.blocks[2] == [1, 3, 5, 7] and list(mgr.free) == [0, 2, 4, 6, 8, 9]
+    out = mgr.end_iteration()
+    assert out == {1: 4} and all(type(k) is int and type(v) is int for k, v in out.items())
+    assert all(type(v) is int for v in mgr.gpu.values()) and type(mgr.used_slots()) is int
     mgr.release(2)
-    assert mgr.free.runs() == [(0, 10)] and mgr.runs == {1: []}
+    assert len(mgr.free) == 10 and mgr.blocks == {1: []}
     mgr.check()
