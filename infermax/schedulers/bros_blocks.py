@@ -218,6 +218,7 @@ class BiBlockManager:
         self._own: dict[int, list[np.ndarray]] = {}  # request -> its blocks in fill order, as non-empty chunks
         self.gpu: dict[int, int] = {}  # request -> GPU-resident tokens
         self.holders: set[int] = set()  # requests with GPU-resident tokens (gpu > 0)
+        self.be_holders: set[int] = set()  # the BE requests among them
         self.cls: dict[int, int] = {}
         # Candidate sets, kept in step with the block state by _file():
         self.free = _FreeBlocks(num_blocks)  # no owner at all
@@ -267,8 +268,11 @@ class BiBlockManager:
         g = self.gpu[rid] = self.gpu[rid] + n
         if g:
             self.holders.add(rid)
+            if self.cls[rid] == BE:
+                self.be_holders.add(rid)
         else:
             self.holders.discard(rid)
+            self.be_holders.discard(rid)
 
     def empty_slots(self, blk: int) -> int:
         return self.block_size - self._rtn.item(blk) - self._ben.item(blk)
@@ -549,6 +553,7 @@ class BiBlockManager:
         self._own.pop(rid, None)
         self.gpu.pop(rid, None)
         self.holders.discard(rid)
+        self.be_holders.discard(rid)
         self.cls.pop(rid, None)
 
     def end_iteration(self) -> dict[int, int]:
@@ -606,8 +611,9 @@ class BiBlockManager:
         free = self.free
         if free.count != int(free.mask.sum()) or free.mask[:free.low].any():
             raise BlockError(f"free-block count {free.count} or hint {free.low} disagrees with the mask")
-        if self.holders != {rid for rid, n in self.gpu.items() if n}:
-            raise BlockError("the KV-holder set disagrees with the GPU token counts")
+        if self.holders != {rid for rid, n in self.gpu.items() if n} or \
+                self.be_holders != {rid for rid in self.holders if self.cls[rid] == BE}:
+            raise BlockError("the KV-holder sets disagree with the GPU token counts")
         for blk in range(self.num_blocks):
             target = self._target(blk)
             if self._where[blk] is not target or (target is not None and target.tracked and blk not in target):
