@@ -42,6 +42,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
 from .bros_blocks import BE, RT, BiBlockManager
+from .sorted_keys import SortedKeys
 
 
 @dataclass(frozen=True)
@@ -145,18 +146,18 @@ class BrosScheduler(Scheduler):
         self.rt: dict[int, RequestState] = {}
         self.be: dict[int, RequestState] = {}
         # RT order: per slack target T, (reference time, arrival, id) ascending (slack = T − (now − ref)).
-        self._rt_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._rt_groups: dict[float, SortedKeys] = {}
         self._rt_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         # BE order: (−checkpointed blocks, arrival, id) ascending.
-        self._be_order: list[tuple[int, float, int]] = []
+        self._be_order = SortedKeys()
         self._be_key: dict[int, tuple[int, float, int]] = {}
         # RT KV holders (as of the iteration's start, kept by _file/_unfile), per target, like _rt_groups.
-        self._holder_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._holder_groups: dict[float, SortedKeys] = {}
         self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         self._solo: dict[int, tuple[int, int, object, float]] = {}  # id -> (m, cpu_tokens, swap_cost, C({i}))
         # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
         # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
-        self._budget_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._budget_groups: dict[float, SortedKeys] = {}
         self._late: set[int] = set()
         self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
@@ -200,7 +201,7 @@ class BrosScheduler(Scheduler):
         if is_best_effort(s):
             key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
             self._be_key[s.id] = key
-            insort(self._be_order, key)
+            self._be_order.add(key)
             return
         if s.generated == 0:
             target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
@@ -210,16 +211,23 @@ class BrosScheduler(Scheduler):
             ref = s.last_token_s
         key = (ref, s.req.arrival_s, s.id)
         self._rt_key[s.id] = (target, key)
-        insort(self._rt_groups.setdefault(target, []), key)
-        insort(self._budget_groups.setdefault(target, []), key)
+        self._group(self._rt_groups, target).add(key)
+        self._group(self._budget_groups, target).add(key)
         if self.mgr.gpu[s.id]:
             self._holder_key[s.id] = (target, key)
-            insort(self._holder_groups.setdefault(target, []), key)
+            self._group(self._holder_groups, target).add(key)
+
+    @staticmethod
+    def _group(by_target: dict[float, SortedKeys], target: float) -> SortedKeys:
+        group = by_target.get(target)
+        if group is None:
+            group = by_target[target] = SortedKeys()
+        return group
 
     def _unfile(self, rid: int) -> None:
         key = self._be_key.pop(rid, None)
         if key is not None:
-            del self._be_order[bisect_left(self._be_order, key)]
+            self._be_order.remove(key)
             return
         target, key = self._rt_key.pop(rid)
         groups = (self._rt_groups,) if rid in self._late else (self._rt_groups, self._budget_groups)
@@ -228,7 +236,7 @@ class BrosScheduler(Scheduler):
         self._late.discard(rid)
         for by_target in groups:
             group = by_target[target]
-            del group[bisect_left(group, key)]
+            group.remove(key)
             if not group:
                 del by_target[target]
 
@@ -300,7 +308,7 @@ class BrosScheduler(Scheduler):
         if now_s < self._last_now_s:  # time went back (direct calls): the late marks may not hold
             for rid in self._late:
                 target, key = self._rt_key[rid]
-                insort(self._budget_groups.setdefault(target, []), key)
+                self._group(self._budget_groups, target).add(key)
             self._late.clear()
         self._last_now_s = now_s
         best = math.inf
@@ -315,8 +323,8 @@ class BrosScheduler(Scheduler):
                     break
                 late += 1
             if late:
-                self._late.update(rid for _, _, rid in group[:late])
-                del group[:late]
+                self._late.update(rid for _, _, rid in group.first(late))
+                group.remove_first(late)
                 if not group:
                     del self._budget_groups[target]
         return best
@@ -465,8 +473,7 @@ class BrosScheduler(Scheduler):
     def _group_stream_desc(target: float, group: list, now_s: float, rank: tuple):
         """The (slack, arrival, id) of ``group``'s requests above ``rank``, descending."""
         run: list = []
-        for i in range(len(group) - 1, -1, -1):
-            ref, arrival, rid = group[i]
+        for ref, arrival, rid in reversed(group):
             slack = target - (now_s - ref)
             if run and slack != run[0][0]:
                 run.sort(reverse=True)
