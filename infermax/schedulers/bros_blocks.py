@@ -133,15 +133,23 @@ class _Untracked:
 
 
 class _FreeBlocks:
-    """The wholly free blocks: a mask and a count. Every block below ``low`` is in use, so the lowest free
-    blocks are found by scanning the mask (in C) from ``low``."""
+    """The wholly free blocks: a mask, the free count of every chunk of ``CHUNK`` blocks, and a count. Every
+    block below ``low`` is in use. One block is found by scanning the mask (in C) from ``low``; many by
+    locating the chunk of the q-th lowest free block (cumulative chunk counts) and scanning the mask up to
+    its end once: at block size 1, drops scatter the free blocks over most of the memory, and growing scan
+    windows read it about twice, with a numpy call per window."""
 
-    __slots__ = ("mask", "count", "low")
+    __slots__ = ("mask", "rows", "chunk_free", "count", "low", "n")
     tracked = True
+    CHUNK = 64
 
     def __init__(self, num_blocks: int):
-        self.mask = np.ones(num_blocks, dtype=bool)
-        self.count, self.low = num_blocks, 0
+        chunks = -(-num_blocks // self.CHUNK)
+        self.mask = np.zeros(chunks * self.CHUNK, dtype=bool)  # padded with blocks that are never free
+        self.mask[:num_blocks] = True
+        self.rows = self.mask.reshape(chunks, self.CHUNK)  # a view: row c is chunk c
+        self.chunk_free = self.rows.sum(axis=1)
+        self.count, self.low, self.n = num_blocks, 0, num_blocks
 
     def __len__(self) -> int:
         return self.count
@@ -155,6 +163,7 @@ class _FreeBlocks:
     def add(self, blk: int) -> None:
         if not self.mask[blk]:
             self.mask[blk] = True
+            self.chunk_free[blk // self.CHUNK] += 1
             self.count += 1
             if blk < self.low:
                 self.low = blk
@@ -162,40 +171,47 @@ class _FreeBlocks:
     def discard(self, blk: int) -> None:
         if self.mask[blk]:
             self.mask[blk] = False
+            self.chunk_free[blk // self.CHUNK] -= 1
             self.count -= 1
 
     def add_array(self, blks: np.ndarray) -> None:
         """Add blocks that are not free now."""
         if len(blks):
             self.mask[blks] = True
+            np.add.at(self.chunk_free, blks // self.CHUNK, 1)
             self.count += len(blks)
             self.low = min(self.low, blks.min().item())
 
     def take_lowest(self, q: int) -> np.ndarray:
         """Remove and return the ``q`` lowest free blocks (``0 < q <= len(self)``), ascending."""
-        mask, lo, n = self.mask, self.low, len(self.mask)
+        if q > self.count:
+            raise BlockError(f"{q} free blocks asked for, {self.count} free")
+        mask, lo, C = self.mask, self.low, self.CHUNK
         if q == 1:  # a decode step: the first free block at or above low (argmax stops at the first True)
             blk = lo + mask[lo:].argmax().item()
             if not mask[blk]:
                 raise BlockError(f"no free block (count {self.count} is wrong)")
+            mask[blk] = False
+            self.chunk_free[blk // C] -= 1
             out = np.array([blk], dtype=np.int64)
         else:
-            found: list[np.ndarray] = []
-            got, window = 0, max(2 * q, 64)
-            while got < q:
-                if lo >= n:
-                    raise BlockError(f"fewer than {q} free blocks (count {self.count} is wrong)")
-                hi = min(n, lo + window)
-                part = np.flatnonzero(mask[lo:hi])[:q - got]
-                if len(part):
-                    found.append(part + lo)
-                    got += len(part)
-                lo, window = hi, 2 * window
-            out = found[0] if len(found) == 1 else np.concatenate(found)
-        mask[out] = False
+            c0 = lo // C
+            cum = np.cumsum(self.chunk_free[c0:])
+            end = c0 + int(np.searchsorted(cum, q)) + 1  # chunk end - 1 holds the q-th lowest free block
+            out = np.flatnonzero(mask[lo:end * C])[:q] + lo
+            mask[out] = False
+            self.chunk_free[c0:end] = 0
+            self.chunk_free[end - 1] = cum[end - 1 - c0] - q
         self.count -= q
         self.low = out.item(-1) + 1
         return out
+
+
+def _fill(where: np.ndarray, blks: np.ndarray, value) -> None:
+    """``where[blks] = value`` for an object that numpy would otherwise probe as a sequence."""
+    box = np.empty((), dtype=object)
+    box[()] = value
+    where[blks] = box
 
 
 def _single(blk: int) -> np.ndarray:
@@ -225,8 +241,9 @@ class BiBlockManager:
         # by empty slots: RT owner, no BE owner (full ones are never candidates: not tracked)
         self.rt_only: list[_Candidates | _Untracked] = [_Untracked()] + [_Candidates() for _ in range(block_size)]
         self.be_only = [_Candidates() for _ in range(block_size + 1)]  # by empty slots: BE owner, no RT owner
-        self._where = np.empty(num_blocks, dtype=object)  # the set each block is filed in (None: shared)
-        self._where[:] = self.free
+        # The tracked candidate set each block is in (None: free, full RT-only or shared; the free ones are the
+        # mask's). Free blocks becoming full RT blocks and back, the bulk of the traffic, never write it.
+        self._where = np.full(num_blocks, None, dtype=object)
         # Per iteration:
         self.checkpointed: dict[int, int] = {}  # BE request -> tokens checkpointed (overwritten) this iteration
         self.dropped: dict[int, int] = {}  # request -> tokens swapped out by a drop this iteration
@@ -291,6 +308,13 @@ class BiBlockManager:
     def _file(self, blk: int) -> None:
         """Move ``blk`` to the candidate set matching its owners and empty slots."""
         target = self._target(blk)
+        if target is self.free:
+            self.free.add(blk)
+            target = None
+        else:
+            self.free.discard(blk)
+            if target is not None and not target.tracked:
+                target = None
         old = self._where[blk]
         if old is not target:
             if old is not None:
@@ -333,17 +357,16 @@ class BiBlockManager:
         full_set = (self.rt_only if side == RT else self.be_only)[0]
         owner[taken] = rid
         count[taken] = S
-        self._where[taken] = full_set
         self._own[rid].append(taken)
         last_n = placed - (q - 1) * S
+        full = taken[:-1] if last_n < S else taken
+        if full_set.tracked:  # full BE-only blocks (rule 4's candidates); full RT-only ones are in no set
+            _fill(self._where, full, full_set)
+            full_set.add_array(full)
         if last_n < S:
-            full_set.add_array(taken[:-1])
             last = taken.item(-1)
             count[last] = last_n
-            self._where[last] = None
             self._file(last)
-        else:
-            full_set.add_array(taken)
         self._add_gpu(rid, placed)
         return taken, placed
 
@@ -507,7 +530,6 @@ class BiBlockManager:
         own.pop()
         self._rto[blks] = _NONE
         self._rtn[blks] = 0
-        self._where[blks] = self.free
         self.free.add_array(blks)
         self._add_gpu(rid, -n * self.block_size)
 
@@ -527,8 +549,10 @@ class BiBlockManager:
                 rest, blks = blks[~full], blks[full]
             owner[blks] = _NONE
             count[blks] = 0
-            self._where[blks] = self.free
-            (self.rt_only if rt else self.be_only)[0].discard_array(blks)
+            full_set = (self.rt_only if rt else self.be_only)[0]
+            if full_set.tracked:
+                self._where[blks] = None
+                full_set.discard_array(blks)
             self.free.add_array(blks)
             if rest is not None:
                 for blk in rest.tolist():
@@ -609,14 +633,18 @@ class BiBlockManager:
             if n != self.gpu[rid]:
                 raise BlockError(f"request {rid}: {n} slots in blocks, {self.gpu[rid]} recorded")
         free = self.free
-        if free.count != int(free.mask.sum()) or free.mask[:free.low].any():
-            raise BlockError(f"free-block count {free.count} or hint {free.low} disagrees with the mask")
+        if free.count != int(free.mask.sum()) or free.mask[:free.low].any() or free.mask[free.n:].any() \
+                or (free.chunk_free != free.rows.sum(axis=1)).any():
+            raise BlockError(f"free-block count {free.count}, hint {free.low} or chunk counts disagree with the mask")
         if self.holders != {rid for rid, n in self.gpu.items() if n} or \
                 self.be_holders != {rid for rid in self.holders if self.cls[rid] == BE}:
             raise BlockError("the KV-holder sets disagree with the GPU token counts")
         for blk in range(self.num_blocks):
             target = self._target(blk)
-            if self._where[blk] is not target or (target is not None and target.tracked and blk not in target):
+            if (target is free) != (blk in free):
+                raise BlockError(f"block {blk}: the free mask disagrees with its owners")
+            tracked = target if target is not None and target is not free and target.tracked else None
+            if self._where[blk] is not tracked or (tracked is not None and blk not in tracked):
                 raise BlockError(f"block {blk} filed in the wrong candidate set")
         for cands in (*self.rt_only, *self.be_only):
             if cands.tracked and any(self._where[blk] is not cands for blk in cands):
