@@ -135,9 +135,10 @@ class _Untracked:
 class _FreeBlocks:
     """The wholly free blocks: a mask, the free count of every chunk of ``CHUNK`` blocks, and a count. Every
     block below ``low`` is in use. One block is found by scanning the mask (in C) from ``low``; many by
-    locating the chunk of the q-th lowest free block (cumulative chunk counts) and scanning the mask up to
-    its end once: at block size 1, drops scatter the free blocks over most of the memory, and growing scan
-    windows read it about twice, with a numpy call per window."""
+    listing the chunks above ``low`` that hold free blocks, locating the q-th lowest (cumulative counts) and
+    scanning those chunks only. At block size 1 the free blocks after a drop lie in a few dozen chunks spread
+    over most of the memory: scanning the mask over that span (in growing windows, as before) read ~200,000
+    entries per swap-in on azure-conv."""
 
     __slots__ = ("mask", "rows", "chunk_free", "count", "low", "n")
     tracked = True
@@ -196,12 +197,16 @@ class _FreeBlocks:
             out = np.array([blk], dtype=np.int64)
         else:
             c0 = lo // C
-            cum = np.cumsum(self.chunk_free[c0:])
-            end = c0 + int(np.searchsorted(cum, q)) + 1  # chunk end - 1 holds the q-th lowest free block
-            out = np.flatnonzero(mask[lo:end * C])[:q] + lo
+            above = self.chunk_free[c0:]
+            chunks = np.flatnonzero(above != 0)  # the chunks holding free blocks (relative to c0), ascending
+            cum = np.cumsum(above[chunks])
+            k = int(np.searchsorted(cum, q))  # chunk k holds the q-th lowest free block
+            chunks = chunks[:k + 1] + c0
+            found = np.flatnonzero(self.rows[chunks].ravel())[:q]  # scan those chunks only
+            out = chunks[found // C] * C + found % C
             mask[out] = False
-            self.chunk_free[c0:end] = 0
-            self.chunk_free[end - 1] = cum[end - 1 - c0] - q
+            self.chunk_free[chunks[:-1]] = 0
+            self.chunk_free[chunks[-1]] = cum[k] - q
         self.count -= q
         self.low = out.item(-1) + 1
         return out
