@@ -132,7 +132,9 @@ class BrosScheduler(Scheduler):
     (``_rt_groups``: per target, requests sorted by their slack reference time, updated only for the
     requests a batch ran) and merged lazily, so an iteration reads only the prefix of the order it
     uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from
-    the KV holders only; solo batch times are cached per request state."""
+    the KV holders only (RT: per-target holder lists read from the most-slack end, only when an
+    allocation fails; decision 14); the orders are ``SortedKeys`` (no whole-queue memmove per
+    update); solo batch times are cached per request state."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):
