@@ -1,8 +1,8 @@
 """The vectorised block manager (infermax/schedulers/bros_blocks.py: per-block owners and counts in numpy
-arrays, a request's blocks as numpy chunks, taken and freed by vectorised indexing) reaches exactly the states of the per-block manager it
-replaced (tests/bros_blocks_reference.py, commit 622b166) under random operations: every block's owners and
-counts, every request's blocks in order, GPU tokens, KV holders, the iteration's checkpointed and dropped
-tokens, and every return value; ``check()`` holds after each step."""
+arrays, a request's blocks as numpy chunks, taken and freed by vectorised indexing) reaches exactly the
+states of the per-block manager it replaced (tests/bros_blocks_reference.py, commit 622b166) under random
+operations: every block's owners and counts, every request's blocks in order, GPU tokens, KV holders, the
+iteration's checkpointed and dropped tokens, and every return value; ``check()`` holds after each step."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def _receipt_blocks(receipt):
     return [("free", [int(b) for b in step[1]], step[2]) if step[0] == "free" else step for step in receipt]
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["rt", "rt", "rt", "be", "be", "undo", "undo", "drop", "drop", "release", "end"]),
-                         st.integers(0, 9), st.integers(1, 60), st.sets(st.integers(0, 9), max_size=3)),
-               min_size=10, max_size=80)
+KINDS = ["rt", "rt", "rt", "be", "be", "undo", "undo", "drop", "drop", "release", "end"]
+OPS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 9), st.integers(1, 60),
+                         st.sets(st.integers(0, 9), max_size=3)), min_size=10, max_size=80)
 
 
 @settings(max_examples=400, deadline=None)
