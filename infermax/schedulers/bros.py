@@ -42,6 +42,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
 from .bros_blocks import BE, RT, BiBlockManager
+from .sorted_keys import SortedKeys
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,9 @@ class BrosScheduler(Scheduler):
     (``_rt_groups``: per target, requests sorted by their slack reference time, updated only for the
     requests a batch ran) and merged lazily, so an iteration reads only the prefix of the order it
     uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from
-    the KV holders only; solo batch times are cached per request state."""
+    the KV holders only (RT: per-target holder lists read from the most-slack end, only when an
+    allocation fails; decision 14); the orders are ``SortedKeys`` (no whole-queue memmove per
+    update); solo batch times are cached per request state."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):
@@ -145,15 +148,18 @@ class BrosScheduler(Scheduler):
         self.rt: dict[int, RequestState] = {}
         self.be: dict[int, RequestState] = {}
         # RT order: per slack target T, (reference time, arrival, id) ascending (slack = T − (now − ref)).
-        self._rt_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._rt_groups: dict[float, SortedKeys] = {}
         self._rt_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         # BE order: (−checkpointed blocks, arrival, id) ascending.
-        self._be_order: list[tuple[int, float, int]] = []
+        self._be_order = SortedKeys()
         self._be_key: dict[int, tuple[int, float, int]] = {}
+        # RT KV holders (as of the iteration's start, kept by _file/_unfile), per target, like _rt_groups.
+        self._holder_groups: dict[float, SortedKeys] = {}
+        self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         self._solo: dict[int, tuple[int, int, object, float]] = {}  # id -> (m, cpu_tokens, swap_cost, C({i}))
         # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
         # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
-        self._budget_groups: dict[float, list[tuple[float, float, int]]] = {}
+        self._budget_groups: dict[float, SortedKeys] = {}
         self._late: set[int] = set()
         self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
@@ -197,7 +203,7 @@ class BrosScheduler(Scheduler):
         if is_best_effort(s):
             key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
             self._be_key[s.id] = key
-            insort(self._be_order, key)
+            self._be_order.add(key)
             return
         if s.generated == 0:
             target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
@@ -207,20 +213,32 @@ class BrosScheduler(Scheduler):
             ref = s.last_token_s
         key = (ref, s.req.arrival_s, s.id)
         self._rt_key[s.id] = (target, key)
-        insort(self._rt_groups.setdefault(target, []), key)
-        insort(self._budget_groups.setdefault(target, []), key)
+        self._group(self._rt_groups, target).add(key)
+        self._group(self._budget_groups, target).add(key)
+        if self.mgr.gpu[s.id]:
+            self._holder_key[s.id] = (target, key)
+            self._group(self._holder_groups, target).add(key)
+
+    @staticmethod
+    def _group(by_target: dict[float, SortedKeys], target: float) -> SortedKeys:
+        group = by_target.get(target)
+        if group is None:
+            group = by_target[target] = SortedKeys()
+        return group
 
     def _unfile(self, rid: int) -> None:
         key = self._be_key.pop(rid, None)
         if key is not None:
-            del self._be_order[bisect_left(self._be_order, key)]
+            self._be_order.remove(key)
             return
         target, key = self._rt_key.pop(rid)
         groups = (self._rt_groups,) if rid in self._late else (self._rt_groups, self._budget_groups)
+        if self._holder_key.pop(rid, None) is not None:
+            groups += (self._holder_groups,)
         self._late.discard(rid)
         for by_target in groups:
             group = by_target[target]
-            del group[bisect_left(group, key)]
+            group.remove(key)
             if not group:
                 del by_target[target]
 
@@ -292,7 +310,7 @@ class BrosScheduler(Scheduler):
         if now_s < self._last_now_s:  # time went back (direct calls): the late marks may not hold
             for rid in self._late:
                 target, key = self._rt_key[rid]
-                insort(self._budget_groups.setdefault(target, []), key)
+                self._group(self._budget_groups, target).add(key)
             self._late.clear()
         self._last_now_s = now_s
         best = math.inf
@@ -307,8 +325,8 @@ class BrosScheduler(Scheduler):
                     break
                 late += 1
             if late:
-                self._late.update(rid for _, _, rid in group[:late])
-                del group[:late]
+                self._late.update(rid for _, _, rid in group.first(late))
+                group.remove_first(late)
                 if not group:
                     del self._budget_groups[target]
         return best
@@ -328,10 +346,6 @@ class BrosScheduler(Scheduler):
         budget = self.budget(ranked, now_s)
         self.last_budget_s = budget
         holders = len(mgr.holders)
-        # RT KV holders by priority, for the drop victims of FindPreemptBlock (RT requests ranked after
-        # the requester that hold KV, most slack first).
-        rt_holders = sorted((self.slack(self.rt[rid], now_s), self.rt[rid].req.arrival_s, rid)
-                            for rid in mgr.holders if rid in self.rt)
         batch = _Batch()
         rt_ready: list[tuple[RequestState, list, int]] = []
         early_return = False
@@ -354,8 +368,7 @@ class BrosScheduler(Scheduler):
                 early_return = lim_ok  # lines 11-12 (a C/P overflow is not a budget break)
                 break
             new_holder = mgr.gpu[s.id] == 0
-            later = rt_holders[bisect_right(rt_holders, item[:3]):]
-            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, later)
+            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, item[:3], now_s)
             if receipt is None:
                 batch.add(s, c, swap_in, -1)
                 break
@@ -429,26 +442,56 @@ class BrosScheduler(Scheduler):
     def _be_ranked_after(self, key: tuple, excluded: set[int]):
         """BE KV holders among the loop's candidates ranked after ``key``, last first (the guard's victims;
         requests without GPU tokens would be skipped anyway)."""
-        keys = sorted(self._be_key[rid] for rid in self.mgr.holders if rid in self.be and rid not in excluded)
+        keys = sorted(self._be_key[rid] for rid in self.mgr.be_holders if rid not in excluded)
         return [self.be[k[2]] for k in reversed(keys[bisect_right(keys, key):])]
 
     def _find_preempt_block(self, s: RequestState, need: int, new_holder: bool, holders: int,
-                            later: list[tuple[float, float, int]]):
+                            rank: tuple[float, float, int], now_s: float):
         """FindPreemptBlock: slots for RT request ``s`` (bidirectional rules), dropping BE requests (most
-        checkpointed first, then latest arrival), then RT requests ranked after it (``later``: the KV
-        holders among them, by priority; most slack first), until it fits. Returns (receipt or None,
-        holders). The BE order is computed on the first failure: a failed allocation changes nothing."""
+        checkpointed first, then latest arrival), then RT requests ranked after it (``rank``: its (slack,
+        arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
+        holders). The victims are ordered on the first failure: a failed allocation changes nothing."""
         mgr = self.mgr
 
         def victims():
-            be = sorted((self.be[rid] for rid in mgr.holders if rid in self.be),
+            be = sorted((self.be[rid] for rid in mgr.be_holders),
                         key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
                         reverse=True)
             yield from be
-            for key in reversed(later):
-                yield self.rt[key[2]]
+            yield from self._holders_after(rank, now_s)
 
         return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims())
+
+    def _holders_after(self, rank: tuple[float, float, int], now_s: float):
+        """RT requests that held KV when the iteration started and rank after ``rank`` (slack, arrival, id),
+        most slack first, drawn lazily from ``_holder_groups`` (each read from its end; runs of equal slack
+        re-sorted, as in ``_ranked``). The RT loop selects in rank order, so no request ranked after the one
+        it is placing has gained KV in this iteration; those that lost it are skipped by ``_make_room``."""
+        streams = [self._group_stream_desc(target, group, now_s, rank) for target, group in self._holder_groups.items()]
+        for _, _, rid in (streams[0] if len(streams) == 1 else merge(*streams, reverse=True)):
+            yield self.rt[rid]
+
+    @staticmethod
+    def _group_stream_desc(target: float, group: list, now_s: float, rank: tuple):
+        """The (slack, arrival, id) of ``group``'s requests above ``rank``, descending."""
+        run: list = []
+        for ref, arrival, rid in reversed(group):
+            slack = target - (now_s - ref)
+            if run and slack != run[0][0]:
+                run.sort(reverse=True)
+                for item in run:
+                    if item <= rank:
+                        return
+                    yield item
+                run = []
+            if slack < rank[0]:
+                break
+            run.append((slack, arrival, rid))
+        run.sort(reverse=True)
+        for item in run:
+            if item <= rank:
+                return
+            yield item
 
     def _make_room(self, alloc, new_holder: bool, holders: int, victims):
         """Try ``alloc()``; on failure drop (swap out) ``victims`` (an iterable, drawn lazily) in order, skipping
@@ -471,6 +514,10 @@ class BrosScheduler(Scheduler):
     def _check_against_states(self) -> None:
         """Block invariants, and every request's GPU tokens equal to the replayer's."""
         self.mgr.check()
+        held = sorted((target, key) for rid, (target, key) in self._rt_key.items() if self.mgr.gpu[rid])
+        if sorted(self._holder_key.values()) != held or \
+                sorted((t, k) for t, group in self._holder_groups.items() for k in group) != held:
+            raise SchedulerError("BROS's RT KV-holder index disagrees with the block manager")
         for s in (*self.rt.values(), *self.be.values()):
             if self.mgr.gpu[s.id] != s.gpu_tokens:
                 raise SchedulerError(f"BROS block manager holds {self.mgr.gpu[s.id]} GPU tokens of request {s.id}, "
