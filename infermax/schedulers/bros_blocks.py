@@ -19,7 +19,9 @@ RT allocations return a receipt that ``undo_rt`` reverses (BROS's replacement st
 already selected RT request). Undo is exact in any order: an RT slot is given back and, for an
 overwrite, the BE token is restored in that same slot (unless the BE was dropped meanwhile; then
 the slot stays empty). To keep that valid, a BE owner whose count falls to 0 keeps its ownership
-until ``end_iteration`` clears it.
+until ``end_iteration`` clears it, and a BE request dropped in an iteration gets no slots again in it
+(`alloc_be` refuses with `BlockError`; BROS never selects it, see bros.py): "dropped meanwhile" is then
+"dropped this iteration", which is what undo checks.
 
 Ties (the paper is silent): among candidate blocks of equal rank the one with the lowest id is
 taken. Each candidate set keeps a min-heap beside it (stale entries are skipped when they reach
@@ -385,6 +387,8 @@ class BiBlockManager:
 
     def alloc_be(self, rid: int, n: int) -> bool:
         """Give BE request ``rid`` ``n`` slots from empty slots; all or nothing (False: not enough)."""
+        if rid in self.dropped:
+            raise BlockError(f"BE request {rid} was dropped in this iteration and cannot get slots in it")
         if n > self.be_capacity(rid):
             return False
         left = n
