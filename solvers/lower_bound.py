@@ -228,7 +228,6 @@ class _LP:
                 return float(min(res.fun, dual))
         return float(res.fun)
 
-
     def _solve_lp(self, objective: dict, values: dict | None) -> float:
         """A pure LP straight through highspy (row-wise matrix, no SciPy wrapper): the bounds solve thousands of
         these small LPs, and SciPy's input checks and sparse conversions cost more than HiGHS itself."""
@@ -741,7 +740,7 @@ class LowerBounder:
         lim = self.limits
         start, splits = time.perf_counter(), self._additive_splits()
         kv = arrays.kv_area * (0.5 if self.hidden else 1.0)
-        # a first-token item is a prefill item: at most min(C, P) of them per batch; otherwise C
+        # first-token items are prefill items: at most min(C, P) of their tokens per batch; otherwise C tokens
         tokens_per_batch = min(lim.C, lim.prefill_budget) if first_token_only else lim.C
         tokens = arrays.prompt + arrays.decode_items
         best = None
