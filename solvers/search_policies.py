@@ -371,8 +371,8 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         batch.evict = [s.id for s in self._evicting]
         return batch
 
-    def _first_tokens(self, fresh: list[RequestState]) -> ScheduledBatch:
-        """A prefill-only batch over ``fresh`` in that order (`next_batch` orders them). A prompt is chunked
+    def _first_tokens(self, candidates: list[RequestState]) -> ScheduledBatch:
+        """A prefill-only batch over ``candidates`` (no token yet) in that order (`next_batch` orders them). A prompt is chunked
         only when it cannot fit a batch whole (over ``min(C, P)``) or the batch would otherwise be empty."""
         lim = self.limits
         full = min(lim.C, lim.prefill_budget)
@@ -381,7 +381,7 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         victims = sorted(self.running, key=lambda s: (s.m, s.id))  # evict from the end: largest KV first
         holders = len(self.running) + len(self.prefilling)
         items, evict, started, done = [], [], [], []
-        for s in fresh:
+        for s in candidates:
             left = s.input_tokens - s.m
             c = min(left, budget)
             if c < 1 or (c < left and left <= full and items):
