@@ -372,8 +372,9 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         return batch
 
     def _first_tokens(self, candidates: list[RequestState]) -> ScheduledBatch:
-        """A prefill-only batch over ``candidates`` (no token yet) in that order (`next_batch` orders them). A prompt is chunked
-        only when it cannot fit a batch whole (over ``min(C, P)``) or the batch would otherwise be empty."""
+        """A prefill-only batch over ``candidates`` (no token yet) in that order (`next_batch` orders them). A
+        prompt is chunked only when it cannot fit a batch whole (over ``min(C, P)``) or the batch would otherwise
+        be empty."""
         lim = self.limits
         full = min(lim.C, lim.prefill_budget)
         budget = full
