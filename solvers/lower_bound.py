@@ -26,7 +26,7 @@ from infermax.request import Request
 
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES
 from .objective import Objective
-from .pairwise_bound import class_qp_bound, lower_convex_envelope, step_lower
+from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies
 from .queue_bound import INTERCEPT_SHARES, fine_classes, srpt_finish_times
 from .scale import refuse_prefix_caching
@@ -339,6 +339,9 @@ PIPELINE_MAX_REQUESTS = 128
 # this time budget for all of them together (a budget cut short still yields a valid, weaker bound).
 PAIRWISE_MAX_CLASSES = 16
 PAIRWISE_TIME_LIMIT_S = 10.0
+# Several classes: one joint QP with cross-class blocks (`joint_qp_bound`); False: each class's QP on its own plus
+# min(w) per cross pair (the earlier bound, kept to measure what the joint QP buys).
+JOINT_PAIRWISE = True
 # The per-request LPs of the queued-completions bound (online arrivals) together take at most this long by
 # default; requests not reached keep their coarse-grid work (`LowerBounder._classes`).
 QUEUE_TIME_LIMIT_S = 10.0
@@ -800,10 +803,10 @@ class LowerBounder:
 
     def _pairwise_completion_sum(self, arrays: DemandArrays, split, budget_s: float) -> float | None:
         """Σ_k f_(k) for an offline instance through every pair of completions (docs/design.md, "Pairwise
-        completions"; `pairwise_bound`): per distinct (I, O) a convex QP over that class's completion profile,
-        certified by Frank–Wolfe, plus, for every two requests of different classes, the smaller of their
-        marginal works. None with arrivals at different times, without an additive split, or above
-        `PAIRWISE_MAX_CLASSES` classes."""
+        completions"; `pairwise_bound`): a convex QP over the completion profiles of the distinct (I, O) classes,
+        certified by Frank–Wolfe, joint across classes (`joint_qp_bound`; when that is unavailable, per class
+        plus, for every two requests of different classes, the smaller of their marginal works). None with
+        arrivals at different times, without an additive split, or above `PAIRWISE_MAX_CLASSES` classes."""
         if len(np.unique(self.arrivals)) > 1:
             return None
         a0, _, marginal = split
@@ -812,20 +815,26 @@ class LowerBounder:
         which = np.ravel(which)
         if len(classes) > PAIRWISE_MAX_CLASSES:
             return None
-        total, works, counts = 0.0, [], []
+        total, works, counts, parts = 0.0, [], [], []
         for c, (I, O) in enumerate(classes.tolist()):
             members = np.flatnonzero(which == c)
             grid = _k_grid(O - 1, dense=64, ratio=1.04) if O > 1 else []
             grid = [0, *grid, O]
             at = [self._work_alone_s(I, O - d, marginal) for d in grid]
-            kernel = lower_convex_envelope(step_lower(grid, at, O))
-            qp = class_qp_bound(len(members), a0, kernel, self._batches_needed(arrays.subset(members)),
-                                budget_s / len(classes))
+            partial = step_lower(grid, at, O)
+            kernel = lower_convex_envelope(partial)
+            parts.append(RequestClass(len(members), kernel, partial, self._batches_needed(arrays.subset(members))))
+        if len(parts) > 1 and JOINT_PAIRWISE:
+            joint = joint_qp_bound(parts, a0, budget_s)
+            if joint is not None:
+                return (len(self.requests) * self.t0 + joint.lower_s) * (1 - LP_SAFETY_RTOL)
+        for part in parts:
+            qp = class_qp_bound(part.n, a0, part.kernel, part.ch, budget_s / len(classes))
             if qp is None:
                 return None
             total += qp.lower_s
-            works.append(float(kernel[0]))
-            counts.append(len(members))
+            works.append(float(part.kernel[0]))
+            counts.append(part.n)
         cross = sum(counts[i] * counts[j] * min(works[i], works[j])
                     for i in range(len(counts)) for j in range(i + 1, len(counts)))
         return (len(self.requests) * self.t0 + total + cross) * (1 - LP_SAFETY_RTOL)

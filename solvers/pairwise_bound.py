@@ -15,9 +15,10 @@ right-hand side is a convex quadratic in ``x``; its minimum over the polytope {x
 on that minimum at every iteration (convexity: f(y) >= f(x) + ∇f(x)·(y − x)), so stopping early (time
 budget) still yields a valid bound, only a weaker one.
 
-Several request classes: each class's own QP (its requests among themselves), plus, for every pair of
-requests of different classes, the marginal work of the one that finishes first (at least the smaller of
-the two classes' ``w``).
+Several request classes (`joint_qp_bound`): one QP over every class's profile, whose off-diagonal blocks
+charge a pair of requests of different classes finishing close together for the early work of the later one
+(`cross_kernel`), as far as the block operator stays positive semidefinite (checked exactly, frequency by
+frequency); with the cross blocks off it is each class's own QP plus, per cross pair, the smaller ``w``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ FW_MAX_ITERATIONS = 5000
 # The horizon (batches) above which a class is skipped rather than solved: the FFTs would not fit in memory
 # and time (2^22 positions: two float arrays of 32 MiB each).
 MAX_HORIZON_BATCHES = 1 << 22
+MAX_SPECTRA_BYTES = 512 << 20  # the kernels' spectra (about 2C² + 2C floats per frequency): the joint QP's memory
+# The per-frequency C×C matrices are checked this many entries at a time.
+SPECTRA_CHUNK_ENTRIES = 1 << 22
+CROSS_RAISES = (1.0, 0.5, 0.25)  # the fractions of the way to its own limit a pair's θ is tried at, in turn
 
 
 def lower_convex_envelope(values: np.ndarray) -> np.ndarray:
@@ -137,3 +142,227 @@ def class_qp_bound(n: int, a0: float, kernel: np.ndarray, ch: np.ndarray, budget
         x = x + step * direction
         Kx = Kx + step * K_direction
     return ClassBound(best_lower, value, it, J)
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """One class of identical requests for `joint_qp_bound`: how many, its own kernel (as in `class_qp_bound`),
+    ``partial[d]`` (d = 0..O) a lower bound on the marginal work of its first O − d tokens (non-increasing,
+    ``partial[0] = kernel[0] = w``, ``partial[O] = 0``) and ``ch`` (as in `class_qp_bound`)."""
+
+    n: int
+    kernel: np.ndarray
+    partial: np.ndarray
+    ch: np.ndarray
+
+
+def cross_kernel(a: RequestClass, b: RequestClass) -> np.ndarray:
+    """χ(e), e = 0..max(O_a, O_b): a lower bound on what a pair (r of a, r' of b) completing e batches apart adds
+    to Σ_j t_j·U_j beyond min(w_a, w_b), as a convex non-increasing function ending at 0.
+
+    The one finishing first adds its whole marginal work; the other, finishing e >= 1 batches later, has done at
+    least the work of all but e of its tokens by then (``partial[e]``); finishing together both add all of it:
+    ψ(0) = w_a + w_b, ψ(e) = min(partial_a[e] + w_b, partial_b[e] + w_a). ψ − min(w_a, w_b) >= 0 is
+    non-increasing and 0 from e = max(O_a, O_b) on; its lower convex envelope is returned."""
+    E = max(len(a.partial), len(b.partial)) - 1
+    pa = np.zeros(E + 1)
+    pa[:len(a.partial)] = a.partial
+    pb = np.zeros(E + 1)
+    pb[:len(b.partial)] = b.partial
+    wa, wb = float(a.kernel[0]), float(b.kernel[0])
+    psi = np.minimum(pa + wb, pb + wa)
+    psi[0] = wa + wb
+    return lower_convex_envelope(np.maximum(psi - min(wa, wb), 0.0))
+
+
+def _wrap(kernel: np.ndarray, size: int) -> np.ndarray:
+    """The first row of the symmetric circulant of ``size`` whose kernel is ``kernel`` (mirrored at the end)."""
+    wrapped = np.zeros(size)
+    wrapped[:len(kernel)] = kernel
+    if len(kernel) > 1:
+        wrapped[size - len(kernel) + 1:] = kernel[1:][::-1]
+    return wrapped
+
+
+@dataclass(frozen=True)
+class JointBound:
+    """`joint_qp_bound`'s answer: the certified lower bound, where Frank–Wolfe stopped, the horizon, each cross
+    pair's θ, the smallest eigenvalue of the block operator and the cross kernels used."""
+
+    lower_s: float
+    upper_s: float
+    iterations: int
+    horizon: int
+    cross_share: dict  # θ of each pair of classes (indices)
+    min_eigenvalue: float
+    cross_kernels: dict  # (i, j), i < j -> q_ij(t) for t = −(J − 1)..J − 1 (index t + J − 1): Q_ij[r, r'] = q_ij(r − r')
+
+
+def joint_qp_bound(classes: list[RequestClass], a0: float, budget_s: float) -> JointBound | None:
+    """Certified lower bound on Σ_r (F_r − T) for an offline instance of several classes (the intercept before the
+    first batch excluded, as in `class_qp_bound`), through every
+    pair of requests (docs/design.md, "Pairwise completions", several classes): the minimum over the classes'
+    completion profiles x^c of
+
+        Σ_c ½n_c²w_c + Σ_{c<c'} n_c n_c' min(w_c, w_c') + a0·Σ_c Σ_j j·x^c_j + ½ Σ_{c,c'} x^cᵀ Q_cc' x^c'
+
+    with Q_cc the Toeplitz matrix of the class's kernel and Q_cc' (c != c') that of θ_cc'·χ_cc' (`cross_kernel`,
+    θ in [0, 1]). Q is positive semidefinite by construction, checked exactly: each block is a principal
+    section of a circulant of the same size, a block circulant is block-diagonalised by the DFT, so Q is PSD
+    when the C×C matrix of the kernels' spectra is at every frequency. The θ are the largest that keep it so
+    (`_spectral_cross`); what round-off leaves of a negative eigenvalue (ε, plus a margin) is added to the
+    diagonal, which makes the objective convex, and ½·ε·n² taken off the bound.
+    None without a positive ``a0`` or when the horizon is too large."""
+    if a0 <= 0:
+        return None
+    C = len(classes)
+    n_total = sum(c.n for c in classes)
+    w = np.array([float(c.kernel[0]) for c in classes])
+    counts = np.array([c.n for c in classes], dtype=float)
+    cross = {(i, j): cross_kernel(classes[i], classes[j]) for i in range(C) for j in range(i + 1, C)}
+    E = max(len(c.kernel) for c in classes)  # every kernel, the cross ones too, is 0 from max O on
+    # horizon: the kernel row sums are at most n_c'·k_cc'(0) with θ <= 1 (see `class_qp_bound`)
+    row = [sum(counts[j] * (w[i] if i == j else cross[min(i, j), max(i, j)][0]) for j in range(C)) for i in range(C)]
+    J = int(max(max(int(c.ch[c.n]), 1) + math.floor(r / a0) + 1 for c, r in zip(classes, row)))
+    size = 1 << int(math.ceil(math.log2(J + E + 1)))
+    if J > MAX_HORIZON_BATCHES // C or (size // 2 + 1) * (2 * C * C + 2 * C) * 8 > MAX_SPECTRA_BYTES:
+        return None
+    diag = np.stack([np.fft.rfft(_wrap(c.kernel, size)).real for c in classes], axis=1)  # (F, C)
+    start = time.perf_counter()
+    cross_spec, theta, lam = _spectral_cross(classes, counts, cross, diag, size, start + budget_s / 2)
+    scale = float(max(np.abs(diag).max(), 1e-300))
+    eps = max(0.0, -lam) * (1 + 1e-6) + 1e-10 * scale  # Q + eps·I is PSD, with a margin for round-off
+    kernel_f = [[None] * C for _ in range(C)]
+    for i in range(C):
+        kernel_f[i][i] = np.fft.rfft(_wrap(classes[i].kernel, size))
+        for j in range(i + 1, C):
+            kernel_f[i][j] = kernel_f[j][i] = np.fft.rfft(_wrap(theta[i, j] * cross[i, j], size))
+
+    def Q_times(x: np.ndarray) -> np.ndarray:  # x: (C, J); (Q + eps·I)·x
+        xf = np.fft.rfft(x, size, axis=1)
+        out = np.stack([np.fft.irfft(sum(xf[j] * kernel_f[i][j] for j in range(C)), size)[:J] for i in range(C)])
+        return out + eps * x
+
+    constant = 0.5 * float(counts @ (counts * w)) + sum(
+        counts[i] * counts[j] * min(w[i], w[j]) for i in range(C) for j in range(i + 1, C))
+    position = np.arange(1, J + 1, dtype=float)
+    earliest = [np.clip(np.asarray(c.ch[1:c.n + 1], dtype=np.int64), 1, J) - 1 for c in classes]
+
+    def cheapest(cost: np.ndarray) -> np.ndarray:
+        return np.stack([cheapest_profile(cost[i], earliest[i]) for i in range(C)])
+
+    x = cheapest(np.tile(a0 * position, (C, 1)))
+    Qx = Q_times(x)
+    best_lower, value, it = -math.inf, math.inf, 0
+    for it in range(1, FW_MAX_ITERATIONS + 1):
+        value = constant + a0 * float((x @ position).sum()) + 0.5 * float((x * Qx).sum())
+        grad = a0 * position + Qx
+        y = cheapest(grad)
+        gap = float((grad * (x - y)).sum())
+        best_lower = max(best_lower, value - gap)
+        if gap <= FW_RELATIVE_GAP * value or time.perf_counter() - start > budget_s:
+            break
+        direction = y - x
+        Q_direction = Q_times(direction)
+        curvature = float((direction * Q_direction).sum())
+        step = 1.0 if curvature <= 0 else min(1.0, max(0.0, gap / curvature))
+        x = x + step * direction
+        Qx = Qx + step * Q_direction
+    offsets = np.abs(np.arange(-(J - 1), J))
+    kernels = {ij: np.where(offsets < len(k), theta[ij] * k[np.minimum(offsets, len(k) - 1)], 0.0)
+               for ij, k in cross.items()}
+    return JointBound(best_lower - 0.5 * eps * n_total ** 2, value, it, J, dict(theta), lam, kernels)
+
+
+def _spectra_matrices(diag: np.ndarray, cross: dict, theta: dict, factor: float, rows: slice) -> np.ndarray:
+    """The C×C matrices of the block operator's spectra at the frequencies ``rows``: the classes' own spectra on
+    the diagonal, ``factor·θ_ij·χ̂_ij`` off it (real: every kernel is symmetric)."""
+    C = diag.shape[1]
+    m = np.zeros((len(range(*rows.indices(diag.shape[0]))), C, C))
+    m[:, np.arange(C), np.arange(C)] = diag[rows]
+    for (i, j), K in cross.items():
+        m[:, i, j] = m[:, j, i] = factor * theta[i, j] * K[rows]
+    return m
+
+
+def _chunks(frequencies: int, C: int) -> list[slice]:
+    step = max(1, SPECTRA_CHUNK_ENTRIES // (C * C))
+    return [slice(k, min(k + step, frequencies)) for k in range(0, frequencies, step)]
+
+
+def _cross_shapes(chi: np.ndarray) -> list[np.ndarray]:
+    """Kernels below a pair's χ to choose from: χ itself, and the largest multiple of the one triangle
+    (1 − e/E)_+ below it (E = its support). A triangle's spectrum vanishes where that of a class whose kernel
+    is one triangle of a divisor length does; χ's kinks do not, and a single such frequency would switch the
+    pair off."""
+    E = len(chi) - 1
+    if E < 1 or chi[0] <= 0:
+        return [chi]
+    triangle = 1.0 - np.arange(E + 1) / E
+    return [chi, float(np.min(chi[:E] / triangle[:E])) * triangle]
+
+
+def _spectral_cross(classes, counts, cross, diag, size, deadline):
+    """The cross blocks' spectra θ_ij·k̂_ij (a dict) and the θ, with ``cross`` (the pairs' χ) replaced by the
+    kernel shape chosen (`_cross_shapes`, the one whose own limit carries the most mass): each pair's own limit
+    (θ²·k̂² <= ĝ_i·ĝ_j at every frequency, its 2×2 condition), then one common factor on all of them (the largest keeping every
+    frequency's C×C matrix PSD, verified by a Cholesky factorisation with a tolerance), then, until
+    ``deadline`` (perf_counter), the heaviest pairs (pairs of requests × kernel) raised one by one towards their
+    own limit under the same test. Also returns the smallest eigenvalue over all frequencies."""
+    C = len(classes)
+    scale = float(max(np.abs(diag).max(), 1e-300))
+    cross_spec, theta = {}, {}
+    for (i, j), chi in list(cross.items()):
+        room = np.sqrt(np.maximum(diag[:, i], 0) * np.maximum(diag[:, j], 0))
+        best = None
+        for k in _cross_shapes(chi):  # the pair's own 2×2 limit for each shape: θ²·K² <= G_i·G_j everywhere
+            K = np.fft.rfft(_wrap(k, size)).real
+            big = np.abs(K) > 1e-12 * scale
+            limit = float(min(1.0, np.min(room[big] / np.abs(K[big])))) if big.any() else 0.0
+            if best is None or limit * K[0] > best[0] * best[2][0]:
+                best = (limit, k, K)
+        theta[i, j], cross[i, j], cross_spec[i, j] = best
+    cap = dict(theta)
+    shift = 1e-9 * scale * np.eye(C)
+    chunks = _chunks(diag.shape[0], C)
+
+    def psd(factor: float) -> bool:  # every frequency's matrix + tolerance·I has a Cholesky factor
+        try:
+            for rows in chunks:
+                np.linalg.cholesky(_spectra_matrices(diag, cross_spec, theta, factor, rows) + shift)
+        except np.linalg.LinAlgError:
+            return False
+        return True
+
+    if C > 1 and not psd(1.0):
+        # one common factor on every pair's own limit: with the spectra normalised by √(ĝ_i·ĝ_j), a frequency's
+        # matrix is I + s·A and stays PSD up to s = 1 / (−λ_min(A)); verified, and halved until it passes
+        worst = 0.0
+        for rows in chunks:
+            root = np.sqrt(np.maximum(diag[rows], 0.0))
+            norm = root[:, :, None] * root[:, None, :]
+            A = _spectra_matrices(diag, cross_spec, theta, 1.0, rows)
+            A = np.clip(np.divide(A, norm, out=np.zeros_like(A), where=norm > 1e-12 * scale), -1.0, 1.0)
+            A[:, np.arange(C), np.arange(C)] = 0.0
+            worst = max(worst, -float(np.linalg.eigvalsh(A)[:, 0].min()))
+        factor = min(1.0, 0.999 / worst) if worst > 0 else 1.0
+        while factor > 1e-6 and not psd(factor):
+            factor *= 0.5
+        factor = factor if factor > 1e-6 else 0.0
+        for ij in theta:
+            theta[ij] *= factor
+        # ...then the heaviest pairs (most pairs of requests × kernel) raised one by one towards their own limit,
+        # while the deadline allows (θ passes the test after every step)
+        for ij in sorted(theta, key=lambda ij: -counts[ij[0]] * counts[ij[1]] * cap[ij] * cross[ij][0]):
+            kept = theta[ij]
+            for step in CROSS_RAISES:  # try the pair's own limit, then points part of the way to it
+                if time.perf_counter() > deadline:
+                    break
+                theta[ij] = kept + step * (cap[ij] - kept)
+                if psd(1.0):
+                    kept = theta[ij]
+                    break
+            theta[ij] = kept
+    lam = min(float(np.linalg.eigvalsh(_spectra_matrices(diag, cross_spec, theta, 1.0, rows))[:, 0].min())
+              for rows in chunks)
+    return cross_spec, theta, lam
