@@ -39,7 +39,8 @@ MAX_HORIZON_BATCHES = 1 << 22
 MAX_SPECTRA_BYTES = 512 << 20  # the kernels' spectra (about 2C² + 2C floats per frequency): the joint QP's memory
 # The per-frequency C×C matrices are checked this many entries at a time.
 SPECTRA_CHUNK_ENTRIES = 1 << 22
-CROSS_RAISES = (1.0, 0.5, 0.25)  # the fractions of the way to its own limit a pair's θ is tried at, in turn
+CROSS_RAISES = (1.0, 0.75, 0.5, 0.25, 0.125)
+CROSS_PASSES = 16  # the fractions of the way to its own limit a pair's θ is tried at, in turn
 
 
 def lower_convex_envelope(values: np.ndarray) -> np.ndarray:
@@ -353,16 +354,21 @@ def _spectral_cross(classes, counts, cross, diag, size, deadline):
             theta[ij] *= factor
         # ...then the heaviest pairs (most pairs of requests × kernel) raised one by one towards their own limit,
         # while the deadline allows (θ passes the test after every step)
-        for ij in sorted(theta, key=lambda ij: -counts[ij[0]] * counts[ij[1]] * cap[ij] * cross[ij][0]):
-            kept = theta[ij]
-            for step in CROSS_RAISES:  # try the pair's own limit, then points part of the way to it
-                if time.perf_counter() > deadline:
-                    break
-                theta[ij] = kept + step * (cap[ij] - kept)
-                if psd(1.0):
-                    kept = theta[ij]
-                    break
-            theta[ij] = kept
+        order = sorted(theta, key=lambda ij: -counts[ij[0]] * counts[ij[1]] * cap[ij] * cross[ij][0])
+        for _ in range(CROSS_PASSES):  # passes until one raises nothing
+            before = dict(theta)
+            for ij in order:
+                kept = theta[ij]
+                for step in CROSS_RAISES:  # try the pair's own limit, then points part of the way to it
+                    if time.perf_counter() > deadline or cap[ij] - kept <= 1e-9:
+                        break
+                    theta[ij] = kept + step * (cap[ij] - kept)
+                    if psd(1.0):
+                        kept = theta[ij]
+                        break
+                theta[ij] = kept
+            if theta == before:
+                break
     lam = min(float(np.linalg.eigvalsh(_spectra_matrices(diag, cross_spec, theta, 1.0, rows))[:, 0].min())
               for rows in chunks)
     return cross_spec, theta, lam
