@@ -30,6 +30,7 @@ from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState, cache_tokens
 from ..schedule import ScheduledBatch
+from . import aptserve_running
 from .aptserve_waiting import BOUND_SLACK, WaitingQueue
 from .base import InfeasibleRequestError, Scheduler
 
@@ -406,6 +407,10 @@ class AptServeScheduler(Scheduler):
                      else sum(lim.blocks(s.m + 1) for s in running))
             if total <= lim.M:
                 return Selection({s.id: "kv" for s in running}, math.nan, total)  # value not needed
+        if self.options.adaptive and len(running) >= aptserve_running.NUMPY_RUNNING:
+            forms, used = aptserve_running.greedy_forms(self._candidate_arrays(running, now_s, n), lim.M, lim.C,
+                                                        self.options.double_check)
+            return Selection(forms, math.nan, used)  # value not needed
         demote = self.options.adaptive
         cands = []
         for s in running:
@@ -415,6 +420,37 @@ class AptServeScheduler(Scheduler):
         if self.options.adaptive:
             return greedy_select(cands, lim.M, admit, self.options.double_check)
         return _fcfs_select(cands, lim.M, admit)
+
+    def _candidate_arrays(self, states: list[RequestState], now_s: float, n: int) -> aptserve_running.CandidateArrays:
+        """``_candidate(s, p, s.m + 1, n, violates(s, p))`` of every running request in ``states`` (the
+        adaptive greedy's demotion), as arrays: the same float operations elementwise."""
+        lim, opt, count = self.limits, self.options, len(states)
+        keys = np.fromiter([s.id for s in states], np.int64, count)
+        kv_tokens = np.fromiter([s.m for s in states], np.int64, count) + 1
+        p = now_s - np.fromiter([s.req.arrival_s if s.last_token_s is None else s.last_token_s for s in states],
+                                np.float64, count)
+        b = lim.block_size
+        kv_blocks = kv_tokens if b == 1 else -(-kv_tokens // b)
+        kv_size = kv_tokens if b == 1 else kv_blocks * b
+        hidden_size = b * -(-kv_blocks // 2)
+        violator = None
+        if self._running_with_slo:
+            slo = np.fromiter([math.nan if x is None else x for s in states
+                               for x in (s.req.ttft_slo_s if s.last_token_s is None else s.req.tbt_slo_s,)],
+                              np.float64, count)
+            violator = p > slo  # a missing target (nan) is never exceeded
+            if not violator.any():
+                violator = None
+        weight = 1.0
+        if violator is not None and opt.demotion == "decay":
+            weight = np.where(violator, opt.decay, 1.0)
+        kv_value = weight * p
+        has_hidden = np.full(count, opt.hybrid)
+        if violator is not None and opt.demotion == "near-zero":
+            kv_value = np.where(violator, DEMOTED_DENSITY * kv_size, kv_value)
+            has_hidden &= ~violator
+        hidden_value = weight * (p - n * self.rho * kv_size) if opt.hybrid else kv_value
+        return aptserve_running.CandidateArrays(keys, kv_value, kv_size, hidden_value, hidden_size, has_hidden)
 
     def _prefill_batch(self, chosen: Selection) -> ScheduledBatch:
         """Whole prefills (waiting requests hold no cache: ``input_tokens`` = prompt + generated)."""
