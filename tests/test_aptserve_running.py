@@ -10,11 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_aptserve_equivalence import check_same, runs
 
+from infermax.engine import simulate
 from infermax.limits import Limits
+from infermax.replay import cache_tokens
 from infermax.request import Request
 from infermax.schedulers import aptserve_running
-from infermax.schedulers.aptserve import DEMOTED_DENSITY, AptServeOptions, Candidate, greedy_select
+from infermax.schedulers import InfeasibleRequestError, NoProgressError
+from infermax.schedulers.aptserve import DEMOTED_DENSITY, AptServeOptions, AptServeScheduler, Candidate, greedy_select
 from infermax.schedulers.aptserve_running import CandidateArrays, greedy_forms
+from infermax.schedulers.aptserve_waiting import fixed
 
 
 @st.composite
@@ -103,3 +107,31 @@ def test_same_decisions_as_the_plain_scheduler_with_arrays_always(run):
         check_same(*run)
     finally:
         aptserve_running.NUMPY_RUNNING = saved
+
+
+class CheckedTotals(AptServeScheduler):
+    """Recomputes the running totals from the request states after every batch and compares."""
+
+    def _check(self):
+        lim = self.limits
+        assert self._ref_total == sum(fixed(s.last_token_s) for s in self.running)
+        if self._used_total is not None:
+            assert self._used_total == sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
+
+    def batch_done(self, batch, finished):
+        super().batch_done(batch, finished)
+        self._check()
+
+    def repeated_full_decode(self, batch, copies):
+        super().repeated_full_decode(batch, copies)
+        self._check()
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs())
+def test_running_totals_match_the_states(run):
+    reqs, limits, options, cost = run
+    try:
+        simulate(reqs, CheckedTotals(limits, cost, options), limits, cost)
+    except (InfeasibleRequestError, NoProgressError):
+        pass  # the run's own outcome; the totals were checked up to it

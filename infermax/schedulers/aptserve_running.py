@@ -67,39 +67,80 @@ def feasible_items(c: CandidateArrays, capacity: int) -> tuple[np.ndarray, ...]:
     return theta, size, step, cand, rank
 
 
-def greedy_forms(c: CandidateArrays, capacity: int, token_cap: int, double_check: bool) -> tuple[dict, int]:
+class RunningArrays(NamedTuple):
+    """The running requests' ids, cached tokens ``m``, the time their pending time counts from and cache
+    form, in running order: one read of each state per batch, shared by every use in that batch."""
+
+    states: list
+    ids: np.ndarray  # int64
+    m: np.ndarray  # int64
+    ref: np.ndarray  # float64
+    hidden: np.ndarray  # bool
+
+    @classmethod
+    def of(cls, states: list) -> "RunningArrays":
+        count = len(states)
+        return cls(states, np.fromiter([s.id for s in states], np.int64, count),
+                   np.fromiter([s.m for s in states], np.int64, count),
+                   np.fromiter([s.req.arrival_s if s.last_token_s is None else s.last_token_s for s in states],
+                               np.float64, count),
+                   np.fromiter([s.hidden for s in states], bool, count))
+
+
+def blocks(tokens: np.ndarray, block: int) -> np.ndarray:
+    """``Limits.blocks`` elementwise."""
+    return tokens if block == 1 else -(-tokens // block) * block
+
+
+def cache_sizes(m: np.ndarray, hidden: np.ndarray, block: int) -> np.ndarray:
+    """``cache_tokens(limits, m, hidden)`` elementwise."""
+    kv_blocks = -(-m // block)
+    return np.where(hidden, block * -(-kv_blocks // 2), kv_blocks * block)
+
+
+def greedy_masks(c: CandidateArrays, capacity: int, token_cap: int,
+                 double_check: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """``greedy_select(candidates, capacity, admit, double_check)`` where ``admit`` allows at most
-    ``token_cap`` requests (a decode's one token each): the selected forms (``"kv"`` / ``"hidden"`` by key)
-    and the memory they use."""
+    ``token_cap`` requests (a decode's one token each): per candidate, selected and selected in hidden
+    form (both boolean arrays), and the memory the selection uses."""
+    count = len(c.keys)
     theta, size, step, cand, rank = feasible_items(c, capacity)
     order = np.lexsort((rank, cand, -theta + 0.0))  # (−θ, candidate order, rank), −0.0 as 0.0
     size, step, cand = size[order], step[order], cand[order]
     used = np.cumsum(size)
     cut = int(np.searchsorted(used, capacity, side="right"))  # first item that does not fit
-    starts = step != UPGRADE
     refused = len(size)  # the item whose request is the (token_cap + 1)-th: admit says no
     if token_cap < len(size):
-        n_started = np.cumsum(starts)
-        hit = int(np.searchsorted(n_started, token_cap + 1, side="left"))
+        hit = int(np.searchsorted(np.cumsum(step != UPGRADE), token_cap + 1, side="left"))
         if hit < len(size):
             refused = hit
     stop = min(cut, refused)
-    keys = c.keys
     taken_cand, taken_step = cand[:stop], step[:stop]
-    forms = dict(zip(keys[taken_cand].tolist(), np.where(taken_step == HIDDEN, "hidden", "kv").tolist()))
-    total = int(used[stop - 1]) if stop else 0
     if double_check and cut <= refused and cut < len(size) and token_cap >= 1:  # blocked (size before admit)
         b = int(cand[cut])
         single = None
         if c.kv_size[b] <= capacity:
-            single = ("kv", float(c.kv_value[b]), int(c.kv_size[b]))
+            single = (False, float(c.kv_value[b]), int(c.kv_size[b]))
         elif c.has_hidden[b] and 0 < c.hidden_size[b] <= capacity:
-            single = ("hidden", float(c.hidden_value[b]), int(c.hidden_size[b]))
+            single = (True, float(c.hidden_value[b]), int(c.hidden_size[b]))
         if single is not None:
             gain = np.where(taken_step == KV, c.kv_value[taken_cand],
                             np.where(taken_step == HIDDEN, c.hidden_value[taken_cand],
                                      c.kv_value[taken_cand] - c.hidden_value[taken_cand]))
-            value = float(np.add.accumulate(gain)[-1]) if stop else 0.0
+            value = float(np.add.accumulate(gain)[-1]) if stop else 0.0  # value += gain, in order
             if single[1] > value:
-                return {int(keys[b]): single[0]}, single[2]
-    return forms, total
+                selected, as_hidden = np.zeros(count, bool), np.zeros(count, bool)
+                selected[b], as_hidden[b] = True, single[0]
+                return selected, as_hidden, single[2]
+    selected, as_hidden = np.zeros(count, bool), np.zeros(count, bool)
+    selected[taken_cand] = True
+    as_hidden[taken_cand[taken_step == HIDDEN]] = True
+    as_hidden[taken_cand[taken_step == UPGRADE]] = False  # the upgrade follows its hidden step
+    return selected, as_hidden, int(used[stop - 1]) if stop else 0
+
+
+def greedy_forms(c: CandidateArrays, capacity: int, token_cap: int, double_check: bool) -> tuple[dict, int]:
+    """``greedy_masks`` as ``Selection.forms`` (``"kv"`` / ``"hidden"`` by key) and the memory used."""
+    selected, as_hidden, used = greedy_masks(c, capacity, token_cap, double_check)
+    forms = dict(zip(c.keys[selected].tolist(), np.where(as_hidden[selected], "hidden", "kv").tolist()))
+    return forms, used
