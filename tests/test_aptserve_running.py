@@ -16,8 +16,9 @@ from infermax.replay import cache_tokens
 from infermax.request import Request
 from infermax.schedulers import aptserve_running
 from infermax.schedulers import InfeasibleRequestError, NoProgressError
-from infermax.schedulers.aptserve import DEMOTED_DENSITY, AptServeOptions, AptServeScheduler, Candidate, greedy_select
-from infermax.schedulers.aptserve_running import CandidateArrays, greedy_forms
+from infermax.schedulers.aptserve import (DEMOTED_DENSITY, AptServeOptions, AptServeScheduler, Candidate,
+                                          _fcfs_select, greedy_select)
+from infermax.schedulers.aptserve_running import CandidateArrays, fcfs_masks, greedy_forms
 from infermax.schedulers.aptserve_waiting import fixed
 
 
@@ -72,6 +73,22 @@ def test_array_greedy_is_greedy_select(case):
     assert used == want.used
 
 
+@settings(max_examples=400, deadline=None)
+@given(candidate_sets())
+def test_array_fcfs_is_fcfs_select(case):
+    cands, capacity, token_cap, _ = case
+
+    def admit(key, n_before):
+        return n_before + 1 <= token_cap
+
+    want = _fcfs_select(cands, capacity, admit)
+    arrays = as_arrays(cands)
+    selected, as_hidden = fcfs_masks(arrays.kv_size, arrays.hidden_size, arrays.has_hidden, capacity, token_cap)
+    got = {k: ("hidden" if h else "kv") for k, s, h in zip(arrays.keys.tolist(), selected, as_hidden) if s}
+    assert got == want.forms
+    assert not (as_hidden & ~selected).any()
+
+
 def test_blocked_request_beats_the_set():
     # Item order: 0 (density 1.0) then 1 (0.9, too big for what is left): the single item is worth more.
     cands = [Candidate(0, 1.0, 1), Candidate(1, 9.0, 10)]
@@ -95,7 +112,8 @@ def test_scheduler_with_the_array_greedy_on_every_batch(seed, monkeypatch):
     for block in (1, 16):
         limits = Limits(C=512, M=2000 // block * block, block_size=block)
         for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=1e-4, demotion="decay"),
-                        AptServeOptions(hybrid=False), AptServeOptions(rho=0.02, reprefill_hidden=True)):
+                        AptServeOptions(hybrid=False), AptServeOptions(rho=0.02, reprefill_hidden=True),
+                        AptServeOptions(adaptive=False, rho=1e-4)):
             check_same(reqs, limits, options, cost)
 
 

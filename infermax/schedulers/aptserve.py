@@ -348,12 +348,13 @@ class AptServeScheduler(Scheduler):
         return self.waiting.pending_sum_below(total, now_s)
 
     def _decode_iteration(self, now_s: float, n: int, arrays: "aptserve_running.RunningArrays | None") -> ScheduledBatch:
-        batch = self._decode_arrays(now_s, n, arrays) if arrays is not None else None
-        if batch is None:
+        if arrays is None:
             kept = self._select_running(now_s, n)
             batch = self._decode_batch(kept)
-        elif not batch.items:
-            kept = self._selection_of(arrays)
+        else:
+            batch = self._decode_arrays(now_s, n, arrays)
+            if not batch.items:
+                kept = self._selection_of(arrays)
         if batch.items:
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
@@ -450,9 +451,8 @@ class AptServeScheduler(Scheduler):
             return greedy_select(cands, lim.M, admit, self.options.double_check)
         return _fcfs_select(cands, lim.M, admit)
 
-    def _decode_arrays(self, now_s: float, n: int, arrays: aptserve_running.RunningArrays) -> ScheduledBatch | None:
-        """``_decode_batch(_select_running(now_s, n))`` from the running requests' arrays (None: the FCFS
-        ablation over a memory that does not hold every request, left to the plain loop). The selection is
+    def _decode_arrays(self, now_s: float, n: int, arrays: aptserve_running.RunningArrays) -> ScheduledBatch:
+        """``_decode_batch(_select_running(now_s, n))`` from the running requests' arrays. The selection is
         kept in ``_last_arrays_selection`` for the corner case."""
         lim = self.limits
         count = len(arrays.ids)
@@ -461,8 +461,12 @@ class AptServeScheduler(Scheduler):
         elif self.options.adaptive:
             selected, as_hidden, _ = aptserve_running.greedy_masks(
                 self._candidate_arrays(arrays, now_s, n), lim.M, lim.C, self.options.double_check)
-        else:
-            return None
+        else:  # FCFS: no values needed, only the sizes
+            kv_tokens = arrays.m + 1
+            selected, as_hidden = aptserve_running.fcfs_masks(
+                aptserve_running.blocks(kv_tokens, lim.block_size),
+                aptserve_running.cache_sizes(kv_tokens, np.ones(count, bool), lim.block_size),
+                np.full(count, self.options.hybrid), lim.M, lim.C)
         self._last_arrays_selection = (selected, as_hidden)
         keeps = selected & (as_hidden == arrays.hidden)
         if self.options.reprefill_hidden:

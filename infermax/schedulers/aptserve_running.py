@@ -144,3 +144,33 @@ def greedy_forms(c: CandidateArrays, capacity: int, token_cap: int, double_check
     selected, as_hidden, used = greedy_masks(c, capacity, token_cap, double_check)
     forms = dict(zip(c.keys[selected].tolist(), np.where(as_hidden[selected], "hidden", "kv").tolist()))
     return forms, used
+
+
+def fcfs_masks(kv_size: np.ndarray, hidden_size: np.ndarray, has_hidden: np.ndarray, capacity: int,
+               token_cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_fcfs_select`` over requests in order (KV if it fits, else hidden if offered and it fits; stop at
+    the first that fits in neither, or at the (``token_cap`` + 1)-th): selected and selected in hidden
+    form. The prefix that fits in KV is one cumulative sum; the rest is a loop over plain ints."""
+    count = len(kv_size)
+    selected, as_hidden = np.zeros(count, bool), np.zeros(count, bool)
+    used_kv = np.cumsum(kv_size)
+    k = min(int(np.searchsorted(used_kv, capacity, side="right")), token_cap, count)
+    selected[:k] = True
+    used = int(used_kv[k - 1]) if k else 0
+    taken = k
+    kv_tail, hid_tail, has_tail = kv_size[k:].tolist(), hidden_size[k:].tolist(), has_hidden[k:].tolist()
+    for i, (kv, hid, has) in enumerate(zip(kv_tail, hid_tail, has_tail), start=k):
+        if used + kv <= capacity:
+            size = kv
+        elif has and used + hid <= capacity:
+            size = hid
+            as_hidden[i] = True
+        else:
+            break
+        if taken + 1 > token_cap:
+            as_hidden[i] = False
+            break
+        selected[i] = True
+        used += size
+        taken += 1
+    return selected, as_hidden
