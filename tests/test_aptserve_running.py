@@ -128,19 +128,13 @@ def test_same_decisions_as_the_plain_scheduler_with_arrays_always(run):
 
 
 class CheckedTotals(AptServeScheduler):
-    """Recomputes the running totals and the running requests' arrays from the request states after every
-    batch and compares."""
+    """Recomputes the running totals from the request states after every batch and compares."""
 
     def _check(self):
         lim = self.limits
         assert self._ref_total == sum(fixed(s.last_token_s) for s in self.running)
         if self._used_total is not None:
             assert self._used_total == sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
-        mirror = self._mirror
-        assert mirror.ids.tolist() == [s.id for s in self.running]
-        assert mirror.m.tolist() == [s.m for s in self.running]
-        assert mirror.ref.tolist() == [s.last_token_s for s in self.running]
-        assert mirror.hidden.tolist() == [s.hidden for s in self.running]
 
     def batch_done(self, batch, finished):
         super().batch_done(batch, finished)
@@ -151,9 +145,9 @@ class CheckedTotals(AptServeScheduler):
         self._check()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(runs())
-def test_running_totals_and_arrays_match_the_states(run):
+def test_running_totals_match_the_states(run):
     reqs, limits, options, cost = run
     try:
         simulate(reqs, CheckedTotals(limits, cost, options), limits, cost)

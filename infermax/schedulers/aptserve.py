@@ -260,8 +260,6 @@ class AptServeScheduler(Scheduler):
         # Running totals, so that a prefill iteration does not read every running request:
         self._used_total: int | None = 0  # Σ cache_tokens over the running requests (None: recompute)
         self._ref_total = 0  # Σ fixed(ref) over the running requests (ref: their last token)
-        self._mirror = aptserve_running.RunningMirror()
-        self._running_only: ScheduledBatch | None = None  # the last planned batch of running requests only
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -312,12 +310,13 @@ class AptServeScheduler(Scheduler):
         # Many running requests: their fields are read at most once, into arrays, for every use below.
         big = len(running) >= aptserve_running.NUMPY_RUNNING
         arrays = None
-        arrays = self._mirror.arrays(running) if big else None
         if opt.prefill_memory == "paper":
+            arrays = aptserve_running.RunningArrays.of(running) if big else None
             free = lim.M - (int(aptserve_running.blocks(arrays.m, lim.block_size).sum()) if big
                             else sum(lim.blocks(s.m) for s in running))
         else:
             if self._used_total is None:
+                arrays = aptserve_running.RunningArrays.of(running) if big else None
                 self._used_total = (int(aptserve_running.cache_sizes(arrays.m, arrays.hidden, lim.block_size).sum())
                                     if big else self._used())
             free = lim.M - self._used_total
@@ -325,10 +324,11 @@ class AptServeScheduler(Scheduler):
         decode = bool(running) and (not chosen.forms or (opt.adaptive and self._running_wait_longer(now_s, arrays)))
         if not decode:
             return self._prefill_batch(chosen)
+        if big and arrays is None:
+            arrays = aptserve_running.RunningArrays.of(running)
         batch = self._decode_iteration(now_s, n, arrays)
         if batch.evict and self._unrefillable(batch.evict):
-            batch = self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
-            self._running_only = batch
+            return self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
         return batch
 
     def _running_wait_longer(self, now_s: float, arrays: "aptserve_running.RunningArrays | None") -> bool:
@@ -356,7 +356,6 @@ class AptServeScheduler(Scheduler):
             if not batch.items:
                 kept = self._selection_of(arrays)
         if batch.items:
-            self._running_only = batch
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
         # waiting requests that fit the then empty memory; if none, defer the switches this once.
@@ -364,8 +363,7 @@ class AptServeScheduler(Scheduler):
         if again.forms:
             prefill = self._prefill_batch(again)
             return ScheduledBatch(items=prefill.items, evict=batch.evict, hidden=prefill.hidden)
-        self._running_only = batch = self._deferred_switch_batch(kept)
-        return batch
+        return self._deferred_switch_batch(kept)
 
     def _used(self) -> int:
         """Memory the running requests hold (``cache_tokens`` summed)."""
@@ -588,36 +586,29 @@ class AptServeScheduler(Scheduler):
         return ScheduledBatch(items=items, evict=evict, hidden=frozenset(hidden))
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
-        with_slo, mirror = self._running_with_slo, self._mirror
+        with_slo = self._running_with_slo
         if batch.evict:
             out = set(batch.evict)
             self.running = [s for s in self.running if s.id not in out]
             with_slo.difference_update(out)
             self._running_ids.difference_update(out)
-            mirror.drop(out)
             evicted = [self._by_id[rid] for rid in batch.evict]
             self.waiting.extendleft_in_order(evicted)
             for s in evicted:
                 self._note_size(s)
         running_ids = self._running_ids
-        admitted = [] if batch is self._running_only else [rid for rid, _ in batch.items if rid not in running_ids]
-        self._running_only = None
-        if self.running and (batch.evict or len(admitted) < len(batch.items)):
-            mirror.decoded(self.running[-1].last_token_s)  # every one left was an item (see _update_totals)
+        admitted = [rid for rid, _ in batch.items if rid not in running_ids]
         for rid in admitted:
             s = self.waiting.remove(rid)
             self.running.append(s)
             running_ids.add(rid)
             if s.req.ttft_slo_s is not None or s.req.tbt_slo_s is not None:
                 with_slo.add(rid)
-        if admitted:
-            mirror.append(self.running[len(self.running) - len(admitted):])
         if finished:
             done = {s.id for s in finished}
             self.running = [s for s in self.running if s.id not in done]
             with_slo.difference_update(done)
             running_ids.difference_update(done)
-            mirror.drop(done)
         self._update_totals(batch, admitted, finished)
 
     def _update_totals(self, batch: ScheduledBatch, admitted: list[int], finished: list[RequestState]) -> None:
@@ -645,7 +636,6 @@ class AptServeScheduler(Scheduler):
         self._used_total = None
         if self.running:
             self._ref_total = len(self.running) * fixed(self.running[-1].last_token_s)
-            self._mirror.decoded(self.running[-1].last_token_s, copies)
 
     def describe_state(self) -> str:
         used = sum(cache_tokens(self.limits, s.m, s.hidden) for s in self.running)

@@ -69,7 +69,7 @@ def feasible_items(c: CandidateArrays, capacity: int) -> tuple[np.ndarray, ...]:
 
 class RunningArrays(NamedTuple):
     """The running requests' ids, cached tokens ``m``, the time their pending time counts from and cache
-    form, in running order (``states``), as arrays."""
+    form, in running order: one read of each state per batch, shared by every use in that batch."""
 
     states: list
     ids: np.ndarray  # int64
@@ -77,39 +77,14 @@ class RunningArrays(NamedTuple):
     ref: np.ndarray  # float64
     hidden: np.ndarray  # bool
 
-
-class RunningMirror:
-    """``RunningArrays`` kept in step with the batches, so that planning reads no running request's state.
-
-    Every change is one the scheduler sees in ``batch_done``: requests admitted (their state is read once,
-    then), preempted or finished (dropped), and a decode iteration, after which every running request that
-    was running before it decoded one token ending at the batch's end (a decode batch lists every running
-    request it does not preempt)."""
-
-    def __init__(self) -> None:
-        self.ids = np.zeros(0, np.int64)
-        self.m = np.zeros(0, np.int64)
-        self.ref = np.zeros(0)
-        self.hidden = np.zeros(0, bool)
-
-    def arrays(self, states: list) -> RunningArrays:
-        return RunningArrays(states, self.ids, self.m, self.ref, self.hidden)
-
-    def append(self, states: list) -> None:
+    @classmethod
+    def of(cls, states: list) -> "RunningArrays":
         count = len(states)
-        self.ids = np.concatenate([self.ids, np.fromiter([s.id for s in states], np.int64, count)])
-        self.m = np.concatenate([self.m, np.fromiter([s.m for s in states], np.int64, count)])
-        self.ref = np.concatenate([self.ref, np.fromiter([s.last_token_s for s in states], np.float64, count)])
-        self.hidden = np.concatenate([self.hidden, np.fromiter([s.hidden for s in states], bool, count)])
-
-    def drop(self, rids) -> None:
-        keep = ~np.isin(self.ids, np.fromiter(rids, np.int64))
-        self.ids, self.m, self.ref, self.hidden = self.ids[keep], self.m[keep], self.ref[keep], self.hidden[keep]
-
-    def decoded(self, end_s: float, tokens: int = 1) -> None:
-        """Every request decoded ``tokens`` tokens, the last ending at ``end_s``."""
-        self.m = self.m + tokens
-        self.ref = np.full(len(self.ids), end_s)
+        return cls(states, np.fromiter([s.id for s in states], np.int64, count),
+                   np.fromiter([s.m for s in states], np.int64, count),
+                   np.fromiter([s.req.arrival_s if s.last_token_s is None else s.last_token_s for s in states],
+                               np.float64, count),
+                   np.fromiter([s.hidden for s in states], bool, count))
 
 
 def blocks(tokens: np.ndarray, block: int) -> np.ndarray:
