@@ -29,7 +29,8 @@ its prefill size are fixed while it waits, so the index keeps them by ``ref``:
   float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
   comparison inside that margin sums the pending times one by one, in queue order, as before.
 - **Queue order**: a position key per request (preempted requests at the front get decreasing keys,
-  arrivals increasing ones) and a sorted list of keys.
+  arrivals increasing ones) in a ``SortedKeys`` (a plain sorted list moved its whole tail on every
+  preemption: ~9 µs per preempted request with 17,000 waiting, 2.8 µs in ``SortedKeys``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..replay import RequestState
+from .sorted_keys import SortedKeys
 
 NUMPY_HEADS = 64  # more buckets than this: their heads' bounds are computed with numpy
 BOUND_SLACK = 1e-9  # relative: covers the rounding of the exact densities against their bound
@@ -69,7 +71,7 @@ class WaitingQueue:
     def __init__(self) -> None:
         self._states: dict[int, RequestState] = {}
         self._entry: dict[int, tuple] = {}  # id -> (pos, ref, bucket low, slo, tokens, fixed(ref))
-        self._order: list[tuple[int, int]] = []  # (pos, id), sorted
+        self._order = SortedKeys()  # (pos, id): preempted requests join at the front of thousands
         self._front = 0  # next front position is _front - 1
         self._back = 0
         self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # tokens -> sorted (ref, pos, id, tokens)
@@ -84,7 +86,7 @@ class WaitingQueue:
         return len(self._order)
 
     def __bool__(self) -> bool:
-        return bool(self._order)
+        return len(self._order) > 0
 
     def __iter__(self) -> Iterator[RequestState]:
         """Queue order."""
@@ -110,7 +112,7 @@ class WaitingQueue:
         self._states[s.id] = s
         exact = fixed(ref)
         self._entry[s.id] = (pos, ref, low, slo, s.input_tokens, exact)
-        bisect.insort(self._order, (pos, s.id))
+        self._order.add((pos, s.id))
         bucket = self._buckets.get(low)
         if bucket is None:
             bucket = self._buckets[low] = []
@@ -124,7 +126,7 @@ class WaitingQueue:
 
     def remove(self, rid: int) -> RequestState:
         pos, ref, low, slo, tokens, exact = self._entry.pop(rid)
-        _delete(self._order, (pos, rid))
+        self._order.remove((pos, rid))
         bucket = self._buckets[low]
         _delete(bucket, (ref, pos, rid, tokens))
         if not bucket:
