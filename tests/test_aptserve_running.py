@@ -134,7 +134,9 @@ class CheckedTotals(AptServeScheduler):
         lim = self.limits
         assert self._ref_total == sum(fixed(s.last_token_s) for s in self.running)
         if self._used_total is not None:
-            assert self._used_total == sum(cache_tokens(lim, s.m, s.hidden) for s in self.running)
+            paper = self.options.prefill_memory == "paper"
+            assert self._used_total == sum(lim.blocks(s.m) if paper else cache_tokens(lim, s.m, s.hidden)
+                                           for s in self.running)
 
     def batch_done(self, batch, finished):
         super().batch_done(batch, finished)

@@ -258,7 +258,9 @@ class AptServeScheduler(Scheduler):
         self._running_ids: set[int] = set()
         self._last_arrays_selection: tuple = ()  # (selected, in hidden form) of the last `_decode_arrays`
         # Running totals, so that a prefill iteration does not read every running request:
-        self._used_total: int | None = 0  # Σ cache_tokens over the running requests (None: recompute)
+        # Σ over the running requests of the memory the prefill iteration counts (``prefill_memory``: free,
+        # their cache_tokens; paper, their KV size blocks(m) even when held hidden); None: recompute
+        self._used_total: int | None = 0
         self._ref_total = 0  # Σ fixed(ref) over the running requests (ref: their last token)
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
@@ -310,16 +312,16 @@ class AptServeScheduler(Scheduler):
         # Many running requests: their fields are read at most once, into arrays, for every use below.
         big = len(running) >= aptserve_running.NUMPY_RUNNING
         arrays = None
-        if opt.prefill_memory == "paper":
+        if self._used_total is None:
             arrays = aptserve_running.RunningArrays.of(running) if big else None
-            free = lim.M - (int(aptserve_running.blocks(arrays.m, lim.block_size).sum()) if big
-                            else sum(lim.blocks(s.m) for s in running))
-        else:
-            if self._used_total is None:
-                arrays = aptserve_running.RunningArrays.of(running) if big else None
-                self._used_total = (int(aptserve_running.cache_sizes(arrays.m, arrays.hidden, lim.block_size).sum())
-                                    if big else self._used())
-            free = lim.M - self._used_total
+            paper, b = opt.prefill_memory == "paper", lim.block_size
+            if big:
+                held = (aptserve_running.blocks(arrays.m, b) if paper
+                        else aptserve_running.cache_sizes(arrays.m, arrays.hidden, b))
+                self._used_total = int(held.sum())
+            else:
+                self._used_total = sum(lim.blocks(s.m) for s in running) if paper else self._used()
+        free = lim.M - self._used_total
         chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(running))
         decode = bool(running) and (not chosen.forms or (opt.adaptive and self._running_wait_longer(now_s, arrays)))
         if not decode:
@@ -347,7 +349,8 @@ class AptServeScheduler(Scheduler):
             total = sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in self.running])
         return self.waiting.pending_sum_below(total, now_s)
 
-    def _decode_iteration(self, now_s: float, n: int, arrays: "aptserve_running.RunningArrays | None") -> ScheduledBatch:
+    def _decode_iteration(self, now_s: float, n: int,
+                          arrays: "aptserve_running.RunningArrays | None") -> ScheduledBatch:
         if arrays is None:
             kept = self._select_running(now_s, n)
             batch = self._decode_batch(kept)
@@ -628,7 +631,8 @@ class AptServeScheduler(Scheduler):
             if new:
                 lim = self.limits
                 if self._used_total is not None:
-                    self._used_total += sum(cache_tokens(lim, s.m, s.hidden) for s in new)
+                    paper = self.options.prefill_memory == "paper"
+                    self._used_total += sum(lim.blocks(s.m) if paper else cache_tokens(lim, s.m, s.hidden) for s in new)
                 self._ref_total += len(new) * fixed(new[0].last_token_s)
 
     def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
