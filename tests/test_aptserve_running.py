@@ -1,6 +1,8 @@
-"""The array form of Apt-Serve's decode greedy (``aptserve_running``) takes exactly ``greedy_select``'s
-decision: same forms, same memory, over random candidates with tied densities, demoted and decayed values,
-negative hidden values, hidden options too big or missing, and token budgets that stop the greedy."""
+"""The array forms of Apt-Serve's decode selection (``aptserve_running``) take exactly ``greedy_select``'s
+and ``_fcfs_select``'s decisions: same forms, same memory, over random candidates with tied densities, demoted
+and decayed values, negative hidden values, hidden options too big or missing, and token budgets that stop
+the greedy; the scheduler using them on every decode iteration decides as the reference scheduler; its
+running totals (memory held, Σ of pending-time references) match the request states after every batch."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import AffineCost
 from test_aptserve_equivalence import check_same, runs
 
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.replay import cache_tokens
 from infermax.request import Request
-from infermax.schedulers import aptserve_running
-from infermax.schedulers import InfeasibleRequestError, NoProgressError
+from infermax.schedulers import InfeasibleRequestError, NoProgressError, aptserve_running
 from infermax.schedulers.aptserve import (DEMOTED_DENSITY, AptServeOptions, AptServeScheduler, Candidate,
                                           _fcfs_select, greedy_select)
 from infermax.schedulers.aptserve_running import CandidateArrays, fcfs_masks, greedy_forms
@@ -106,8 +108,6 @@ def test_scheduler_with_the_array_greedy_on_every_batch(seed, monkeypatch):
     rng = random.Random(seed)
     reqs = [Request(i, float(rng.randrange(0, 40)), rng.randrange(1, 200), rng.randrange(1, 40),
                     rng.choice([None, 3.0]), rng.choice([None, 0.5])) for i in range(200)]
-    from conftest import AffineCost
-
     cost = AffineCost(0.01, 0.0005)
     for block in (1, 16):
         limits = Limits(C=512, M=2000 // block * block, block_size=block)
