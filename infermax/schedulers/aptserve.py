@@ -30,7 +30,8 @@ from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState, cache_tokens
 from ..schedule import ScheduledBatch
-from .aptserve_waiting import BOUND_SLACK, WaitingQueue
+from . import aptserve_running
+from .aptserve_waiting import BOUND_SLACK, WaitingQueue, fixed, pending_bounds
 from .base import InfeasibleRequestError, Scheduler
 
 DEMOTED_DENSITY = 1e-12  # value per memory unit of a demoted request: below every other positive density
@@ -254,6 +255,13 @@ class AptServeScheduler(Scheduler):
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
         self._bucket_sizes: dict[int, tuple[int, int]] = {}  # prefill tokens -> (KV, hidden) memory
         self._running_with_slo: set[int] = set()  # running requests with a TTFT or TBT target
+        self._running_ids: set[int] = set()
+        self._last_arrays_selection: tuple = ()  # (selected, in hidden form) of the last `_decode_arrays`
+        # Running totals, so that a prefill iteration does not read every running request:
+        # Σ over the running requests of the memory the prefill iteration counts (``prefill_memory``: free,
+        # their cache_tokens; paper, their KV size blocks(m) even when held hidden); None: recompute
+        self._used_total: int | None = 0
+        self._ref_total = 0  # Σ fixed(ref) over the running requests (ref: their last token)
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -301,25 +309,55 @@ class AptServeScheduler(Scheduler):
                 if self._running_with_slo:  # a trace without targets skips the pass over the running requests
                     n -= sum(self.violates(s, self.pending_s(s, now_s)) for s in running
                              if s.id in self._running_with_slo)
-        if opt.prefill_memory == "paper":
-            free = lim.M - sum(lim.blocks(s.m) for s in running)
-        else:
-            free = lim.M - self._used()
+        # Many running requests: their fields are read at most once, into arrays, for every use below.
+        big = len(running) >= aptserve_running.NUMPY_RUNNING
+        arrays = None
+        if self._used_total is None:
+            arrays = aptserve_running.RunningArrays.of(running) if big else None
+            paper, b = opt.prefill_memory == "paper", lim.block_size
+            if big:
+                held = (aptserve_running.blocks(arrays.m, b) if paper
+                        else aptserve_running.cache_sizes(arrays.m, arrays.hidden, b))
+                self._used_total = int(held.sum())
+            else:
+                self._used_total = sum(lim.blocks(s.m) for s in running) if paper else self._used()
+        free = lim.M - self._used_total
         chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(running))
-        decode = bool(running) and (
-            not chosen.forms or (opt.adaptive and self.waiting.pending_sum_below(
-                sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in running]),
-                now_s)))  # Σ pending_s in running order, inlined (every batch)
+        decode = bool(running) and (not chosen.forms or (opt.adaptive and self._running_wait_longer(now_s, arrays)))
         if not decode:
             return self._prefill_batch(chosen)
-        batch = self._decode_iteration(now_s, n)
+        if big and arrays is None:
+            arrays = aptserve_running.RunningArrays.of(running)
+        batch = self._decode_iteration(now_s, n, arrays)
         if batch.evict and self._unrefillable(batch.evict):
             return self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
         return batch
 
-    def _decode_iteration(self, now_s: float, n: int) -> ScheduledBatch:
-        kept = self._select_running(now_s, n)
-        batch = self._decode_batch(kept)
+    def _running_wait_longer(self, now_s: float, arrays: "aptserve_running.RunningArrays | None") -> bool:
+        """[C]'s test: Σ pending_s over the running requests (the float sum in running order) exceeds the
+        waiting requests' sum. Both sums are known exactly from running totals; the float sums, which
+        differ from them by a bounded rounding, are computed only when the margins overlap."""
+        run, run_margin = pending_bounds(len(self.running), now_s, self._ref_total)
+        wait, wait_margin = self.waiting.pending_bounds(now_s)
+        if run - run_margin > wait + wait_margin:
+            return True
+        if run + run_margin < wait - wait_margin:
+            return False
+        if arrays is not None:
+            total = sum((now_s - arrays.ref).tolist())
+        else:
+            total = sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in self.running])
+        return self.waiting.pending_sum_below(total, now_s)
+
+    def _decode_iteration(self, now_s: float, n: int,
+                          arrays: "aptserve_running.RunningArrays | None") -> ScheduledBatch:
+        if arrays is None:
+            kept = self._select_running(now_s, n)
+            batch = self._decode_batch(kept)
+        else:
+            batch = self._decode_arrays(now_s, n, arrays)
+            if not batch.items:
+                kept = self._selection_of(arrays)
         if batch.items:
             return batch
         # Corner case: every running request is preempted (unselected or switching form). Prefill the
@@ -416,6 +454,67 @@ class AptServeScheduler(Scheduler):
             return greedy_select(cands, lim.M, admit, self.options.double_check)
         return _fcfs_select(cands, lim.M, admit)
 
+    def _decode_arrays(self, now_s: float, n: int, arrays: aptserve_running.RunningArrays) -> ScheduledBatch:
+        """``_decode_batch(_select_running(now_s, n))`` from the running requests' arrays. The selection is
+        kept in ``_last_arrays_selection`` for the corner case."""
+        lim = self.limits
+        count = len(arrays.ids)
+        if count <= lim.C and int(aptserve_running.blocks(arrays.m + 1, lim.block_size).sum()) <= lim.M:
+            selected, as_hidden = np.ones(count, bool), np.zeros(count, bool)  # everybody in KV (_select_running)
+        elif self.options.adaptive:
+            selected, as_hidden, _ = aptserve_running.greedy_masks(
+                self._candidate_arrays(arrays, now_s, n), lim.M, lim.C, self.options.double_check)
+        else:  # FCFS: no values needed, only the sizes
+            kv_tokens = arrays.m + 1
+            selected, as_hidden = aptserve_running.fcfs_masks(
+                aptserve_running.blocks(kv_tokens, lim.block_size),
+                aptserve_running.cache_sizes(kv_tokens, np.ones(count, bool), lim.block_size),
+                np.full(count, self.options.hybrid), lim.M, lim.C)
+        self._last_arrays_selection = (selected, as_hidden)
+        keeps = selected & (as_hidden == arrays.hidden)
+        if self.options.reprefill_hidden:
+            keeps &= ~as_hidden
+        ids = arrays.ids
+        return ScheduledBatch(items=[(rid, 1) for rid in ids[keeps].tolist()], evict=ids[~keeps].tolist(),
+                              hidden=frozenset(ids[keeps & arrays.hidden].tolist()))
+
+    def _selection_of(self, arrays: aptserve_running.RunningArrays) -> Selection:
+        """The last ``_decode_arrays`` selection as a ``Selection`` (forms only)."""
+        selected, as_hidden = self._last_arrays_selection
+        forms = dict(zip(arrays.ids[selected].tolist(), np.where(as_hidden[selected], "hidden", "kv").tolist()))
+        return Selection(forms, math.nan, 0)
+
+    def _candidate_arrays(self, arrays: aptserve_running.RunningArrays, now_s: float,
+                          n: int) -> aptserve_running.CandidateArrays:
+        """``_candidate(s, p, s.m + 1, n, violates(s, p))`` of every running request (the adaptive greedy's
+        demotion), as arrays: the same float operations elementwise."""
+        lim, opt, states = self.limits, self.options, arrays.states
+        count, keys = len(states), arrays.ids
+        kv_tokens = arrays.m + 1
+        p = now_s - arrays.ref
+        b = lim.block_size
+        kv_blocks = kv_tokens if b == 1 else -(-kv_tokens // b)
+        kv_size = kv_tokens if b == 1 else kv_blocks * b
+        hidden_size = b * -(-kv_blocks // 2)
+        violator = None
+        if self._running_with_slo:
+            slo = np.fromiter([math.nan if x is None else x for s in states
+                               for x in (s.req.ttft_slo_s if s.last_token_s is None else s.req.tbt_slo_s,)],
+                              np.float64, count)
+            violator = p > slo  # a missing target (nan) is never exceeded
+            if not violator.any():
+                violator = None
+        weight = 1.0
+        if violator is not None and opt.demotion == "decay":
+            weight = np.where(violator, opt.decay, 1.0)
+        kv_value = weight * p
+        has_hidden = np.full(count, opt.hybrid)
+        if violator is not None and opt.demotion == "near-zero":
+            kv_value = np.where(violator, DEMOTED_DENSITY * kv_size, kv_value)
+            has_hidden &= ~violator
+        hidden_value = weight * (p - n * self.rho * kv_size) if opt.hybrid else kv_value
+        return aptserve_running.CandidateArrays(keys, kv_value, kv_size, hidden_value, hidden_size, has_hidden)
+
     def _prefill_batch(self, chosen: Selection) -> ScheduledBatch:
         """Whole prefills (waiting requests hold no cache: ``input_tokens`` = prompt + generated)."""
         items = [(rid, self._by_id[rid].input_tokens) for rid in chosen.forms]
@@ -495,21 +594,52 @@ class AptServeScheduler(Scheduler):
             out = set(batch.evict)
             self.running = [s for s in self.running if s.id not in out]
             with_slo.difference_update(out)
+            self._running_ids.difference_update(out)
             evicted = [self._by_id[rid] for rid in batch.evict]
             self.waiting.extendleft_in_order(evicted)
             for s in evicted:
                 self._note_size(s)
-        running_ids = {s.id for s in self.running}
+        running_ids = self._running_ids
         admitted = [rid for rid, _ in batch.items if rid not in running_ids]
         for rid in admitted:
             s = self.waiting.remove(rid)
             self.running.append(s)
+            running_ids.add(rid)
             if s.req.ttft_slo_s is not None or s.req.tbt_slo_s is not None:
                 with_slo.add(rid)
         if finished:
             done = {s.id for s in finished}
             self.running = [s for s in self.running if s.id not in done]
             with_slo.difference_update(done)
+            running_ids.difference_update(done)
+        self._update_totals(batch, admitted, finished)
+
+    def _update_totals(self, batch: ScheduledBatch, admitted: list[int], finished: list[RequestState]) -> None:
+        """``_used_total`` and ``_ref_total`` after a batch. A batch that lists a running request (a
+        decode iteration, whatever preempted the others) leaves only its items running, every one with its
+        last token at the batch's end; a prefill-only batch without preemptions adds its admitted requests
+        and leaves the others as they were."""
+        running = self.running
+        if not running:
+            self._used_total, self._ref_total = 0, 0
+        elif batch.evict or len(admitted) < len(batch.items):
+            self._used_total = None  # every item's m grew: recomputed when next needed
+            self._ref_total = len(running) * fixed(running[-1].last_token_s)
+        else:
+            done = {s.id for s in finished} if finished else ()
+            new = [self._by_id[rid] for rid in admitted if rid not in done]
+            if new:
+                lim = self.limits
+                if self._used_total is not None:
+                    paper = self.options.prefill_memory == "paper"
+                    self._used_total += sum(lim.blocks(s.m) if paper else cache_tokens(lim, s.m, s.hidden) for s in new)
+                self._ref_total += len(new) * fixed(new[0].last_token_s)
+
+    def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
+        """Every running request decoded ``copies`` more tokens, the last at the same time."""
+        self._used_total = None
+        if self.running:
+            self._ref_total = len(self.running) * fixed(self.running[-1].last_token_s)
 
     def describe_state(self) -> str:
         used = sum(cache_tokens(self.limits, s.m, s.hidden) for s in self.running)

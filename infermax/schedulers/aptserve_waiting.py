@@ -29,7 +29,8 @@ its prefill size are fixed while it waits, so the index keeps them by ``ref``:
   float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
   comparison inside that margin sums the pending times one by one, in queue order, as before.
 - **Queue order**: a position key per request (preempted requests at the front get decreasing keys,
-  arrivals increasing ones) and a sorted list of keys.
+  arrivals increasing ones) in a ``SortedKeys`` (a plain sorted list moved its whole tail on every
+  preemption: ~9 µs per preempted request with 17,000 waiting, 2.8 µs in ``SortedKeys``).
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..replay import RequestState
+from .sorted_keys import SortedKeys
 
 NUMPY_HEADS = 64  # more buckets than this: their heads' bounds are computed with numpy
 BOUND_SLACK = 1e-9  # relative: covers the rounding of the exact densities against their bound
 _FIXED_BITS = 1100  # every finite double is an integer multiple of 2^-1074: times are summed exactly as ints
 
 
-def _fixed(x: float) -> int:
+def fixed(x: float) -> int:
     """``x · 2^_FIXED_BITS`` exactly."""
     num, den = x.as_integer_ratio()
     return num << (_FIXED_BITS - den.bit_length() + 1)
@@ -68,8 +70,8 @@ class WaitingQueue:
 
     def __init__(self) -> None:
         self._states: dict[int, RequestState] = {}
-        self._entry: dict[int, tuple] = {}  # id -> (pos, ref, bucket low, slo)
-        self._order: list[tuple[int, int]] = []  # (pos, id), sorted
+        self._entry: dict[int, tuple] = {}  # id -> (pos, ref, bucket low, slo, tokens, fixed(ref))
+        self._order = SortedKeys()  # (pos, id): preempted requests join at the front of thousands
         self._front = 0  # next front position is _front - 1
         self._back = 0
         self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # tokens -> sorted (ref, pos, id, tokens)
@@ -78,13 +80,13 @@ class WaitingQueue:
         self._head_tokens = np.zeros(64, dtype=np.int64)
         self._head_refs = np.zeros(64)
         self._slo_refs: dict[float, list[float]] = {}
-        self._ref_sum = 0  # Σ ref, fixed point (_fixed)
+        self._ref_sum = 0  # Σ ref, fixed point (fixed)
 
     def __len__(self) -> int:
         return len(self._order)
 
     def __bool__(self) -> bool:
-        return bool(self._order)
+        return len(self._order) > 0
 
     def __iter__(self) -> Iterator[RequestState]:
         """Queue order."""
@@ -108,8 +110,9 @@ class WaitingQueue:
     def _add(self, s: RequestState, pos: int) -> None:
         ref, slo, low = ref_s(s), slo_s(s), s.input_tokens
         self._states[s.id] = s
-        self._entry[s.id] = (pos, ref, low, slo, s.input_tokens)
-        bisect.insort(self._order, (pos, s.id))
+        exact = fixed(ref)
+        self._entry[s.id] = (pos, ref, low, slo, s.input_tokens, exact)
+        self._order.add((pos, s.id))
         bucket = self._buckets.get(low)
         if bucket is None:
             bucket = self._buckets[low] = []
@@ -119,11 +122,11 @@ class WaitingQueue:
             self._head_refs[self._slot[low]] = ref
         if slo is not None:
             bisect.insort(self._slo_refs.setdefault(slo, []), ref)
-        self._ref_sum += _fixed(ref)
+        self._ref_sum += exact
 
     def remove(self, rid: int) -> RequestState:
-        pos, ref, low, slo, tokens = self._entry.pop(rid)
-        _delete(self._order, (pos, rid))
+        pos, ref, low, slo, tokens, exact = self._entry.pop(rid)
+        self._order.remove((pos, rid))
         bucket = self._buckets[low]
         _delete(bucket, (ref, pos, rid, tokens))
         if not bucket:
@@ -136,7 +139,7 @@ class WaitingQueue:
             _delete(refs, ref)
             if not refs:
                 del self._slo_refs[slo]
-        self._ref_sum -= _fixed(ref)
+        self._ref_sum -= exact
         return self._states.pop(rid)
 
     def _open_slot(self, low: int) -> None:
@@ -170,11 +173,14 @@ class WaitingQueue:
             count += lo
         return count
 
+    def pending_bounds(self, now_s: float) -> tuple[float, float]:
+        """``Σ (now − ref)`` over the queue (rounded once) and a margin that holds the float sum a loop
+        computes (module function ``pending_bounds``)."""
+        return pending_bounds(len(self._order), now_s, self._ref_sum)
+
     def pending_sum_below(self, total_s: float, now_s: float) -> bool:
         """``total_s > sum(now − ref over the queue, in queue order)``, the float sum as a loop computes it."""
-        n = len(self._order)
-        exact = (n * _fixed(now_s) - self._ref_sum) / (1 << _FIXED_BITS)  # int / int rounds correctly
-        margin = (n + 4) * 2.0 ** -52 * abs(exact)
+        exact, margin = self.pending_bounds(now_s)
         if total_s > exact + margin:
             return True
         if total_s < exact - margin:
@@ -222,6 +228,13 @@ class WaitingQueue:
             if not ready:
                 return
             yield heapq.heappop(ready)
+
+
+def pending_bounds(count: int, now_s: float, ref_sum: int) -> tuple[float, float]:
+    """``count·now − ref_sum`` (``ref_sum`` fixed point, ``fixed``) as a float and a margin: a float loop
+    summing ``now − ref`` (each ≥ 0) differs from it by at most ``(count + 4)·2⁻⁵²`` relative."""
+    exact = (count * fixed(now_s) - ref_sum) / (1 << _FIXED_BITS)  # int / int rounds correctly
+    return exact, (count + 4) * 2.0 ** -52 * abs(exact)
 
 
 def _descending(bounds: np.ndarray, tokens: np.ndarray, first: int = 32) -> Iterator[tuple[float, int]]:

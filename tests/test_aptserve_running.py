@@ -1,0 +1,157 @@
+"""The array forms of Apt-Serve's decode selection (``aptserve_running``) take exactly ``greedy_select``'s
+and ``_fcfs_select``'s decisions: same forms, same memory, over random candidates with tied densities, demoted
+and decayed values, negative hidden values, hidden options too big or missing, and token budgets that stop
+the greedy; the scheduler using them on every decode iteration decides as the reference scheduler; its
+running totals (memory held, Σ of pending-time references) match the request states after every batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from conftest import AffineCost
+from test_aptserve_equivalence import check_same, runs
+
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.replay import cache_tokens
+from infermax.request import Request
+from infermax.schedulers import InfeasibleRequestError, NoProgressError, aptserve_running
+from infermax.schedulers.aptserve import (DEMOTED_DENSITY, AptServeOptions, AptServeScheduler, Candidate,
+                                          _fcfs_select, greedy_select)
+from infermax.schedulers.aptserve_running import CandidateArrays, fcfs_masks, greedy_forms
+from infermax.schedulers.aptserve_waiting import fixed
+
+
+@st.composite
+def candidate_sets(draw):
+    n_rho = draw(st.sampled_from([0.0, 1e-4, 0.01, 0.3]))
+    block = draw(st.sampled_from([1, 1, 4, 16]))
+    integral = draw(st.booleans())  # integer pending times: many exact ties
+    cands = []
+    for i in range(draw(st.integers(0, 30))):
+        kv_blocks = draw(st.integers(1, 12))
+        kv = kv_blocks * block
+        hidden = block * -(-kv_blocks // 2)
+        p = float(draw(st.integers(0, 4))) if integral else draw(st.floats(0.0, 5.0))
+        kind = draw(st.sampled_from(["plain", "plain", "kv-only", "demoted", "decayed"]))
+        if kind == "demoted":
+            cands.append(Candidate(i, DEMOTED_DENSITY * kv, kv))
+        elif kind == "kv-only":
+            cands.append(Candidate(i, p, kv))
+        else:
+            w = draw(st.sampled_from([0.0, 0.4, 1.0])) if kind == "decayed" else 1.0
+            cands.append(Candidate(i, w * p, kv, w * (p - n_rho * kv), hidden))
+    return cands, draw(st.integers(1, 200)), draw(st.integers(0, 35)), draw(st.booleans())
+
+
+def as_arrays(cands):
+    return CandidateArrays(
+        np.array([c.key for c in cands], dtype=np.int64), np.array([c.kv_value for c in cands], dtype=np.float64),
+        np.array([c.kv_size for c in cands], dtype=np.int64),
+        np.array([0.0 if c.hidden_value is None else c.hidden_value for c in cands], dtype=np.float64),
+        np.array([c.hidden_size for c in cands], dtype=np.int64),
+        np.array([c.hidden_value is not None for c in cands], dtype=bool))
+
+
+@settings(max_examples=600, deadline=None)
+@given(candidate_sets())
+def test_array_greedy_is_greedy_select(case):
+    cands, capacity, token_cap, double_check = case
+    tokens = [0]
+
+    def admit(key, n_before):  # the decode admit: one token per request, at most token_cap
+        if n_before == 0:
+            tokens[0] = 0
+        if tokens[0] + 1 > token_cap:
+            return False
+        tokens[0] += 1
+        return True
+
+    want = greedy_select(cands, capacity, admit, double_check)
+    forms, used = greedy_forms(as_arrays(cands), capacity, token_cap, double_check)
+    assert forms == want.forms
+    assert used == want.used
+
+
+@settings(max_examples=400, deadline=None)
+@given(candidate_sets())
+def test_array_fcfs_is_fcfs_select(case):
+    cands, capacity, token_cap, _ = case
+
+    def admit(key, n_before):
+        return n_before + 1 <= token_cap
+
+    want = _fcfs_select(cands, capacity, admit)
+    arrays = as_arrays(cands)
+    selected, as_hidden = fcfs_masks(arrays.kv_size, arrays.hidden_size, arrays.has_hidden, capacity, token_cap)
+    got = {k: ("hidden" if h else "kv") for k, s, h in zip(arrays.keys.tolist(), selected, as_hidden) if s}
+    assert got == want.forms
+    assert not (as_hidden & ~selected).any()
+
+
+def test_blocked_request_beats_the_set():
+    # Item order: 0 (density 1.0) then 1 (0.9, too big for what is left): the single item is worth more.
+    cands = [Candidate(0, 1.0, 1), Candidate(1, 9.0, 10)]
+    assert greedy_forms(as_arrays(cands), 10, 5, True) == ({1: "kv"}, 10)
+    assert greedy_forms(as_arrays(cands), 10, 5, False) == ({0: "kv"}, 1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_scheduler_with_the_array_greedy_on_every_batch(seed, monkeypatch):
+    # The scheduler uses the arrays from NUMPY_RUNNING running requests on; at 0 it uses them on every
+    # decode iteration, which must still be the reference's decisions (loaded queue, SLOs missed).
+    import random
+
+    monkeypatch.setattr(aptserve_running, "NUMPY_RUNNING", 0)
+    rng = random.Random(seed)
+    reqs = [Request(i, float(rng.randrange(0, 40)), rng.randrange(1, 200), rng.randrange(1, 40),
+                    rng.choice([None, 3.0]), rng.choice([None, 0.5])) for i in range(200)]
+    cost = AffineCost(0.01, 0.0005)
+    for block in (1, 16):
+        limits = Limits(C=512, M=2000 // block * block, block_size=block)
+        for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=1e-4, demotion="decay"),
+                        AptServeOptions(hybrid=False), AptServeOptions(rho=0.02, reprefill_hidden=True),
+                        AptServeOptions(adaptive=False, rho=1e-4)):
+            check_same(reqs, limits, options, cost)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs())
+def test_same_decisions_as_the_plain_scheduler_with_arrays_always(run):
+    saved, aptserve_running.NUMPY_RUNNING = aptserve_running.NUMPY_RUNNING, 0
+    try:
+        check_same(*run)
+    finally:
+        aptserve_running.NUMPY_RUNNING = saved
+
+
+class CheckedTotals(AptServeScheduler):
+    """Recomputes the running totals from the request states after every batch and compares."""
+
+    def _check(self):
+        lim = self.limits
+        assert self._ref_total == sum(fixed(s.last_token_s) for s in self.running)
+        if self._used_total is not None:
+            paper = self.options.prefill_memory == "paper"
+            assert self._used_total == sum(lim.blocks(s.m) if paper else cache_tokens(lim, s.m, s.hidden)
+                                           for s in self.running)
+
+    def batch_done(self, batch, finished):
+        super().batch_done(batch, finished)
+        self._check()
+
+    def repeated_full_decode(self, batch, copies):
+        super().repeated_full_decode(batch, copies)
+        self._check()
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs())
+def test_running_totals_match_the_states(run):
+    reqs, limits, options, cost = run
+    try:
+        simulate(reqs, CheckedTotals(limits, cost, options), limits, cost)
+    except (InfeasibleRequestError, NoProgressError):
+        pass  # the run's own outcome; the totals were checked up to it
