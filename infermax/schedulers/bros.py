@@ -42,6 +42,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
 from .bros_blocks import BE, RT, BiBlockManager
+from .bros_counts import CountBlockManager
 from .sorted_keys import SortedKeys
 
 
@@ -50,7 +51,8 @@ class BrosOptions:
     """BROS's knobs. ``block_size``: slots per bidirectional block (None: the limits' block size).
     ``max_batch``: cap on ``B_curr`` (None: ``Rmax``, else 1024). RT requests without a TTFT / TPOT
     target get ``ttft_slo_s`` / ``tpot_slo_s`` (the paper's 0.4 s / 0.2 s). ``check``: verify the
-    block manager against the replayer every iteration (tests)."""
+    block manager against the replayer every iteration (tests). ``count_blocks``: when the engine says the
+    run has no BE request (`Scheduler.expect`), keep KV as counts (`bros_counts`; identical results)."""
 
     strict: bool = False
     block_size: int | None = None
@@ -59,6 +61,7 @@ class BrosOptions:
     ttft_slo_s: float = 0.4
     tpot_slo_s: float = 0.2
     check: bool = False
+    count_blocks: bool = True
 
 
 def is_best_effort(s: RequestState) -> bool:
@@ -168,6 +171,12 @@ class BrosScheduler(Scheduler):
         self.last_budget_s = math.inf  # T_min^res of the last planned batch (inspection, tests)
 
     # --- queues -----------------------------------------------------------------------------
+
+    def expect(self, requests) -> None:
+        """Without BE requests no decision depends on which blocks hold a request's KV (`bros_counts`): keep
+        counts. Only before the first arrival (the manager must not hold anything yet)."""
+        if self.options.count_blocks and not self.mgr.cls and all(r.request_class != "be" for r in requests):
+            self.mgr = CountBlockManager(self.mgr.num_blocks, self.S)
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         cap = min(self.limits.C, self.limits.prefill_budget)
