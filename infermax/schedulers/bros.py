@@ -159,7 +159,7 @@ class BrosScheduler(Scheduler):
         # RT KV holders (as of the iteration's start, kept by _file/_unfile), per target, like _rt_groups.
         self._holder_groups: dict[float, SortedKeys] = {}
         self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
-        self._solo: dict[int, tuple[int, int, object, float]] = {}  # id -> (m, cpu_tokens, swap_cost, C({i}))
+        self._solo: dict[int, tuple[int, float]] = {}  # id -> (m, compute part of C({i}))
         # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
         # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
         self._budget_groups: dict[float, SortedKeys] = {}
@@ -201,11 +201,28 @@ class BrosScheduler(Scheduler):
             self._unfile(s.id)
             self._solo.pop(s.id, None)
         # Only the requests in the batch changed their slack reference or host tokens.
-        for rid in {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in} | {rid for rid, _ in batch.swap_out}:
+        ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
+        for rid in ran:
             s = self.rt.get(rid, self.be.get(rid))
             if s is not None:
                 self._unfile(rid)
                 self._file(s)
+        for rid, _ in batch.swap_out:
+            if rid not in ran and rid in self._holder_key and not self.mgr.gpu[rid]:
+                self._drop_holder(rid)
+            elif rid not in ran and (rid in self.rt or rid in self.be):
+                self._unfile(rid)
+                self._file(self.rt.get(rid, self.be.get(rid)))
+
+    def _drop_holder(self, rid: int) -> None:
+        """An RT request swapped out without running: only its KV-holder entry changes. Its slack reference
+        is the same; if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) can only
+        grow with its host tokens, its slack only falls), so it stays out of ``_budget_groups``."""
+        target, key = self._holder_key.pop(rid)
+        group = self._holder_groups[target]
+        group.remove(key)
+        if not group:
+            del self._holder_groups[target]
 
     def _file(self, s: RequestState) -> None:
         """Enter ``s`` in its class's order under its current key."""
@@ -259,6 +276,14 @@ class BrosScheduler(Scheduler):
             t = max(t, self.swap_cost.time_s(b.swap_in))
         return t
 
+    def _over(self, b: _Batch, budget: float) -> bool:
+        """``C(b) > budget``. ``C`` is max(compute, swap-in), so when the swap-in time alone exceeds the budget
+        the compute estimate is not needed (in the overload regime most candidates swap in thousands of
+        tokens, whose copy outlasts any budget)."""
+        if b.swap_in and self.swap_cost is not None and self.swap_cost.time_s(b.swap_in) > budget:
+            return True
+        return self.cost_model.batch_time_s(b.features()) > budget
+
     def slack(self, s: RequestState, now_s: float) -> float:
         """``T_SLO − t_i``: time left to the deadline of the request's next token."""
         if s.generated == 0:
@@ -295,16 +320,30 @@ class BrosScheduler(Scheduler):
         """Tokens the request processes if selected: its whole (remaining) prompt, or 1."""
         return s.input_tokens - s.m if s.m < s.input_tokens else 1
 
-    def _solo_cost(self, s: RequestState) -> float:
-        """``C({i})``, cached while the request's ``m`` and host tokens stay the same."""
+    def _solo_compute(self, s: RequestState) -> float:
+        """The compute part of ``C({i})`` (no swap-in), cached while the request's ``m`` stays the same."""
         hit = self._solo.get(s.id)
-        if hit is not None and hit[0] == s.m and hit[1] == s.cpu_tokens and hit[2] is self.swap_cost:
-            return hit[3]
+        if hit is not None and hit[0] == s.m:
+            return hit[1]
         b = _Batch()
-        b.add(s, self._step(s), s.cpu_tokens)
-        cost = self._cost(b)
-        self._solo[s.id] = (s.m, s.cpu_tokens, self.swap_cost, cost)
+        b.add(s, self._step(s), 0)
+        cost = self.cost_model.batch_time_s(b.features())
+        self._solo[s.id] = (s.m, cost)
         return cost
+
+    def _solo_cost(self, s: RequestState) -> float:
+        """``C({i})`` = max(compute, swap-in time of its host tokens)."""
+        t = self._solo_compute(s)
+        if s.cpu_tokens and self.swap_cost is not None:
+            t = max(t, self.swap_cost.time_s(s.cpu_tokens))
+        return t
+
+    def _can_make_it(self, s: RequestState, slack: float) -> bool:
+        """``slack >= C({i})``; the swap-in time is checked first (no compute estimate when it alone is too
+        long: most late requests in the overload regime wait with their KV in host memory)."""
+        if s.cpu_tokens and self.swap_cost is not None and slack < self.swap_cost.time_s(s.cpu_tokens):
+            return False
+        return slack >= self._solo_compute(s)
 
     def budget(self, ranked, now_s: float) -> float:
         """``T_min^res``: the head's slack (strict), else the smallest slack of an RT request that can
@@ -329,7 +368,7 @@ class BrosScheduler(Scheduler):
                 slack = target - (now_s - ref)
                 if slack >= best:
                     break
-                if slack >= self._solo_cost(self.rt[rid]):
+                if self._can_make_it(self.rt[rid], slack):
                     best = slack
                     break
                 late += 1
@@ -343,7 +382,7 @@ class BrosScheduler(Scheduler):
     def _fits(self, b: _Batch, budget: float) -> bool:
         lim = self.limits
         return (b.n <= self.b_curr and b.tokens <= lim.C and b.prefill <= lim.prefill_budget
-                and self._cost(b) <= budget)
+                and not self._over(b, budget))
 
     # --- one iteration --------------------------------------------------------------------------
 
@@ -372,7 +411,7 @@ class BrosScheduler(Scheduler):
             batch.add(s, c, swap_in)
             head_guard = not opts.strict and not rt_ready
             lim_ok = batch.tokens <= lim.C and batch.prefill <= lim.prefill_budget
-            if not lim_ok or (not head_guard and self._cost(batch) > budget):
+            if not lim_ok or (not head_guard and self._over(batch, budget)):
                 batch.add(s, c, swap_in, -1)
                 early_return = lim_ok  # lines 11-12 (a C/P overflow is not a budget break)
                 break
