@@ -70,37 +70,46 @@ def is_best_effort(s: RequestState) -> bool:
 
 
 class _Batch:
-    """The batch being built: items and the feature sums ``C(batch)`` needs."""
+    """The batch being built: items, and the features ``C(batch)`` needs kept in one `BatchFeatures` (updated in
+    place, not rebuilt per estimate)."""
 
-    __slots__ = ("n", "tokens", "prefill", "prefill_sq", "n_prefill", "n_decode", "decode_kv", "decode_reads", "swap_in")
+    __slots__ = ("n", "swap_in", "f", "decode_reads")
 
     def __init__(self):
-        self.n = self.tokens = self.prefill = self.prefill_sq = 0
-        self.n_prefill = self.n_decode = self.decode_kv = self.swap_in = 0
+        self.n = self.swap_in = 0
+        # BROS prefills start from an empty cache (m = 0): no Σc·m terms.
+        self.f = BatchFeatures()
         self.decode_reads: list[int] = []  # decode KV reads in the batch, ascending (for decode_kv_max)
 
+    @property
+    def tokens(self) -> int:
+        return self.f.n_tokens
+
+    @property
+    def prefill(self) -> int:
+        return self.f.prefill_tokens
+
     def add(self, s: RequestState, c: int, swap_in: int, sign: int = 1) -> None:
+        f = self.f
         self.n += sign
-        self.tokens += sign * c
+        f.n_tokens += sign * c
         self.swap_in += sign * swap_in
         if s.m < s.input_tokens:
-            self.prefill += sign * c
-            self.prefill_sq += sign * c * c
-            self.n_prefill += sign
+            f.prefill_tokens += sign * c
+            f.prefill_sq_tokens += sign * c * c
+            f.n_prefill_seqs += sign
         else:
-            self.n_decode += sign
-            self.decode_kv += sign * (s.m + 1)
+            f.n_decode_seqs += sign
+            f.decode_kv_tokens += sign * (s.m + 1)
+            reads = self.decode_reads
             if sign > 0:
-                insort(self.decode_reads, s.m + 1)
+                insort(reads, s.m + 1)
             else:
-                del self.decode_reads[bisect_left(self.decode_reads, s.m + 1)]
+                del reads[bisect_left(reads, s.m + 1)]
+            f.decode_kv_max = reads[-1] if reads else 0
 
     def features(self) -> BatchFeatures:
-        # BROS prefills start from an empty cache (m = 0): no Σc·m term.
-        return BatchFeatures(n_tokens=self.tokens, prefill_tokens=self.prefill, prefill_sq_tokens=self.prefill_sq,
-                             n_prefill_seqs=self.n_prefill, n_decode_seqs=self.n_decode,
-                             decode_kv_tokens=self.decode_kv,
-                             decode_kv_max=self.decode_reads[-1] if self.decode_reads else 0)
+        return self.f
 
 
 class _Prefix:
@@ -126,6 +135,44 @@ class _Prefix:
                 return None
             items.append(nxt)
         return items[i]
+
+
+class _Updates:
+    """Removals and insertions for per-target `SortedKeys` orders, collected over a batch's requests and applied
+    per order in one call each (removals first; a request's old and new keys differ). The re-filed requests of
+    a batch get the same, latest reference time, so their new keys extend each order's last piece at once."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self):
+        self.ops: dict[tuple[int, float], tuple[dict, float, list, list]] = {}
+
+    def _entry(self, by_target: dict, target: float) -> tuple[dict, float, list, list]:
+        entry = self.ops.get((id(by_target), target))
+        if entry is None:
+            entry = self.ops[(id(by_target), target)] = (by_target, target, [], [])
+        return entry
+
+    def remove(self, by_target: dict, target: float, key: tuple) -> None:
+        self._entry(by_target, target)[2].append(key)
+
+    def add(self, by_target: dict, target: float, key: tuple) -> None:
+        self._entry(by_target, target)[3].append(key)
+
+    def apply(self) -> None:
+        for by_target, target, removed, added in self.ops.values():
+            group = by_target.get(target)
+            if removed:
+                removed.sort()
+                group.remove_sorted(removed)
+            if added:
+                if group is None:
+                    group = by_target[target] = SortedKeys()
+                added.sort()
+                group.add_sorted(added)
+            if not group:
+                del by_target[target]
+        self.ops.clear()
 
 
 class BrosScheduler(Scheduler):
@@ -195,37 +242,36 @@ class BrosScheduler(Scheduler):
             self._file(s)
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        updates = _Updates()
         for s in finished:
             self.mgr.release(s.id)
             (self.be if is_best_effort(s) else self.rt).pop(s.id)
-            self._unfile(s.id)
+            self._unfile(s.id, updates)
             self._solo.pop(s.id, None)
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
         for rid in ran:
             s = self.rt.get(rid, self.be.get(rid))
             if s is not None:
-                self._unfile(rid)
-                self._file(s)
+                self._unfile(rid, updates)
+                self._file(s, updates)
         for rid, _ in batch.swap_out:
             if rid not in ran and rid in self._holder_key and not self.mgr.gpu[rid]:
-                self._drop_holder(rid)
+                self._drop_holder(rid, updates)
             elif rid not in ran and (rid in self.rt or rid in self.be):
-                self._unfile(rid)
-                self._file(self.rt.get(rid, self.be.get(rid)))
+                self._unfile(rid, updates)
+                self._file(self.rt.get(rid, self.be.get(rid)), updates)
+        updates.apply()
 
-    def _drop_holder(self, rid: int) -> None:
+    def _drop_holder(self, rid: int, updates: _Updates) -> None:
         """An RT request swapped out without running: only its KV-holder entry changes. Its slack reference
         is the same; if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) can only
         grow with its host tokens, its slack only falls), so it stays out of ``_budget_groups``."""
         target, key = self._holder_key.pop(rid)
-        group = self._holder_groups[target]
-        group.remove(key)
-        if not group:
-            del self._holder_groups[target]
+        updates.remove(self._holder_groups, target, key)
 
-    def _file(self, s: RequestState) -> None:
-        """Enter ``s`` in its class's order under its current key."""
+    def _file(self, s: RequestState, updates: _Updates | None = None) -> None:
+        """Enter ``s`` in its class's order under its current key (through ``updates``, else at once)."""
         if is_best_effort(s):
             key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
             self._be_key[s.id] = key
@@ -238,12 +284,30 @@ class BrosScheduler(Scheduler):
             target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
             ref = s.last_token_s
         key = (ref, s.req.arrival_s, s.id)
+        now = updates is None
+        updates = _Updates() if now else updates
         self._rt_key[s.id] = (target, key)
-        self._group(self._rt_groups, target).add(key)
-        self._group(self._budget_groups, target).add(key)
+        updates.add(self._rt_groups, target, key)
+        updates.add(self._budget_groups, target, key)
         if self.mgr.gpu[s.id]:
             self._holder_key[s.id] = (target, key)
-            self._group(self._holder_groups, target).add(key)
+            updates.add(self._holder_groups, target, key)
+        if now:
+            updates.apply()
+
+    def _unfile(self, rid: int, updates: _Updates) -> None:
+        key = self._be_key.pop(rid, None)
+        if key is not None:
+            self._be_order.remove(key)
+            return
+        target, key = self._rt_key.pop(rid)
+        updates.remove(self._rt_groups, target, key)
+        if rid in self._late:
+            self._late.discard(rid)
+        else:
+            updates.remove(self._budget_groups, target, key)
+        if self._holder_key.pop(rid, None) is not None:
+            updates.remove(self._holder_groups, target, key)
 
     @staticmethod
     def _group(by_target: dict[float, SortedKeys], target: float) -> SortedKeys:
@@ -251,22 +315,6 @@ class BrosScheduler(Scheduler):
         if group is None:
             group = by_target[target] = SortedKeys()
         return group
-
-    def _unfile(self, rid: int) -> None:
-        key = self._be_key.pop(rid, None)
-        if key is not None:
-            self._be_order.remove(key)
-            return
-        target, key = self._rt_key.pop(rid)
-        groups = (self._rt_groups,) if rid in self._late else (self._rt_groups, self._budget_groups)
-        if self._holder_key.pop(rid, None) is not None:
-            groups += (self._holder_groups,)
-        self._late.discard(rid)
-        for by_target in groups:
-            group = by_target[target]
-            group.remove(key)
-            if not group:
-                del by_target[target]
 
     # --- cost and priority ----------------------------------------------------------------------
 
@@ -499,16 +547,20 @@ class BrosScheduler(Scheduler):
         checkpointed first, then latest arrival), then RT requests ranked after it (``rank``: its (slack,
         arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
         holders). The victims are ordered on the first failure: a failed allocation changes nothing."""
-        mgr = self.mgr
+        mgr, rmax = self.mgr, self.limits.Rmax
+        if not new_holder or rmax is None or holders < rmax:  # the first attempt, without building the victims
+            receipt = mgr.alloc_rt(s.id, need)
+            if receipt is not None:
+                return receipt, holders + new_holder
 
         def victims():
-            be = sorted((self.be[rid] for rid in mgr.be_holders),
-                        key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
-                        reverse=True)
-            yield from be
+            if mgr.be_holders:
+                yield from sorted((self.be[rid] for rid in mgr.be_holders),
+                                  key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
+                                  reverse=True)
             yield from self._holders_after(rank, now_s)
 
-        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims())
+        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims(), tried=True)
 
     def _holders_after(self, rank: tuple[float, float, int], now_s: float):
         """RT requests that held KV when the iteration started and rank after ``rank`` (slack, arrival, id),
@@ -541,13 +593,16 @@ class BrosScheduler(Scheduler):
                 return
             yield item
 
-    def _make_room(self, alloc, new_holder: bool, holders: int, victims):
+    def _make_room(self, alloc, new_holder: bool, holders: int, victims, tried: bool = False):
         """Try ``alloc()``; on failure drop (swap out) ``victims`` (an iterable, drawn lazily) in order, skipping
-        those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders)."""
+        those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders). ``tried``:
+        the caller has just tried it (a failed allocation changes nothing), so start with a victim."""
         mgr, rmax = self.mgr, self.limits.Rmax
         victims = iter(victims)
         while True:
-            if not new_holder or rmax is None or holders < rmax:
+            if tried:
+                tried = False
+            elif not new_holder or rmax is None or holders < rmax:
                 got = alloc()
                 if got is not None and got is not False:
                     return got, holders + new_holder
