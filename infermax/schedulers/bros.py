@@ -137,42 +137,42 @@ class _Prefix:
         return items[i]
 
 
-class _Updates:
-    """Removals and insertions for per-target `SortedKeys` orders, collected over a batch's requests and applied
-    per order in one call each (removals first; a request's old and new keys differ). The re-filed requests of
-    a batch get the same, latest reference time, so their new keys extend each order's last piece at once."""
+class _Refiling:
+    """Removals and insertions for BROS's three per-target orders (0: every RT request, 1: the budget's
+    candidates, 2: the KV holders), collected over a batch's requests and applied per order in one call each
+    (removals first; a request's old and new keys differ). The requests a batch ran get the same, latest
+    reference time, so their new keys extend each order's last piece at once."""
 
-    __slots__ = ("ops",)
+    __slots__ = ("by_target",)
 
     def __init__(self):
-        self.ops: dict[tuple[int, float], tuple[dict, float, list, list]] = {}
+        self.by_target: dict[float, list[list]] = {}
 
-    def _entry(self, by_target: dict, target: float) -> tuple[dict, float, list, list]:
-        entry = self.ops.get((id(by_target), target))
-        if entry is None:
-            entry = self.ops[(id(by_target), target)] = (by_target, target, [], [])
-        return entry
+    def at(self, target: float) -> list[list]:
+        """[removed, added] key lists of orders 0, 1, 2, flattened, for ``target``."""
+        lists = self.by_target.get(target)
+        if lists is None:
+            lists = self.by_target[target] = [[], [], [], [], [], []]
+        return lists
 
-    def remove(self, by_target: dict, target: float, key: tuple) -> None:
-        self._entry(by_target, target)[2].append(key)
-
-    def add(self, by_target: dict, target: float, key: tuple) -> None:
-        self._entry(by_target, target)[3].append(key)
-
-    def apply(self) -> None:
-        for by_target, target, removed, added in self.ops.values():
-            group = by_target.get(target)
-            if removed:
-                removed.sort()
-                group.remove_sorted(removed)
-            if added:
-                if group is None:
-                    group = by_target[target] = SortedKeys()
-                added.sort()
-                group.add_sorted(added)
-            if not group:
-                del by_target[target]
-        self.ops.clear()
+    def apply(self, orders: tuple[dict, dict, dict]) -> None:
+        for target, lists in self.by_target.items():
+            for k, by_target in enumerate(orders):
+                removed, added = lists[2 * k], lists[2 * k + 1]
+                if not removed and not added:
+                    continue
+                group = by_target.get(target)
+                if removed:
+                    removed.sort()
+                    group.remove_sorted(removed)
+                if added:
+                    if group is None:
+                        group = by_target[target] = SortedKeys()
+                    added.sort()
+                    group.add_sorted(added)
+                if not group:
+                    del by_target[target]
+        self.by_target.clear()
 
 
 class BrosScheduler(Scheduler):
@@ -211,6 +211,7 @@ class BrosScheduler(Scheduler):
         # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
         self._budget_groups: dict[float, SortedKeys] = {}
         self._late: set[int] = set()
+        self._orders = (self._rt_groups, self._budget_groups, self._holder_groups)  # _Refiling's orders 0-2
         self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
         self.max_batch = max(cap, 1)
@@ -242,36 +243,36 @@ class BrosScheduler(Scheduler):
             self._file(s)
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
-        updates = _Updates()
+        refiling = _Refiling()
         for s in finished:
             self.mgr.release(s.id)
             (self.be if is_best_effort(s) else self.rt).pop(s.id)
-            self._unfile(s.id, updates)
+            self._unfile(s.id, refiling)
             self._solo.pop(s.id, None)
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
         for rid in ran:
             s = self.rt.get(rid, self.be.get(rid))
             if s is not None:
-                self._unfile(rid, updates)
-                self._file(s, updates)
+                self._unfile(rid, refiling)
+                self._file(s, refiling)
         for rid, _ in batch.swap_out:
             if rid not in ran and rid in self._holder_key and not self.mgr.gpu[rid]:
-                self._drop_holder(rid, updates)
+                self._drop_holder(rid, refiling)
             elif rid not in ran and (rid in self.rt or rid in self.be):
-                self._unfile(rid, updates)
-                self._file(self.rt.get(rid, self.be.get(rid)), updates)
-        updates.apply()
+                self._unfile(rid, refiling)
+                self._file(self.rt.get(rid, self.be.get(rid)), refiling)
+        refiling.apply(self._orders)
 
-    def _drop_holder(self, rid: int, updates: _Updates) -> None:
+    def _drop_holder(self, rid: int, refiling: _Refiling) -> None:
         """An RT request swapped out without running: only its KV-holder entry changes. Its slack reference
         is the same; if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) can only
         grow with its host tokens, its slack only falls), so it stays out of ``_budget_groups``."""
         target, key = self._holder_key.pop(rid)
-        updates.remove(self._holder_groups, target, key)
+        refiling.at(target)[4].append(key)
 
-    def _file(self, s: RequestState, updates: _Updates | None = None) -> None:
-        """Enter ``s`` in its class's order under its current key (through ``updates``, else at once)."""
+    def _file(self, s: RequestState, refiling: _Refiling | None = None) -> None:
+        """Enter ``s`` in its class's order under its current key (through ``refiling``, else at once)."""
         if is_best_effort(s):
             key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
             self._be_key[s.id] = key
@@ -284,30 +285,33 @@ class BrosScheduler(Scheduler):
             target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
             ref = s.last_token_s
         key = (ref, s.req.arrival_s, s.id)
-        now = updates is None
-        updates = _Updates() if now else updates
+        now = refiling is None
+        if now:
+            refiling = _Refiling()
+        lists = refiling.at(target)
         self._rt_key[s.id] = (target, key)
-        updates.add(self._rt_groups, target, key)
-        updates.add(self._budget_groups, target, key)
+        lists[1].append(key)
+        lists[3].append(key)
         if self.mgr.gpu[s.id]:
             self._holder_key[s.id] = (target, key)
-            updates.add(self._holder_groups, target, key)
+            lists[5].append(key)
         if now:
-            updates.apply()
+            refiling.apply(self._orders)
 
-    def _unfile(self, rid: int, updates: _Updates) -> None:
+    def _unfile(self, rid: int, refiling: _Refiling) -> None:
         key = self._be_key.pop(rid, None)
         if key is not None:
             self._be_order.remove(key)
             return
         target, key = self._rt_key.pop(rid)
-        updates.remove(self._rt_groups, target, key)
+        lists = refiling.at(target)
+        lists[0].append(key)
         if rid in self._late:
             self._late.discard(rid)
         else:
-            updates.remove(self._budget_groups, target, key)
+            lists[2].append(key)
         if self._holder_key.pop(rid, None) is not None:
-            updates.remove(self._holder_groups, target, key)
+            lists[4].append(key)
 
     @staticmethod
     def _group(by_target: dict[float, SortedKeys], target: float) -> SortedKeys:
