@@ -32,9 +32,10 @@ swapped out and in by one batch).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right
 from dataclasses import dataclass
 from heapq import merge
+from itertools import chain
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
@@ -79,7 +80,7 @@ class _Batch:
         self.n = self.swap_in = 0
         # BROS prefills start from an empty cache (m = 0): no Σc·m terms.
         self.f = BatchFeatures()
-        self.decode_reads: list[int] = []  # decode KV reads in the batch, ascending (for decode_kv_max)
+        self.decode_reads: list[int] = []  # decode KV reads in the batch (their maximum: decode_kv_max)
 
     @property
     def tokens(self) -> int:
@@ -100,41 +101,20 @@ class _Batch:
             f.n_prefill_seqs += sign
         else:
             f.n_decode_seqs += sign
-            f.decode_kv_tokens += sign * (s.m + 1)
+            read = s.m + 1
+            f.decode_kv_tokens += sign * read
             reads = self.decode_reads
             if sign > 0:
-                insort(reads, s.m + 1)
+                reads.append(read)
+                if read > f.decode_kv_max:
+                    f.decode_kv_max = read
             else:
-                del reads[bisect_left(reads, s.m + 1)]
-            f.decode_kv_max = reads[-1] if reads else 0
+                reads.remove(read)
+                if read == f.decode_kv_max:
+                    f.decode_kv_max = max(reads, default=0)
 
     def features(self) -> BatchFeatures:
         return self.f
-
-
-class _Prefix:
-    """The items of an iterator, drawn on demand and kept (``get(i)``: item ``i`` or None past the end)."""
-
-    __slots__ = ("items", "_it")
-
-    def __init__(self, iterator):
-        self.items: list = []
-        self._it = iterator
-
-    def __iter__(self):
-        i = 0
-        while (item := self.get(i)) is not None:
-            yield item
-            i += 1
-
-    def get(self, i: int):
-        items = self.items
-        while len(items) <= i:
-            nxt = next(self._it, None)
-            if nxt is None:
-                return None
-            items.append(nxt)
-        return items[i]
 
 
 class _Refiling:
@@ -442,8 +422,9 @@ class BrosScheduler(Scheduler):
         mgr, opts, lim = self.mgr, self.options, self.limits
         if opts.check:
             self._check_against_states()
-        ranked = _Prefix(self._ranked(now_s))
-        budget = self.budget(ranked, now_s)
+        ranked = self._ranked(now_s)
+        head = next(ranked, None)  # the most urgent RT request (strict mode's budget), then the rest
+        budget = self.budget((head,) if head is not None else (), now_s)
         self.last_budget_s = budget
         holders = len(mgr.holders)
         batch = _Batch()
@@ -451,10 +432,8 @@ class BrosScheduler(Scheduler):
         early_return = False
 
         # RT loop (Algorithm 1 lines 5-14).
-        pos = 0
-        while (item := ranked.get(pos)) is not None:
-            slack, s = item[0], item[3]
-            pos += 1
+        for item in (chain((head,), ranked) if head is not None else ()):
+            s = item[3]
             if len(rt_ready) == self.b_curr:
                 break
             if s.id in mgr.dropped:
@@ -531,7 +510,6 @@ class BrosScheduler(Scheduler):
             if swap_out:
                 raise SchedulerError(f"scheduler '{self.name}' swapped requests out for an empty batch (a bug)")
             if opts.strict and (self.rt or self.be):
-                head = ranked.get(0)
                 detail = (f"; the most urgent RT request {head[2]} has slack {head[0]:.4g}s, below the time of "
                           f"running it alone ({self._solo_cost(head[3]):.4g}s)" if head else "")
                 raise NoProgressError(
@@ -610,8 +588,10 @@ class BrosScheduler(Scheduler):
                 got = alloc()
                 if got is not None and got is not False:
                     return got, holders + new_holder
-            victim = next((v for v in victims if mgr.gpu[v.id]), None)
-            if victim is None:
+            for victim in victims:
+                if mgr.gpu[victim.id]:
+                    break
+            else:
                 return None, holders
             mgr.drop(victim.id)
             holders -= 1
