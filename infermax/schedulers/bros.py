@@ -186,7 +186,7 @@ class BrosScheduler(Scheduler):
         # RT KV holders (as of the iteration's start, kept by _file/_unfile), per target, like _rt_groups.
         self._holder_groups: dict[float, SortedKeys] = {}
         self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
-        self._solo: dict[int, tuple[int, float]] = {}  # id -> (m, compute part of C({i}))
+        self._solo: dict[int, float] = {}  # compute part of C({i}): −c for a c-token prefill, m for a decode
         # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
         # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
         self._budget_groups: dict[float, SortedKeys] = {}
@@ -228,7 +228,6 @@ class BrosScheduler(Scheduler):
             self.mgr.release(s.id)
             (self.be if is_best_effort(s) else self.rt).pop(s.id)
             self._unfile(s.id, refiling)
-            self._solo.pop(s.id, None)
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
         for rid in ran:
@@ -353,14 +352,15 @@ class BrosScheduler(Scheduler):
         return s.input_tokens - s.m if s.m < s.input_tokens else 1
 
     def _solo_compute(self, s: RequestState) -> float:
-        """The compute part of ``C({i})`` (no swap-in), cached while the request's ``m`` stays the same."""
-        hit = self._solo.get(s.id)
-        if hit is not None and hit[0] == s.m:
-            return hit[1]
-        b = _Batch()
-        b.add(s, self._step(s), 0)
-        cost = self.cost_model.batch_time_s(b.features())
-        self._solo[s.id] = (s.m, cost)
+        """The compute part of ``C({i})`` (no swap-in). Its features are those of one prefill of ``c`` tokens
+        from an empty cache, or of one decode reading ``m + 1`` tokens, so it is cached per (phase, c or m) over
+        all requests (at most two entries per token count)."""
+        key = -self._step(s) if s.m < s.input_tokens else s.m
+        cost = self._solo.get(key)
+        if cost is None:
+            b = _Batch()
+            b.add(s, self._step(s), 0)
+            cost = self._solo[key] = self.cost_model.batch_time_s(b.features())
         return cost
 
     def _solo_cost(self, s: RequestState) -> float:
