@@ -428,26 +428,28 @@ class BrosScheduler(Scheduler):
         self.last_budget_s = budget
         holders = len(mgr.holders)
         batch = _Batch()
+        feats = batch.f
         rt_ready: list[tuple[RequestState, list, int]] = []
         early_return = False
 
         # RT loop (Algorithm 1 lines 5-14).
+        C, P, b_curr, dropped, gpu = lim.C, lim.prefill_budget, self.b_curr, mgr.dropped, mgr.gpu
         for item in (chain((head,), ranked) if head is not None else ()):
             s = item[3]
-            if len(rt_ready) == self.b_curr:
+            if len(rt_ready) == b_curr:
                 break
-            if s.id in mgr.dropped:
+            if s.id in dropped:
                 continue  # swapped out for a more urgent request in this iteration
-            c, swap_in = self._step(s), s.cpu_tokens
+            c, swap_in = (s.input_tokens - s.m if s.m < s.input_tokens else 1), s.cpu_tokens  # _step(s)
             batch.add(s, c, swap_in)
             head_guard = not opts.strict and not rt_ready
-            lim_ok = batch.tokens <= lim.C and batch.prefill <= lim.prefill_budget
+            lim_ok = feats.n_tokens <= C and feats.prefill_tokens <= P
             if not lim_ok or (not head_guard and self._over(batch, budget)):
                 batch.add(s, c, swap_in, -1)
                 early_return = lim_ok  # lines 11-12 (a C/P overflow is not a budget break)
                 break
-            new_holder = mgr.gpu[s.id] == 0
-            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, item[:3], now_s)
+            new_holder = gpu[s.id] == 0
+            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, item, now_s)
             if receipt is None:
                 batch.add(s, c, swap_in, -1)
                 break
@@ -524,10 +526,10 @@ class BrosScheduler(Scheduler):
         return [self.be[k[2]] for k in reversed(keys[bisect_right(keys, key):])]
 
     def _find_preempt_block(self, s: RequestState, need: int, new_holder: bool, holders: int,
-                            rank: tuple[float, float, int], now_s: float):
+                            item: tuple, now_s: float):
         """FindPreemptBlock: slots for RT request ``s`` (bidirectional rules), dropping BE requests (most
-        checkpointed first, then latest arrival), then RT requests ranked after it (``rank``: its (slack,
-        arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
+        checkpointed first, then latest arrival), then RT requests ranked after it (its rank: ``item[:3]``, its
+        (slack, arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
         holders). The victims are ordered on the first failure: a failed allocation changes nothing."""
         mgr, rmax = self.mgr, self.limits.Rmax
         if not new_holder or rmax is None or holders < rmax:  # the first attempt, without building the victims
@@ -540,7 +542,7 @@ class BrosScheduler(Scheduler):
                 yield from sorted((self.be[rid] for rid in mgr.be_holders),
                                   key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
                                   reverse=True)
-            yield from self._holders_after(rank, now_s)
+            yield from self._holders_after(item[:3], now_s)
 
         return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims(), tried=True)
 

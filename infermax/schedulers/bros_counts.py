@@ -62,10 +62,16 @@ class CountBlockManager:
         return self.free_blocks * self.block_size + self._blocks(g) * self.block_size - g
 
     def alloc_rt(self, rid: int, n: int, protected=frozenset()) -> list | None:
-        """Give ``rid`` ``n`` slots; return the receipt, or None (not enough room; nothing changed)."""
-        if n > self.rt_capacity(rid):
+        """Give ``rid`` ``n`` slots; return the receipt, or None (not enough room; nothing changed). Fits iff
+        ``n <= rt_capacity``, i.e. the blocks ``g + n`` tokens need beyond those ``g`` hold are free."""
+        S, g = self.block_size, self.gpu[rid]
+        more = -(-(g + n) // S) + (g // -S) if S > 1 else n  # ceil((g + n) / S) − ceil(g / S)
+        if more > self.free_blocks:
             return None
-        self._set(rid, self.gpu[rid] + n)
+        self.free_blocks -= more
+        self.gpu[rid] = g + n
+        if n and not g:
+            self.holders.add(rid)
         return [("count", n)]
 
     def alloc_be(self, rid: int, n: int) -> bool:
@@ -93,7 +99,9 @@ class CountBlockManager:
         """Swap out all of ``rid``'s GPU tokens; return how many."""
         moved = self.gpu[rid]
         if moved:
-            self._set(rid, 0)
+            self.free_blocks += -(-moved // self.block_size)
+            self.gpu[rid] = 0
+            self.holders.discard(rid)
             self.dropped[rid] = self.dropped.get(rid, 0) + moved
         return moved
 
