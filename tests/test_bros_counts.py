@@ -1,11 +1,13 @@
 """The count-only block manager (infermax/schedulers/bros_counts.py) against the block-faithful one
-(bros_blocks.BiBlockManager) on RT-only operations, and whole BROS runs without BE requests with either
-manager: identical schedules."""
+(bros_blocks.BiBlockManager) on RT-only operations; whole BROS runs without BE requests with either manager
+(identical schedules), and against the straightforward reference scheduler (tests/bros_reference.py) on
+random RT-only workloads."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from bros_reference import RefBrosScheduler
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infermax.engine import simulate
@@ -16,6 +18,8 @@ from infermax.schedulers.bros import BrosOptions, BrosScheduler
 from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager, BlockError
 from infermax.schedulers.bros_counts import CountBlockManager
 from infermax.workload import sampled, with_arrivals
+from test_bros_equivalence import _run as _decisions
+from test_bros_equivalence import hybrid_workloads
 
 KINDS = ["rt", "rt", "rt", "rt", "undo", "undo", "drop", "drop", "release", "end"]
 OPS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 7), st.integers(1, 40)), min_size=10, max_size=120)
@@ -93,3 +97,22 @@ def test_rt_only_runs_are_identical_with_counts(block_size):
     assert isinstance(fast.mgr, CountBlockManager) and isinstance(slow.mgr, BiBlockManager)
     assert a.schedule.to_json() == b.schedule.to_json()
     assert sum(len(batch.swap_out) for batch in a.schedule.batches) > 50  # it did thrash
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hybrid_workloads(max_be=0))
+def test_rt_only_bros_with_counts_makes_the_reference_decisions(workload):
+    """Random RT-only workloads (ties in slack, several targets, strict mode, Rmax, block sizes 1-16, tight
+    memory): the scheduler runs on counts (`expect` saw no BE request) and decides as the reference does."""
+    reqs, limits, options, cost, swap = workload
+    try:
+        ref = _decisions(RefBrosScheduler, reqs, limits, options, cost, swap)
+    except Exception as e:  # the reference's own failures must be matched too
+        with pytest.raises(type(e)):
+            _decisions(BrosScheduler, reqs, limits, options, cost, swap)
+        return
+    checked = BrosOptions(**{**options.__dict__, "check": True})
+    assert _decisions(BrosScheduler, reqs, limits, checked, cost, swap) == ref
+    probe = BrosScheduler(limits, cost, options)
+    probe.expect(reqs)
+    assert isinstance(probe.mgr, CountBlockManager)

@@ -164,7 +164,9 @@ class BrosScheduler(Scheduler):
     uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from
     the KV holders only (RT: per-target holder lists read from the most-slack end, only when an
     allocation fails; decision 14); the orders are ``SortedKeys`` (no whole-queue memmove per
-    update); solo batch times are cached per request state."""
+    update), re-filed in bulk after each batch. Decision 15: without BE requests the KV is kept as
+    counts (`bros_counts`); cost checks and ``slack ≥ C({i})`` look at the swap-in time first; the
+    compute part of ``C({i})`` is cached per (prefill tokens | decode m)."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):

@@ -87,7 +87,7 @@ class SortedKeys:
                 pieces.append(last[k:k + load])
                 maxes.append(pieces[-1][-1])
 
-    def remove_sorted(self, keys: list) -> None:
+    def remove_sorted(self, keys) -> None:
         """Remove one occurrence of each of ``keys`` (ascending; KeyError if one is absent): one pass over the
         pieces. A key in the current piece, or first in it (BROS removes the requests a batch ran, mostly the
         front of its orders), is found without a search."""
@@ -111,20 +111,7 @@ class SortedKeys:
 
     def remove(self, key) -> None:
         """Remove one occurrence of ``key`` (KeyError if absent)."""
-        pieces, maxes = self._pieces, self._maxes
-        i = bisect_left(maxes, key)
-        if i == len(maxes):
-            raise KeyError(key)
-        piece = pieces[i]
-        j = bisect_left(piece, key)
-        if j == len(piece) or piece[j] != key:
-            raise KeyError(key)
-        del piece[j]
-        if piece:
-            maxes[i] = piece[-1]
-        else:
-            del pieces[i], maxes[i]
-        self._len -= 1
+        self.remove_sorted((key,))
 
     def first(self, k: int) -> list:
         """The ``k`` smallest keys, ascending."""
