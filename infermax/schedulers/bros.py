@@ -36,6 +36,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from heapq import merge
 from itertools import chain
+from operator import itemgetter
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
@@ -539,14 +540,11 @@ class BrosScheduler(Scheduler):
             if receipt is not None:
                 return receipt, holders + new_holder
 
-        def victims():
-            if mgr.be_holders:
-                yield from sorted((self.be[rid] for rid in mgr.be_holders),
-                                  key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
-                                  reverse=True)
-            yield from self._holders_after(item[:3], now_s)
-
-        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims(), tried=True)
+        be = sorted((self.be[rid] for rid in mgr.be_holders),
+                    key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
+                    reverse=True) if mgr.be_holders else ()
+        victims = chain(be, self._holders_after(item[:3], now_s))
+        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims, tried=True)
 
     def _holders_after(self, rank: tuple[float, float, int], now_s: float):
         """RT requests that held KV when the iteration started and rank after ``rank`` (slack, arrival, id),
@@ -554,8 +552,8 @@ class BrosScheduler(Scheduler):
         re-sorted, as in ``_ranked``). The RT loop selects in rank order, so no request ranked after the one
         it is placing has gained KV in this iteration; those that lost it are skipped by ``_make_room``."""
         streams = [self._group_stream_desc(target, group, now_s, rank) for target, group in self._holder_groups.items()]
-        for _, _, rid in (streams[0] if len(streams) == 1 else merge(*streams, reverse=True)):
-            yield self.rt[rid]
+        ranks = streams[0] if len(streams) == 1 else merge(*streams, reverse=True)
+        return map(self.rt.__getitem__, map(itemgetter(2), ranks))
 
     @staticmethod
     def _group_stream_desc(target: float, group: list, now_s: float, rank: tuple):
