@@ -69,6 +69,7 @@ def simulate(
         raise ValueError(f"scheduler '{scheduler.name}' does not support prefix caching; schedulers that do: "
                          f"{', '.join(caching_schedulers()) or 'none'}")
     scheduler.swap_cost = swap_cost
+    scheduler.expect(requests)
     loop = ClosedLoop(requests, closed_loop_until_s)
     rp = Replayer(loop.open_requests, limits, cost_model, swap_cost, lazy_decoders=scheduler.lazy_decode_ok)
     scheduler.prefix_cache = rp.prefix_cache

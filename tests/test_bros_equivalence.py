@@ -90,11 +90,11 @@ def test_block_manager_matches_slot_by_slot_reference(block_size, num_blocks, op
 
 
 @st.composite
-def hybrid_workloads(draw):
+def hybrid_workloads(draw, max_be: int = 10):
     """Small RT/BE workloads under tight memory: ties in slack (equal arrivals, shared targets), several
-    targets, closed-loop BE groups, swaps, drops and replacements all occur."""
+    targets, closed-loop BE groups, swaps, drops and replacements all occur (``max_be``: BE requests at most)."""
     block_size = draw(st.sampled_from([1, 2, 4, 16]))
-    n_rt, n_be = draw(st.integers(1, 14)), draw(st.integers(0, 10))
+    n_rt, n_be = draw(st.integers(1, 14)), draw(st.integers(0, max_be))
     arrivals = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0, 7.25]), min_size=n_rt, max_size=n_rt))
     targets = st.one_of(st.none(), st.sampled_from([0.5, 3.0, 20.0, 150.0]))
     reqs = []

@@ -85,6 +85,12 @@ class Scheduler(ABC):
         `repeats_full_decode` (without `next_batch` / `batch_done` for them): a scheduler that keeps
         totals of its requests' state (such as KV in use) brings them up to date. Default: nothing."""
 
+    def expect(self, requests) -> None:
+        """Called once by the engine before the first arrival with every request the run may submit (open
+        and closed-loop; ``Request`` objects). A scheduler may choose an equivalent, cheaper representation
+        from it (BROS: a run without best-effort requests never depends on KV block ids). A scheduler
+        driven without it must still be correct. Default: nothing."""
+
     def __init__(self, limits: Limits, cost_model: CostModel | None = None):
         self.limits = limits
         self.cost_model = cost_model

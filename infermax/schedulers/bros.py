@@ -32,9 +32,11 @@ swapped out and in by one batch).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right
 from dataclasses import dataclass
 from heapq import merge
+from itertools import chain
+from operator import itemgetter
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
@@ -42,6 +44,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
 from .bros_blocks import BE, RT, BiBlockManager
+from .bros_counts import CountBlockManager
 from .sorted_keys import SortedKeys
 
 
@@ -50,7 +53,8 @@ class BrosOptions:
     """BROS's knobs. ``block_size``: slots per bidirectional block (None: the limits' block size).
     ``max_batch``: cap on ``B_curr`` (None: ``Rmax``, else 1024). RT requests without a TTFT / TPOT
     target get ``ttft_slo_s`` / ``tpot_slo_s`` (the paper's 0.4 s / 0.2 s). ``check``: verify the
-    block manager against the replayer every iteration (tests)."""
+    block manager against the replayer every iteration (tests). ``count_blocks``: when the engine says the
+    run has no BE request (`Scheduler.expect`), keep KV as counts (`bros_counts`; identical results)."""
 
     strict: bool = False
     block_size: int | None = None
@@ -59,6 +63,7 @@ class BrosOptions:
     ttft_slo_s: float = 0.4
     tpot_slo_s: float = 0.2
     check: bool = False
+    count_blocks: bool = True
 
 
 def is_best_effort(s: RequestState) -> bool:
@@ -67,62 +72,88 @@ def is_best_effort(s: RequestState) -> bool:
 
 
 class _Batch:
-    """The batch being built: items and the feature sums ``C(batch)`` needs."""
+    """The batch being built: items, and the features ``C(batch)`` needs kept in one `BatchFeatures` (updated in
+    place, not rebuilt per estimate)."""
 
-    __slots__ = ("n", "tokens", "prefill", "prefill_sq", "n_prefill", "n_decode", "decode_kv", "decode_reads", "swap_in")
+    __slots__ = ("n", "swap_in", "f", "decode_reads")
 
     def __init__(self):
-        self.n = self.tokens = self.prefill = self.prefill_sq = 0
-        self.n_prefill = self.n_decode = self.decode_kv = self.swap_in = 0
-        self.decode_reads: list[int] = []  # decode KV reads in the batch, ascending (for decode_kv_max)
+        self.n = self.swap_in = 0
+        # BROS prefills start from an empty cache (m = 0): no Σc·m terms.
+        self.f = BatchFeatures()
+        self.decode_reads: list[int] = []  # decode KV reads in the batch (their maximum: decode_kv_max)
+
+    @property
+    def tokens(self) -> int:
+        return self.f.n_tokens
+
+    @property
+    def prefill(self) -> int:
+        return self.f.prefill_tokens
 
     def add(self, s: RequestState, c: int, swap_in: int, sign: int = 1) -> None:
+        f = self.f
         self.n += sign
-        self.tokens += sign * c
+        f.n_tokens += sign * c
         self.swap_in += sign * swap_in
         if s.m < s.input_tokens:
-            self.prefill += sign * c
-            self.prefill_sq += sign * c * c
-            self.n_prefill += sign
+            f.prefill_tokens += sign * c
+            f.prefill_sq_tokens += sign * c * c
+            f.n_prefill_seqs += sign
         else:
-            self.n_decode += sign
-            self.decode_kv += sign * (s.m + 1)
+            f.n_decode_seqs += sign
+            read = s.m + 1
+            f.decode_kv_tokens += sign * read
+            reads = self.decode_reads
             if sign > 0:
-                insort(self.decode_reads, s.m + 1)
+                reads.append(read)
+                if read > f.decode_kv_max:
+                    f.decode_kv_max = read
             else:
-                del self.decode_reads[bisect_left(self.decode_reads, s.m + 1)]
+                reads.remove(read)
+                if read == f.decode_kv_max:
+                    f.decode_kv_max = max(reads, default=0)
 
     def features(self) -> BatchFeatures:
-        # BROS prefills start from an empty cache (m = 0): no Σc·m term.
-        return BatchFeatures(n_tokens=self.tokens, prefill_tokens=self.prefill, prefill_sq_tokens=self.prefill_sq,
-                             n_prefill_seqs=self.n_prefill, n_decode_seqs=self.n_decode,
-                             decode_kv_tokens=self.decode_kv,
-                             decode_kv_max=self.decode_reads[-1] if self.decode_reads else 0)
+        return self.f
 
 
-class _Prefix:
-    """The items of an iterator, drawn on demand and kept (``get(i)``: item ``i`` or None past the end)."""
+class _Refiling:
+    """Removals and insertions for BROS's three per-target orders (0: every RT request, 1: the budget's
+    candidates, 2: the KV holders), collected over a batch's requests and applied per order in one call each
+    (removals first; a request's old and new keys differ). The requests a batch ran get the same, latest
+    reference time, so their new keys extend each order's last piece at once."""
 
-    __slots__ = ("items", "_it")
+    __slots__ = ("by_target",)
 
-    def __init__(self, iterator):
-        self.items: list = []
-        self._it = iterator
+    def __init__(self):
+        self.by_target: dict[float, list[list]] = {}
 
-    def __iter__(self):
-        i = 0
-        while (item := self.get(i)) is not None:
-            yield item
-            i += 1
+    def at(self, target: float) -> list[list]:
+        """[removed, added] key lists of orders 0, 1, 2, flattened, for ``target``."""
+        lists = self.by_target.get(target)
+        if lists is None:
+            lists = self.by_target[target] = [[], [], [], [], [], []]
+        return lists
 
-    def get(self, i: int):
-        items = self.items
-        while len(items) <= i:
-            nxt = next(self._it, None)
-            if nxt is None:
-                return None
-            items.append(nxt)
-        return items[i]
+    def apply(self, orders: tuple[dict, dict, dict]) -> None:
+        for target, lists in self.by_target.items():
+            for k, by_target in enumerate(orders):
+                removed, added = lists[2 * k], lists[2 * k + 1]
+                if not removed and not added:
+                    continue
+                group = by_target.get(target)
+                if removed:
+                    removed.sort()
+                    group.remove_sorted(removed)
+                if added:
+                    if group is None:
+                        group = by_target[target] = SortedKeys()
+                    added.sort()
+                    group.add_sorted(added)
+                if not group:
+                    del by_target[target]
+        self.by_target.clear()
 
 
 class BrosScheduler(Scheduler):
@@ -134,7 +165,9 @@ class BrosScheduler(Scheduler):
     uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from
     the KV holders only (RT: per-target holder lists read from the most-slack end, only when an
     allocation fails; decision 14); the orders are ``SortedKeys`` (no whole-queue memmove per
-    update); solo batch times are cached per request state."""
+    update), re-filed in bulk after each batch. Decision 15: without BE requests the KV is kept as
+    counts (`bros_counts`); cost checks and ``slack ≥ C({i})`` look at the swap-in time first; the
+    compute part of ``C({i})`` is cached per (prefill tokens | decode m)."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):
@@ -156,11 +189,12 @@ class BrosScheduler(Scheduler):
         # RT KV holders (as of the iteration's start, kept by _file/_unfile), per target, like _rt_groups.
         self._holder_groups: dict[float, SortedKeys] = {}
         self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
-        self._solo: dict[int, tuple[int, int, object, float]] = {}  # id -> (m, cpu_tokens, swap_cost, C({i}))
+        self._solo: dict[int, float] = {}  # compute part of C({i}): −c for a c-token prefill, m for a decode
         # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
         # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
         self._budget_groups: dict[float, SortedKeys] = {}
         self._late: set[int] = set()
+        self._orders = (self._rt_groups, self._budget_groups, self._holder_groups)  # _Refiling's orders 0-2
         self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
         self.max_batch = max(cap, 1)
@@ -168,6 +202,12 @@ class BrosScheduler(Scheduler):
         self.last_budget_s = math.inf  # T_min^res of the last planned batch (inspection, tests)
 
     # --- queues -----------------------------------------------------------------------------
+
+    def expect(self, requests) -> None:
+        """Without BE requests no decision depends on which blocks hold a request's KV (`bros_counts`): keep
+        counts. Only before the first arrival (the manager must not hold anything yet)."""
+        if self.options.count_blocks and not self.mgr.cls and all(r.request_class != "be" for r in requests):
+            self.mgr = CountBlockManager(self.mgr.num_blocks, self.S)
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         cap = min(self.limits.C, self.limits.prefill_budget)
@@ -186,20 +226,35 @@ class BrosScheduler(Scheduler):
             self._file(s)
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        refiling = _Refiling()
         for s in finished:
             self.mgr.release(s.id)
             (self.be if is_best_effort(s) else self.rt).pop(s.id)
-            self._unfile(s.id)
-            self._solo.pop(s.id, None)
+            self._unfile(s.id, refiling)
         # Only the requests in the batch changed their slack reference or host tokens.
-        for rid in {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in} | {rid for rid, _ in batch.swap_out}:
+        ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
+        for rid in ran:
             s = self.rt.get(rid, self.be.get(rid))
             if s is not None:
-                self._unfile(rid)
-                self._file(s)
+                self._unfile(rid, refiling)
+                self._file(s, refiling)
+        for rid, _ in batch.swap_out:
+            if rid not in ran and rid in self._holder_key and not self.mgr.gpu[rid]:
+                self._drop_holder(rid, refiling)
+            elif rid not in ran and (rid in self.rt or rid in self.be):
+                self._unfile(rid, refiling)
+                self._file(self.rt.get(rid, self.be.get(rid)), refiling)
+        refiling.apply(self._orders)
 
-    def _file(self, s: RequestState) -> None:
-        """Enter ``s`` in its class's order under its current key."""
+    def _drop_holder(self, rid: int, refiling: _Refiling) -> None:
+        """An RT request swapped out without running: only its KV-holder entry changes. Its slack reference
+        is the same; if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) can only
+        grow with its host tokens, its slack only falls), so it stays out of ``_budget_groups``."""
+        target, key = self._holder_key.pop(rid)
+        refiling.at(target)[4].append(key)
+
+    def _file(self, s: RequestState, refiling: _Refiling | None = None) -> None:
+        """Enter ``s`` in its class's order under its current key (through ``refiling``, else at once)."""
         if is_best_effort(s):
             key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
             self._be_key[s.id] = key
@@ -212,12 +267,33 @@ class BrosScheduler(Scheduler):
             target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
             ref = s.last_token_s
         key = (ref, s.req.arrival_s, s.id)
+        now = refiling is None
+        if now:
+            refiling = _Refiling()
+        lists = refiling.at(target)
         self._rt_key[s.id] = (target, key)
-        self._group(self._rt_groups, target).add(key)
-        self._group(self._budget_groups, target).add(key)
+        lists[1].append(key)
+        lists[3].append(key)
         if self.mgr.gpu[s.id]:
             self._holder_key[s.id] = (target, key)
-            self._group(self._holder_groups, target).add(key)
+            lists[5].append(key)
+        if now:
+            refiling.apply(self._orders)
+
+    def _unfile(self, rid: int, refiling: _Refiling) -> None:
+        key = self._be_key.pop(rid, None)
+        if key is not None:
+            self._be_order.remove(key)
+            return
+        target, key = self._rt_key.pop(rid)
+        lists = refiling.at(target)
+        lists[0].append(key)
+        if rid in self._late:
+            self._late.discard(rid)
+        else:
+            lists[2].append(key)
+        if self._holder_key.pop(rid, None) is not None:
+            lists[4].append(key)
 
     @staticmethod
     def _group(by_target: dict[float, SortedKeys], target: float) -> SortedKeys:
@@ -226,22 +302,6 @@ class BrosScheduler(Scheduler):
             group = by_target[target] = SortedKeys()
         return group
 
-    def _unfile(self, rid: int) -> None:
-        key = self._be_key.pop(rid, None)
-        if key is not None:
-            self._be_order.remove(key)
-            return
-        target, key = self._rt_key.pop(rid)
-        groups = (self._rt_groups,) if rid in self._late else (self._rt_groups, self._budget_groups)
-        if self._holder_key.pop(rid, None) is not None:
-            groups += (self._holder_groups,)
-        self._late.discard(rid)
-        for by_target in groups:
-            group = by_target[target]
-            group.remove(key)
-            if not group:
-                del by_target[target]
-
     # --- cost and priority ----------------------------------------------------------------------
 
     def _cost(self, b: _Batch) -> float:
@@ -249,6 +309,14 @@ class BrosScheduler(Scheduler):
         if b.swap_in and self.swap_cost is not None:
             t = max(t, self.swap_cost.time_s(b.swap_in))
         return t
+
+    def _over(self, b: _Batch, budget: float) -> bool:
+        """``C(b) > budget``. ``C`` is max(compute, swap-in), so when the swap-in time alone exceeds the budget
+        the compute estimate is not needed (in the overload regime most candidates swap in thousands of
+        tokens, whose copy outlasts any budget)."""
+        if b.swap_in and self.swap_cost is not None and self.swap_cost.time_s(b.swap_in) > budget:
+            return True
+        return self.cost_model.batch_time_s(b.features()) > budget
 
     def slack(self, s: RequestState, now_s: float) -> float:
         """``T_SLO − t_i``: time left to the deadline of the request's next token."""
@@ -286,16 +354,31 @@ class BrosScheduler(Scheduler):
         """Tokens the request processes if selected: its whole (remaining) prompt, or 1."""
         return s.input_tokens - s.m if s.m < s.input_tokens else 1
 
-    def _solo_cost(self, s: RequestState) -> float:
-        """``C({i})``, cached while the request's ``m`` and host tokens stay the same."""
-        hit = self._solo.get(s.id)
-        if hit is not None and hit[0] == s.m and hit[1] == s.cpu_tokens and hit[2] is self.swap_cost:
-            return hit[3]
-        b = _Batch()
-        b.add(s, self._step(s), s.cpu_tokens)
-        cost = self._cost(b)
-        self._solo[s.id] = (s.m, s.cpu_tokens, self.swap_cost, cost)
+    def _solo_compute(self, s: RequestState) -> float:
+        """The compute part of ``C({i})`` (no swap-in). Its features are those of one prefill of ``c`` tokens
+        from an empty cache, or of one decode reading ``m + 1`` tokens, so it is cached per (phase, c or m) over
+        all requests (at most two entries per token count)."""
+        key = -self._step(s) if s.m < s.input_tokens else s.m
+        cost = self._solo.get(key)
+        if cost is None:
+            b = _Batch()
+            b.add(s, self._step(s), 0)
+            cost = self._solo[key] = self.cost_model.batch_time_s(b.features())
         return cost
+
+    def _solo_cost(self, s: RequestState) -> float:
+        """``C({i})`` = max(compute, swap-in time of its host tokens)."""
+        t = self._solo_compute(s)
+        if s.cpu_tokens and self.swap_cost is not None:
+            t = max(t, self.swap_cost.time_s(s.cpu_tokens))
+        return t
+
+    def _can_make_it(self, s: RequestState, slack: float) -> bool:
+        """``slack >= C({i})``; the swap-in time is checked first (no compute estimate when it alone is too
+        long: most late requests in the overload regime wait with their KV in host memory)."""
+        if s.cpu_tokens and self.swap_cost is not None and slack < self.swap_cost.time_s(s.cpu_tokens):
+            return False
+        return slack >= self._solo_compute(s)
 
     def budget(self, ranked, now_s: float) -> float:
         """``T_min^res``: the head's slack (strict), else the smallest slack of an RT request that can
@@ -320,7 +403,7 @@ class BrosScheduler(Scheduler):
                 slack = target - (now_s - ref)
                 if slack >= best:
                     break
-                if slack >= self._solo_cost(self.rt[rid]):
+                if self._can_make_it(self.rt[rid], slack):
                     best = slack
                     break
                 late += 1
@@ -334,7 +417,7 @@ class BrosScheduler(Scheduler):
     def _fits(self, b: _Batch, budget: float) -> bool:
         lim = self.limits
         return (b.n <= self.b_curr and b.tokens <= lim.C and b.prefill <= lim.prefill_budget
-                and self._cost(b) <= budget)
+                and not self._over(b, budget))
 
     # --- one iteration --------------------------------------------------------------------------
 
@@ -342,33 +425,34 @@ class BrosScheduler(Scheduler):
         mgr, opts, lim = self.mgr, self.options, self.limits
         if opts.check:
             self._check_against_states()
-        ranked = _Prefix(self._ranked(now_s))
-        budget = self.budget(ranked, now_s)
+        ranked = self._ranked(now_s)
+        head = next(ranked, None)  # the most urgent RT request (strict mode's budget), then the rest
+        budget = self.budget((head,) if head is not None else (), now_s)
         self.last_budget_s = budget
         holders = len(mgr.holders)
         batch = _Batch()
+        feats = batch.f
         rt_ready: list[tuple[RequestState, list, int]] = []
         early_return = False
 
         # RT loop (Algorithm 1 lines 5-14).
-        pos = 0
-        while (item := ranked.get(pos)) is not None:
-            slack, s = item[0], item[3]
-            pos += 1
-            if len(rt_ready) == self.b_curr:
+        C, P, b_curr, dropped, gpu = lim.C, lim.prefill_budget, self.b_curr, mgr.dropped, mgr.gpu
+        for item in (chain((head,), ranked) if head is not None else ()):
+            s = item[3]
+            if len(rt_ready) == b_curr:
                 break
-            if s.id in mgr.dropped:
+            if s.id in dropped:
                 continue  # swapped out for a more urgent request in this iteration
-            c, swap_in = self._step(s), s.cpu_tokens
+            c, swap_in = (s.input_tokens - s.m if s.m < s.input_tokens else 1), s.cpu_tokens  # _step(s)
             batch.add(s, c, swap_in)
             head_guard = not opts.strict and not rt_ready
-            lim_ok = batch.tokens <= lim.C and batch.prefill <= lim.prefill_budget
-            if not lim_ok or (not head_guard and self._cost(batch) > budget):
+            lim_ok = feats.n_tokens <= C and feats.prefill_tokens <= P
+            if not lim_ok or (not head_guard and self._over(batch, budget)):
                 batch.add(s, c, swap_in, -1)
                 early_return = lim_ok  # lines 11-12 (a C/P overflow is not a budget break)
                 break
-            new_holder = mgr.gpu[s.id] == 0
-            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, item[:3], now_s)
+            new_holder = gpu[s.id] == 0
+            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, item, now_s)
             if receipt is None:
                 batch.add(s, c, swap_in, -1)
                 break
@@ -431,7 +515,6 @@ class BrosScheduler(Scheduler):
             if swap_out:
                 raise SchedulerError(f"scheduler '{self.name}' swapped requests out for an empty batch (a bug)")
             if opts.strict and (self.rt or self.be):
-                head = ranked.get(0)
                 detail = (f"; the most urgent RT request {head[2]} has slack {head[0]:.4g}s, below the time of "
                           f"running it alone ({self._solo_cost(head[3]):.4g}s)" if head else "")
                 raise NoProgressError(
@@ -446,21 +529,22 @@ class BrosScheduler(Scheduler):
         return [self.be[k[2]] for k in reversed(keys[bisect_right(keys, key):])]
 
     def _find_preempt_block(self, s: RequestState, need: int, new_holder: bool, holders: int,
-                            rank: tuple[float, float, int], now_s: float):
+                            item: tuple, now_s: float):
         """FindPreemptBlock: slots for RT request ``s`` (bidirectional rules), dropping BE requests (most
-        checkpointed first, then latest arrival), then RT requests ranked after it (``rank``: its (slack,
-        arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
+        checkpointed first, then latest arrival), then RT requests ranked after it (its rank: ``item[:3]``, its
+        (slack, arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
         holders). The victims are ordered on the first failure: a failed allocation changes nothing."""
-        mgr = self.mgr
+        mgr, rmax = self.mgr, self.limits.Rmax
+        if not new_holder or rmax is None or holders < rmax:  # the first attempt, without building the victims
+            receipt = mgr.alloc_rt(s.id, need)
+            if receipt is not None:
+                return receipt, holders + new_holder
 
-        def victims():
-            be = sorted((self.be[rid] for rid in mgr.be_holders),
-                        key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
-                        reverse=True)
-            yield from be
-            yield from self._holders_after(rank, now_s)
-
-        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims())
+        be = sorted((self.be[rid] for rid in mgr.be_holders),
+                    key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
+                    reverse=True) if mgr.be_holders else ()
+        victims = chain(be, self._holders_after(item[:3], now_s))
+        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims, tried=True)
 
     def _holders_after(self, rank: tuple[float, float, int], now_s: float):
         """RT requests that held KV when the iteration started and rank after ``rank`` (slack, arrival, id),
@@ -468,8 +552,8 @@ class BrosScheduler(Scheduler):
         re-sorted, as in ``_ranked``). The RT loop selects in rank order, so no request ranked after the one
         it is placing has gained KV in this iteration; those that lost it are skipped by ``_make_room``."""
         streams = [self._group_stream_desc(target, group, now_s, rank) for target, group in self._holder_groups.items()]
-        for _, _, rid in (streams[0] if len(streams) == 1 else merge(*streams, reverse=True)):
-            yield self.rt[rid]
+        ranks = streams[0] if len(streams) == 1 else merge(*streams, reverse=True)
+        return map(self.rt.__getitem__, map(itemgetter(2), ranks))
 
     @staticmethod
     def _group_stream_desc(target: float, group: list, now_s: float, rank: tuple):
@@ -493,18 +577,23 @@ class BrosScheduler(Scheduler):
                 return
             yield item
 
-    def _make_room(self, alloc, new_holder: bool, holders: int, victims):
+    def _make_room(self, alloc, new_holder: bool, holders: int, victims, tried: bool = False):
         """Try ``alloc()``; on failure drop (swap out) ``victims`` (an iterable, drawn lazily) in order, skipping
-        those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders)."""
+        those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders). ``tried``:
+        the caller has just tried it (a failed allocation changes nothing), so start with a victim."""
         mgr, rmax = self.mgr, self.limits.Rmax
         victims = iter(victims)
         while True:
-            if not new_holder or rmax is None or holders < rmax:
+            if tried:
+                tried = False
+            elif not new_holder or rmax is None or holders < rmax:
                 got = alloc()
                 if got is not None and got is not False:
                     return got, holders + new_holder
-            victim = next((v for v in victims if mgr.gpu[v.id]), None)
-            if victim is None:
+            for victim in victims:
+                if mgr.gpu[victim.id]:
+                    break
+            else:
                 return None, holders
             mgr.drop(victim.id)
             holders -= 1

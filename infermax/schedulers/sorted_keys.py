@@ -64,22 +64,54 @@ class SortedKeys:
                 maxes[i:i + 1] = [piece[half - 1], piece[-1]]
         self._len += 1
 
+    def add_sorted(self, keys: list) -> None:
+        """Add ``keys`` (ascending). When all lie above every key (a batch's re-filed requests: their new
+        reference time is the latest), they extend the last piece in one step."""
+        pieces, maxes, load = self._pieces, self._maxes, self._load
+        if not keys:
+            return
+        if pieces and keys[0] <= maxes[-1]:
+            for key in keys:
+                self.add(key)
+            return
+        if not pieces:
+            pieces.append([])
+            maxes.append(keys[-1])
+        last = pieces[-1]
+        last.extend(keys)
+        maxes[-1] = last[-1]
+        self._len += len(keys)
+        if len(last) > 2 * load:  # re-cut the grown piece into pieces of ``load`` keys
+            del pieces[-1], maxes[-1]
+            for k in range(0, len(last), load):
+                pieces.append(last[k:k + load])
+                maxes.append(pieces[-1][-1])
+
+    def remove_sorted(self, keys) -> None:
+        """Remove one occurrence of each of ``keys`` (ascending; KeyError if one is absent): one pass over the
+        pieces. A key in the current piece, or first in it (BROS removes the requests a batch ran, mostly the
+        front of its orders), is found without a search."""
+        pieces, maxes = self._pieces, self._maxes
+        i = 0
+        for key in keys:
+            if i == len(maxes) or key > maxes[i]:
+                i = bisect_left(maxes, key, i)
+                if i == len(maxes):
+                    raise KeyError(key)
+            piece = pieces[i]
+            j = 0 if piece[0] == key else bisect_left(piece, key)
+            if j == len(piece) or piece[j] != key:
+                raise KeyError(key)
+            del piece[j]
+            if piece:
+                maxes[i] = piece[-1]
+            else:
+                del pieces[i], maxes[i]
+            self._len -= 1
+
     def remove(self, key) -> None:
         """Remove one occurrence of ``key`` (KeyError if absent)."""
-        pieces, maxes = self._pieces, self._maxes
-        i = bisect_left(maxes, key)
-        if i == len(maxes):
-            raise KeyError(key)
-        piece = pieces[i]
-        j = bisect_left(piece, key)
-        if j == len(piece) or piece[j] != key:
-            raise KeyError(key)
-        del piece[j]
-        if piece:
-            maxes[i] = piece[-1]
-        else:
-            del pieces[i], maxes[i]
-        self._len -= 1
+        self.remove_sorted((key,))
 
     def first(self, k: int) -> list:
         """The ``k`` smallest keys, ascending."""

@@ -1,0 +1,59 @@
+"""Loop CPU per simulated batch on the first N requests of a workload, under `engine_scale.py`'s limits (M =
+475,136, Rmax = 512, block size 1, the default system's swap link), with sha256 prefixes of the schedule JSON
+and the summary, so two trees can be checked for identical results and timed in one go:
+
+    PYTHONPATH=TREE python benchmarks/trace_prefix_speed.py azure-conv 3000 bros --C 14088   # 0: every request
+
+Prints one JSON line: batches, loop CPU / wall seconds of the ``simulate()`` call alone, µs of CPU per batch,
+mean items per batch, mean tokens swapped out per batch, and the two hashes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+
+from infermax.costmodel import load_cost_model
+from infermax.costmodel.swap import SwapCost
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.workload import load_trace, sampled, with_arrivals
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workload", help="azure-conv, azure-code or long-prompt (engine_scale.py's)")
+    ap.add_argument("n", type=int, help="first N requests (0: all)")
+    ap.add_argument("scheduler")
+    ap.add_argument("--C", type=int, default=4096)
+    a = ap.parse_args()
+    if a.workload == "long-prompt":
+        requests = with_arrivals(sampled(2000, "lognormal:2500:0.3:4000", "lognormal:200:1.0:3900", seed=0),
+                                 "poisson", rate_per_s=2.0, seed=0)
+    else:
+        requests = with_arrivals(load_trace(a.workload), "trace")
+    requests = requests[:a.n] if a.n else requests
+    limits = Limits(C=a.C, P=None, M=475_136, Rmax=512, block_size=1)
+    swap = SwapCost.for_system("a100", "llama-2-7b", 1)
+    cost = load_cost_model()
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = simulate(requests, a.scheduler, limits, cost, swap_cost=swap)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    batches = result.schedule.batches
+    summary = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.summary.items()}
+    print(json.dumps({
+        "workload": a.workload, "n": a.n, "scheduler": a.scheduler, "C": a.C, "batches": len(batches),
+        "loop_cpu_s": round(cpu, 3), "loop_wall_s": round(wall, 3), "us_per_batch": round(1e6 * cpu / len(batches), 2),
+        "mean_items": round(sum(len(b.items) for b in batches) / len(batches), 2),
+        "mean_swap_out_tokens": round(sum(n for b in batches for _, n in b.swap_out) / len(batches), 1),
+        "schedule_sha": _sha(result.schedule.to_json()), "summary_sha": _sha(summary)}))
+
+
+if __name__ == "__main__":
+    main()
