@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 from conftest import AffineCost
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from infermax.costmodel.swap import SwapCost
@@ -20,7 +20,7 @@ from infermax.request import Request
 from infermax.schedule import Schedule
 from infermax.schedulers import NoProgressError, make_scheduler
 from infermax.schedulers.bros import BrosOptions, BrosScheduler
-from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager
+from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager, BlockError
 from infermax.workloads_hybrid import hybrid
 
 SWAP = SwapCost(per_token_s=0.5, fixed_s=1.0)
@@ -101,6 +101,7 @@ def test_drop_swaps_out_everything_and_release_frees():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["rt", "be", "undo", "drop", "release", "end"]), st.integers(0, 5),
                           st.integers(1, 9)), max_size=40))
+@example([("be", 1, 1), ("drop", 1, 1), ("be", 1, 1)])  # a BE request given slots again after its drop (CI draw)
 def test_random_operations_keep_the_invariants(ops):
     mgr = BiBlockManager(4, 4)
     receipts = {}
@@ -112,6 +113,9 @@ def test_random_operations_keep_the_invariants(ops):
             r = mgr.alloc_rt(rid, n)
             if r is not None:
                 receipts.setdefault(rid, []).append(r)
+        elif kind == "be" and cls == BE and rid in mgr.dropped:  # outside the contract (bros_blocks): refused
+            with pytest.raises(BlockError):
+                mgr.alloc_be(rid, n)
         elif kind == "be" and cls == BE:
             mgr.alloc_be(rid, n)
         elif kind == "undo" and receipts.get(rid):
