@@ -59,6 +59,15 @@ def lower_convex_envelope(values: np.ndarray) -> np.ndarray:
     return np.minimum(values, np.interp(np.arange(len(values)), xs, ys))
 
 
+def _wrap(kernel: np.ndarray, size: int) -> np.ndarray:
+    """The first row of the symmetric circulant of ``size`` whose kernel is ``kernel`` (mirrored at the end)."""
+    wrapped = np.zeros(size)
+    wrapped[:len(kernel)] = kernel
+    if len(kernel) > 1:
+        wrapped[size - len(kernel) + 1:] = kernel[1:][::-1]
+    return wrapped
+
+
 def step_lower(grid: list[int], at_grid: list[float], O: int) -> np.ndarray:
     """A lower bound on a non-increasing M(d) for every integer d in 0..O from its values on ``grid``
     (ascending, containing 0 and O): a d between grid points takes the value at the grid point above."""
@@ -113,10 +122,7 @@ def class_qp_bound(n: int, a0: float, kernel: np.ndarray, ch: np.ndarray, budget
     if J > MAX_HORIZON_BATCHES:
         return None
     size = 1 << int(math.ceil(math.log2(J + O + 1)))
-    wrapped = np.zeros(size)
-    wrapped[:O + 1] = kernel
-    wrapped[size - O:] = kernel[1:][::-1]
-    kernel_f = np.fft.rfft(wrapped)
+    kernel_f = np.fft.rfft(_wrap(kernel, size))
 
     def K_times(v: np.ndarray) -> np.ndarray:
         return np.fft.irfft(np.fft.rfft(v, size) * kernel_f, size)[:J]
@@ -176,15 +182,6 @@ def cross_kernel(a: RequestClass, b: RequestClass) -> np.ndarray:
     return lower_convex_envelope(np.maximum(psi - min(wa, wb), 0.0))
 
 
-def _wrap(kernel: np.ndarray, size: int) -> np.ndarray:
-    """The first row of the symmetric circulant of ``size`` whose kernel is ``kernel`` (mirrored at the end)."""
-    wrapped = np.zeros(size)
-    wrapped[:len(kernel)] = kernel
-    if len(kernel) > 1:
-        wrapped[size - len(kernel) + 1:] = kernel[1:][::-1]
-    return wrapped
-
-
 @dataclass(frozen=True)
 class JointBound:
     """`joint_qp_bound`'s answer: the certified lower bound, where Frank–Wolfe stopped, the horizon, each cross
@@ -196,7 +193,8 @@ class JointBound:
     horizon: int
     cross_share: dict  # θ of each pair of classes (indices)
     min_eigenvalue: float
-    cross_kernels: dict  # (i, j), i < j -> q_ij(t) for t = −(J − 1)..J − 1 (index t + J − 1): Q_ij[r, r'] = q_ij(r − r')
+    # (i, j), i < j -> q_ij(t) for t = −(J − 1)..J − 1 (index t + J − 1): Q_ij[r, r'] = q_ij(r − r')
+    cross_kernels: dict
 
 
 def joint_qp_bound(classes: list[RequestClass], a0: float, budget_s: float) -> JointBound | None:
@@ -230,14 +228,15 @@ def joint_qp_bound(classes: list[RequestClass], a0: float, budget_s: float) -> J
         return None
     diag = np.stack([np.fft.rfft(_wrap(c.kernel, size)).real for c in classes], axis=1)  # (F, C)
     start = time.perf_counter()
-    cross_spec, theta, lam = _spectral_cross(classes, counts, cross, diag, size, start + budget_s / 2)
+    cross, cross_spec, theta, lam = _spectral_cross(counts, cross, diag, size, start + budget_s / 2)
     scale = float(max(np.abs(diag).max(), 1e-300))
     eps = max(0.0, -lam) * (1 + 1e-6) + 1e-10 * scale  # Q + eps·I is PSD, with a margin for round-off
+    # the products use exactly the spectra whose PSD-ness was checked (real: every kernel is symmetric)
     kernel_f = [[None] * C for _ in range(C)]
     for i in range(C):
-        kernel_f[i][i] = np.fft.rfft(_wrap(classes[i].kernel, size))
+        kernel_f[i][i] = diag[:, i]
         for j in range(i + 1, C):
-            kernel_f[i][j] = kernel_f[j][i] = np.fft.rfft(_wrap(theta[i, j] * cross[i, j], size))
+            kernel_f[i][j] = kernel_f[j][i] = theta[i, j] * cross_spec[i, j]
 
     def Q_times(x: np.ndarray) -> np.ndarray:  # x: (C, J); (Q + eps·I)·x
         xf = np.fft.rfft(x, size, axis=1)
@@ -303,20 +302,20 @@ def _cross_shapes(chi: np.ndarray) -> list[np.ndarray]:
     return [chi, float(np.min(chi[:E] / triangle[:E])) * triangle]
 
 
-def _spectral_cross(classes, counts, cross, diag, size, deadline):
-    """The cross blocks' spectra θ_ij·k̂_ij (a dict) and the θ, with ``cross`` (the pairs' χ) replaced by the
-    kernel shape chosen (`_cross_shapes`, the one whose own limit carries the most mass): each pair's own limit
-    (θ²·k̂² <= ĝ_i·ĝ_j at every frequency, its 2×2 condition), then one common factor on all of them (the largest keeping every
-    frequency's C×C matrix PSD, verified by a Cholesky factorisation with a tolerance), then, until
-    ``deadline`` (perf_counter), the heaviest pairs (pairs of requests × kernel) raised one by one towards their
-    own limit under the same test. Also returns the smallest eigenvalue over all frequencies."""
-    C = len(classes)
+def _spectral_cross(counts, chi, diag, size, deadline):
+    """The cross blocks for the pairs' χ (a dict): the kernel shape chosen per pair (`_cross_shapes`, the one whose
+    own limit carries the most mass), its spectrum k̂_ij (real) and θ_ij, and the smallest eigenvalue over all
+    frequencies. θ: each pair's own limit (θ²·k̂² <= ĝ_i·ĝ_j at every frequency, its 2×2 condition), then one
+    common factor on all of them (the largest keeping every frequency's C×C matrix PSD, verified by a Cholesky
+    factorisation with a tolerance), then, until ``deadline`` (perf_counter), passes over the heaviest pairs
+    (pairs of requests × kernel), each raised towards its own limit under the same test."""
+    C = diag.shape[1]
     scale = float(max(np.abs(diag).max(), 1e-300))
-    cross_spec, theta = {}, {}
-    for (i, j), chi in list(cross.items()):
+    cross, cross_spec, theta = {}, {}, {}
+    for (i, j), chi_ij in chi.items():
         room = np.sqrt(np.maximum(diag[:, i], 0) * np.maximum(diag[:, j], 0))
         best = None
-        for k in _cross_shapes(chi):  # the pair's own 2×2 limit for each shape: θ²·K² <= G_i·G_j everywhere
+        for k in _cross_shapes(chi_ij):  # the pair's own 2×2 limit for each shape: θ²·K² <= G_i·G_j everywhere
             K = np.fft.rfft(_wrap(k, size)).real
             big = np.abs(K) > 1e-12 * scale
             limit = float(min(1.0, np.min(room[big] / np.abs(K[big])))) if big.any() else 0.0
@@ -371,4 +370,4 @@ def _spectral_cross(classes, counts, cross, diag, size, deadline):
                 break
     lam = min(float(np.linalg.eigvalsh(_spectra_matrices(diag, cross_spec, theta, 1.0, rows))[:, 0].min())
               for rows in chunks)
-    return cross_spec, theta, lam
+    return cross, cross_spec, theta, lam

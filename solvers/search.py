@@ -246,8 +246,8 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             # all the prompts fit a few batches: split them into k prefill batches (each first token waits for
             # its batch only; fewer, larger batches share the intercept: Fig. 12 I = 8, B = 32, k = 2)
             prompts = sum(r.prompt_tokens for r in requests)
-            first_tokens += [_first_token(limits, hybrid, -(-prompts // k)) for k in (2, 3, 4)
-                             if 0 < -(-prompts // k) < budget // 16]
+            first_tokens += [_first_token(limits, hybrid, P) for P in (-(-prompts // k) for k in (2, 3, 4))
+                             if 0 < P < budget // 16]
             # With arrivals over time a short prompt should not wait behind a long one's chunks: shortest
             # prompt left first, with small chunks so that it can cut in (Azure slice: P = 512 best)
             srpt = [_first_token(limits, hybrid, P, srpt=True) for P in (budget // 8, budget // 4, budget // 2)
