@@ -1,6 +1,8 @@
 """Reference block manager for the equivalence test of the vectorised one: infermax/schedulers/bros_blocks.py as of
 commit 622b166 (per-block lists of a request's blocks, a numpy mask of free blocks, one Python step per
-block on drop and release), verbatim below this docstring. tests/test_bros_blocks_vectorised.py drives it and
+block on drop and release), verbatim below this docstring except for one fix applied to both managers: an undo no
+longer gives an overwritten BE slot back to a request that was dropped after the overwrite with no GPU token left
+(its ownership was cleared, so the slot came back ownerless). tests/test_bros_blocks_vectorised.py drives it and
 the production manager through the same random operations and compares every observable. Do not optimise it.
 
 Its own docstring, for the rules: see infermax/schedulers/bros_blocks.py."""
@@ -367,7 +369,9 @@ class BiBlockManager:
     def _undo_step(self, rid: int, blk: int, new: bool, be: int | None, k: int) -> None:
         self.rt_n[blk] -= k
         self._add_gpu(rid, -k)
-        if be is not None and be not in self.dropped:
+        # the overwritten BE slot goes back to its request unless that request lost the block since (dropped:
+        # a drop clears its ownership even when it had no GPU token left, as after this overwrite)
+        if be is not None and be not in self.dropped and self.be_owner[blk] == be:
             self.be_n[blk] += k
             self._add_gpu(be, k)
             self.checkpointed[be] -= k

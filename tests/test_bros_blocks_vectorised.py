@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from bros_blocks_reference import BiBlockManager as PerBlockManager
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager, BlockError
@@ -32,6 +32,9 @@ OPS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 9), st.integers(
 
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from([1, 1, 2, 3, 4, 16]), st.integers(1, 64), OPS)
+# an RT allocation overwrites BE 3's only slot, 3 is dropped with no GPU token left, the allocation is undone
+@example(3, 21, [("rt", 1, 12, set()), ("rt", 2, 7, set()), ("be", 3, 1, set()), ("end", 0, 1, set()),
+                 ("rt", 1, 42, set()), ("drop", 3, 1, set()), ("undo", 0, 1, set())])
 def test_vectorised_manager_matches_the_per_block_manager(block_size, num_blocks, ops):
     new, ref = BiBlockManager(num_blocks, block_size), PerBlockManager(num_blocks, block_size)
     receipts: dict[int, list] = {}

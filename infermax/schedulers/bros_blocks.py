@@ -513,7 +513,9 @@ class BiBlockManager:
     def _undo_step(self, rid: int, blk: int, new: bool, be: int | None, k: int) -> None:
         self._rtn[blk] -= k
         self._add_gpu(rid, -k)
-        if be is not None and be not in self.dropped:
+        # the overwritten BE slot goes back to its request unless that request lost the block since (dropped:
+        # a drop clears its ownership even when it had no GPU token left, as after this overwrite)
+        if be is not None and be not in self.dropped and self._beo.item(blk) == be:
             self._ben[blk] += k
             self._add_gpu(be, k)
             self.checkpointed[be] -= k
