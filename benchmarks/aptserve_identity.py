@@ -14,9 +14,9 @@ prefill fits), ``code`` (azure-code's first 300), ``long`` (300 long-prompt requ
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import sys
 import time
 from dataclasses import replace
 
@@ -53,8 +53,14 @@ def digest(text: str) -> str:
 
 
 def main() -> None:
-    workloads = sys.argv[1].split(",") if len(sys.argv) > 1 else WORKLOADS
-    variants = sys.argv[2].split(",") if len(sys.argv) > 2 else VARIANTS
+    ap = argparse.ArgumentParser(
+        description="Hashes of every Apt-Serve variant's outputs on small workloads, to diff two trees.",
+        epilog="Compare the outputs of two trees with cut -c1-110 (the CPU time differs).")
+    ap.add_argument("workloads", nargs="?", default=",".join(WORKLOADS),
+                    help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)")
+    ap.add_argument("variants", nargs="?", default=",".join(VARIANTS), help="comma-separated (default: every variant)")
+    args = ap.parse_args()
+    workloads, variants = args.workloads.split(","), args.variants.split(",")
     cost = load_cost_model()
     for w in workloads:
         reqs, limits = workload(w)
