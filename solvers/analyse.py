@@ -23,7 +23,11 @@ from .optimize import OptimizeResult, choose_slots, objective_of, optimize
 from .policy import Policies, policy_violations
 from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
 
-OPTIMAL_RTOL = 1e-6
+# "optimal" when the incumbent is within this relative distance of a valid lower bound. It must exceed the lower
+# bound's own safety margin (`lower_bound.LP_SAFETY_RTOL`, 1e-6, which keeps LP round-off from lifting a bound above
+# the optimum), or a bound that meets the optimum exactly could never certify it; the MILP declares optimality at a
+# relative gap of 1e-6 (`SolveOptions.mip_gap`). So "optimal" means: no schedule is better by more than 0.001%.
+OPTIMAL_RTOL = 1e-5
 SEARCH_SHARE_WITH_MILP = 0.25
 
 
@@ -53,6 +57,11 @@ class Analysis:
             out.update({f"milp_{k}" if k in ("status", "objective_s", "gap") else k: v
                         for k, v in self.milp.summary().items() if k not in ("objective", "optimal_over_all_schedules")})
         return out
+
+
+def meets(incumbent_s: float, bound_s: float) -> bool:
+    """Whether an incumbent is certified optimal by a lower bound (within `OPTIMAL_RTOL`)."""
+    return bound_s > 0 and incumbent_s <= bound_s * (1 + OPTIMAL_RTOL)
 
 
 def analyse(requests, limits, cost_model, objective: Objective = Objective(makespan=1), policies: Policies = Policies(),
@@ -107,6 +116,8 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         # no warm start, or the search beat it: the better schedule's objective bounds the slots (as many or fewer)
         budget = best_s
         K, sb, refusal = plan_milp(best, budget)
+    if best is not None and meets(best_s, bound_s):
+        refusal = "not needed: the incumbent meets the lower bound"
     details["milp_refused"] = refusal
     milp = None
     if refusal is None:
@@ -120,7 +131,6 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
             bound_s, bound_by = milp.bound_s, "MILP"
         if milp.status == "optimal" and milp.global_optimum and milp.value_s is not None:
             bound_s, bound_by = max(bound_s, min(milp.bound_s, best_s)), "MILP"
-    status = "no_solution" if best is None else (
-        "optimal" if best_s <= bound_s * (1 + OPTIMAL_RTOL) else "feasible")
+    status = "no_solution" if best is None else ("optimal" if meets(best_s, bound_s) else "feasible")
     return Analysis(objective, None if best is None else best_s, best_by, best, bound_s, bound_by, status,
                     deadline.elapsed(), milp, details)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infermax.costmodel.base import PREFILL_CTX_CAPS, CostTerm, kv_cap, padded, padding_quantum, token_step
+from infermax.costmodel.base import (PREFILL_CTX_CAPS, CostTerm, kv_cap, padded, padding_quantum, prefill_ctx_cap,
+                                     token_step)
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -17,6 +18,19 @@ from .policy import Policies
 PREFILL_FEATURES = ("n_prefill_seqs", "prefill_tokens", "prefill_sq_tokens")
 DECODE_FEATURES = ("n_decode_seqs", "decode_kv_tokens", "decode_kv_max")
 ALWAYS_ZERO = ("swap_tokens", "hidden_recompute_tokens")
+
+
+def vanishes_with_gate(feature: str, gate: str) -> bool:
+    """Whether ``feature`` is 0 in every slot whose gate ``[gate > 0]`` is 0 (so a piece over such features may be
+    written in perspective form ``τ ≥ intercept·a + Σ coef·feature``): every feature of an empty batch
+    (gate ``n_tokens``); prefill features without prefill items; decode features without decode items."""
+    if gate == "n_tokens" or feature == gate:
+        return True
+    if gate in PREFILL_FEATURES:
+        return feature in PREFILL_FEATURES or feature == "prefill_ctx_tokens" or prefill_ctx_cap(feature) is not None
+    if gate in DECODE_FEATURES:
+        return feature in DECODE_FEATURES or kv_cap(feature) is not None
+    return False
 
 
 @dataclass(frozen=True)

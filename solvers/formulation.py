@@ -44,7 +44,7 @@ from infermax.limits import Limits
 from infermax.request import Request
 
 from .bounds import (ALWAYS_ZERO, DECODE_FEATURES, PREFILL_FEATURES, feature_bounds, max_batch_time_s, piece_range,
-                     request_bounds)
+                     request_bounds, vanishes_with_gate)
 from .objective import Objective
 from .policy import Policies
 
@@ -69,19 +69,6 @@ def identical_classes(requests: list[Request]) -> list[list[int]]:
     for i, r in enumerate(requests):
         classes.setdefault(dataclasses.replace(r, id=0), []).append(i)
     return [c for c in classes.values() if len(c) > 1]
-
-
-def vanishes_with_gate(feature: str, gate: str) -> bool:
-    """Whether ``feature`` is 0 in every slot whose gate ``[gate > 0]`` is 0 (so a piece over such features may be
-    written in perspective form ``τ ≥ intercept·a + Σ coef·feature``): every feature of an empty batch
-    (gate ``n_tokens``); prefill features without prefill items; decode features without decode items."""
-    if gate == "n_tokens" or feature == gate:
-        return True
-    if gate in PREFILL_FEATURES:
-        return feature in PREFILL_FEATURES or feature == "prefill_ctx_tokens" or prefill_ctx_cap(feature) is not None
-    if gate in DECODE_FEATURES:
-        return feature in DECODE_FEATURES or kv_cap(feature) is not None
-    return False
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from infermax.costmodel.base import PREFILL_CTX_CAPS, AffinePiece, CostTerm, kv_cap, padding_quantum, token_step
+from infermax.costmodel.base import (CAPPED_FEATURES, PREFILL_CTX_CAPS, AffinePiece, CostTerm, kv_cap, padding_quantum,
+                                     token_step)
 from infermax.limits import Limits
 from infermax.request import Request
 
-from .bounds import DECODE_FEATURES, PREFILL_FEATURES
+from .bounds import DECODE_FEATURES, PREFILL_FEATURES, vanishes_with_gate
 from .objective import Objective
 from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies
@@ -37,8 +38,14 @@ LP_SAFETY_RTOL = 1e-6
 # The counts of batches (in total, with prefill / decode items, per size bin) are integers: a small MILP (a
 # few dozen integer variables). Its dual bound is used, so a time limit never yields a non-bound.
 MIP_TIME_LIMIT_S = 5.0
+# Solved to this relative gap (its dual bound is what is used; HiGHS's default 1e-4 would leave that much on the table)
+MIP_REL_GAP = 1e-9
+# The makespan's one MILP with every term priced per size bin (`_price_per_bin`) may take this long (--I 64 --O 4:
+# B = 8 reaches the proven optimum in 6.7 s, 0.003% below it at 5 s; B = 16 takes 1.4 s).
+BINNED_MIP_TIME_LIMIT_S = 20.0
 # Tangents of c² used to bound Σc² from below given Σc and the number of chunks: c² ≥ 2ac − a².
 _SQ_TANGENTS = tuple(2 ** k for k in range(0, 16))
+DECODE_KV_CAPS = tuple(kv_cap(f) for f in CAPPED_FEATURES)  # caps of the longest-read features a model may use
 
 
 class BoundUnavailable(ValueError):
@@ -48,6 +55,12 @@ class BoundUnavailable(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Per-request demand: what any schedule must do for each request, as arrays over requests
 # --------------------------------------------------------------------------------------------------
+
+def _capped_read_sum(prompt: np.ndarray, decodes: np.ndarray, cap: int) -> np.ndarray:
+    """Σ_{k=1}^{decodes} min(prompt + k, cap) per request (the reads below the cap, then cap per decode)."""
+    below = np.clip(cap - prompt, 0, decodes)
+    return below * prompt + below * (below + 1) // 2 + (decodes - below) * cap
+
 
 def _block_prefix(n: np.ndarray, b: int) -> np.ndarray:
     """Σ_{x=1}^{n} ⌈x/b⌉·b (elementwise, exact integers)."""
@@ -68,6 +81,7 @@ class DemandArrays:
     prompt_sq: np.ndarray       # I²
     prompt_sq_cap: dict         # K -> min(I, K)²
     decode_read: np.ndarray     # Σ_{k=1}^{O−1} (I + k)
+    decode_read_cap: dict       # K -> Σ_{k=1}^{O−1} min(I + k, K), K of the capped longest-read features
     kv_area: np.ndarray         # Σ_{j=1}^{O} blocks(I + j − 1)
     chain: np.ndarray           # ⌈I / chunk⌉ + O − 1: batches the request needs one after another
     prefill_per_batch: int      # min(C, P): prompt tokens one batch can prefill
@@ -90,6 +104,7 @@ class DemandArrays:
             prompt=I, decode_items=dec, generated=O, prompt_sq=I * I,
             prompt_sq_cap={k: np.minimum(I, k) ** 2 for k in PREFILL_CTX_CAPS},
             decode_read=dec * I + dec * (dec + 1) // 2,
+            decode_read_cap={k: _capped_read_sum(I, dec, k) for k in DECODE_KV_CAPS},
             kv_area=_block_prefix(I + O - 1, b) - _block_prefix(I - 1, b),
             chain=-(-I // chunk) + O - 1, prefill_per_batch=min(limits.C, limits.prefill_budget),
             min_decode_read=int((I[has_dec] + 1).min()) if has_dec.any() else 0, min_output=int(O.min()),
@@ -104,7 +119,8 @@ class DemandArrays:
         """The arrays of the requests at ``index`` (instance-wide constants kept: they stay valid, weaker)."""
         take = {f: getattr(self, f)[index] for f in ("prompt", "decode_items", "generated", "prompt_sq", "decode_read",
                                                         "kv_area", "chain")}
-        return replace(self, prompt_sq_cap={k: v[index] for k, v in self.prompt_sq_cap.items()}, **take)
+        return replace(self, prompt_sq_cap={k: v[index] for k, v in self.prompt_sq_cap.items()},
+                       decode_read_cap={k: v[index] for k, v in self.decode_read_cap.items()}, **take)
 
     def total(self) -> "Demand":
         """The demand of all requests together."""
@@ -131,6 +147,8 @@ class DemandArrays:
                       generated=low(self.generated), prompt_sq=low(self.prompt_sq),
                       prompt_sq_cap={c: low(v) for c, v in self.prompt_sq_cap.items()},
                       decode_read=low(self.decode_read), kv_area=low(self.kv_area),
+                      longest_read=kth(self.decode_read),
+                      longest_read_cap={c: kth(v) for c, v in self.decode_read_cap.items()},
                       longest_chain=max(kth(self.chain), first_token_chain),
                       longest_output=kth(self.generated), min_decode_read=self.min_decode_read,
                       min_output=self.min_output,
@@ -149,6 +167,8 @@ class Demand:
     prompt_sq_cap: dict
     decode_read: int
     kv_area: int
+    longest_read: int        # one request's Σ_{k=1}^{O−1} (I + k): its decodes are in distinct batches
+    longest_read_cap: dict   # K -> the same with each read capped at K
     longest_chain: int
     longest_output: int
     min_decode_read: int
@@ -179,7 +199,8 @@ class _LP:
     def add(self, coefs: dict, sense: str, rhs: float) -> None:
         self.rows.append(({k: v for k, v in coefs.items() if v != 0}, sense, float(rhs)))
 
-    def solve(self, objective: dict, values: dict | None = None) -> float:
+    def solve(self, objective: dict, values: dict | None = None, time_limit_s: float = MIP_TIME_LIMIT_S) -> float:
+        """The optimum (a MILP's dual bound when ``time_limit_s`` runs out); inf when infeasible."""
         if not self.integer:
             return self._solve_lp(objective, values)
         from scipy.optimize import linprog
@@ -204,8 +225,12 @@ class _LP:
             c[index[name]] = coef
         bounds = [(0, self.upper.get(name)) for name in self.names]
         integrality = np.array([1 if name in self.integer else 0 for name in self.names]) if self.integer else None
-        res = linprog(c, A_ub=a_ub, b_ub=ub_b or None, A_eq=a_eq, b_eq=eq_b or None, bounds=bounds, method="highs",
-                      integrality=integrality, options={"time_limit": MIP_TIME_LIMIT_S} if self.integer else None)
+        from .backends import quiet_stdout
+
+        with quiet_stdout():  # HiGHS's MIP solver can print debugging lines to descriptor 1 (breaking --json)
+            res = linprog(c, A_ub=a_ub, b_ub=ub_b or None, A_eq=a_eq, b_eq=eq_b or None, bounds=bounds,
+                          method="highs", integrality=integrality,
+                          options={"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP} if self.integer else None)
         if res.status == 2:
             return math.inf  # no schedule does this demand within the limits
         if values is not None and res.x is not None:
@@ -415,8 +440,13 @@ def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, s
 
 def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], policies: Policies = Policies(),
                    hidden_cache: bool = False, ingredients: frozenset[str] | None = None,
-                   values: dict | None = None, integer_counts: bool = False) -> float:
+                   values: dict | None = None, integer_counts: bool = False, binned_terms: bool = False,
+                   time_limit_s: float = MIP_TIME_LIMIT_S) -> float:
     """Lower bound (seconds) on the total time of the batches in which any schedule does demand ``d``.
+
+    ``binned_terms``: also price every cost term bin by bin (`_price_per_bin`; tighter for terms with several
+    pieces, a larger LP). ``integer_counts``: the batch counts are integers (a small MILP, whose dual bound is
+    returned if ``time_limit_s`` runs out).
 
     ``ingredients`` (tests and the benchmark) switches parts off to measure what each buys: ``area``
     (KV memory–time area), ``steps`` (token-count steps), ``attention`` (prefill Σc²/Σc·m relations),
@@ -484,6 +514,9 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
         lp.add({DKV: 1, E: 1}, ">=", d.decode_read)
         lp.add({DKV: 1, D: -d.min_decode_read}, ">=", 0)
         lp.add({DMAX: 1, Kd: -d.min_decode_read}, ">=", 0)
+        # one request's decodes are in distinct batches, each batch's longest read at least that decode's (a token
+        # made by a refill instead recomputes >= the read it replaces, in E)
+        lp.add({DMAX: 1, E: 1}, ">=", d.longest_read)
 
     # Batch-size bins between consecutive step thresholds: x_i batches of (lo_i, hi_i] tokens carrying n_i tokens.
     # Every step [n > t] is then the count of the bins above t, consistently for all thresholds at once
@@ -538,6 +571,8 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
             v = derived[f] = lp.var(f)
             if use("decode"):
                 lp.add({v: 1, Kd: -min(cap, d.min_decode_read)}, ">=", 0)
+                if cap in d.longest_read_cap:  # and >= one request's capped reads (as DMAX above)
+                    lp.add({v: 1, E: 1}, ">=", d.longest_read_cap[cap])
             return v
         if step is not None:
             count, t = step
@@ -553,8 +588,10 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
         raise BoundUnavailable(f"the lower bound does not know feature {f!r}")
 
     objective = {}
+    taus = []
     for i, term in enumerate(terms):
         tau = lp.var(f"tau{i}")
+        taus.append(tau)
         objective[tau] = 1.0
         gate = term.active_if
         count = K if gate == "n_tokens" else Kp if gate in PREFILL_FEATURES else Kd if gate in DECODE_FEATURES else None
@@ -569,7 +606,9 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
             coefs = {tau: 1.0, count: -p.intercept_s * TIME_SCALE}
             usable = True
             for f, c in p.coef_s.items():
-                v = var_of(f)
+                # a feature that is not 0 where the gate is off is summed here over every batch, more than over
+                # the gated ones: fine for a negative slope, dropped (a feature is >= 0) for a positive one
+                v = var_of(f) if c < 0 or vanishes_with_gate(f, gate) else None
                 if v is None:
                     usable = c >= 0  # a feature we bound by 0 from below: drop it only if its slope is >= 0
                     if not usable:
@@ -578,12 +617,110 @@ def busy_time_lb_s(d: Demand, limits: Limits, terms: tuple[CostTerm, ...], polic
                 coefs[v] = coefs.get(v, 0.0) - c * TIME_SCALE
             if usable:
                 lp.add(coefs, ">=", 0)
-    value = lp.solve(objective, values)
+    if binned_terms and bins:
+        totals = {"prefill_tokens": Pt, "n_decode_seqs": D, "prefill_sq_tokens": SQ, "prefill_ctx_tokens": CTX,
+                  "n_prefill_seqs": NP, "decode_kv_tokens": DKV, "decode_kv_max": DMAX,
+                  **{f"prefill_ctx_cap{k}": v for k, v in CAP.items()}}
+        _price_per_bin(lp, terms, taus, bins, totals, d, limits, policies, whole)
+    value = lp.solve(objective, values, time_limit_s)
     if values:
         values.update({f"term:{t.name}": values[f"tau{i}"] / TIME_SCALE for i, t in enumerate(terms)})
     if math.isinf(value):
         return math.inf
     return max(0.0, value * (1 - LP_SAFETY_RTOL) / TIME_SCALE)
+
+
+def _price_per_bin(lp: _LP, terms: tuple[CostTerm, ...], taus: list[str], bins: list, totals: dict, d: Demand,
+                   limits: Limits, policies: Policies, whole: bool) -> None:
+    """Price every cost term bin by bin (docs/design.md, "Lower bounds at scale", item 8).
+
+    A term is the maximum of its pieces in each batch, and the whole-schedule LP bounds its sum by one piece
+    applied to the schedule's sums; here each bin of batches (``(lo, hi]`` tokens, `busy_time_lb_s`) picks its own
+    piece over its own sums, and the term is at least the sum over bins (Σ_bins max ≥ max Σ_bins). Per bin b:
+    ``xp_b``/``xd_b`` batches with a prefill/decode item (each <= ``x_b``, together >= ``x_b``), and each additive
+    feature's share, summing to the schedule's total, with the per-batch relations of the whole LP (token caps,
+    ``Σc² >= tokens``, the tangents, reads per decode). Features not additive over items are bounded per bin: a
+    step ``[n > t]`` is exactly the gated batches of a bin with ``lo >= t``, a padded count at least
+    ``⌈(lo + 1)/q⌉·q`` per batch, a capped longest read at least ``min(cap, least read)`` per decode batch, and
+    ``n_tokens`` in gated batches at least ``lo + 1`` each when its gate is not the token gate."""
+    pcap = min(limits.C, limits.prefill_budget)
+    per_batch_decodes = min(limits.C, d.requests, limits.Rmax or d.requests)
+    shares: dict[str, list[str]] = {f: [] for f in totals}
+    per_bin: dict[str, list[str]] = {}  # a term's τ -> its τ in each bin
+    for b, (lo, hi, x, n) in enumerate(bins):
+        xp, xd = lp.var(f"bin{b}_prefill", integer=whole), lp.var(f"bin{b}_decode", integer=whole)
+        lp.add({xp: 1, x: -1}, "<=", 0)
+        lp.add({xd: 1, x: -1}, "<=", 0)
+        lp.add({xp: 1, xd: 1, x: -1}, "==" if policies.no_hybrid else ">=", 0)
+        f = {name: lp.var(f"bin{b}_{name}") for name in totals}
+        for name, v in f.items():
+            shares[name].append(v)
+        Pt, D, SQ, NP, DKV, DMAX = (f[k] for k in ("prefill_tokens", "n_decode_seqs", "prefill_sq_tokens",
+                                                   "n_prefill_seqs", "decode_kv_tokens", "decode_kv_max"))
+        lp.add({n: 1, Pt: -1, D: -1}, "==", 0)
+        lp.add({Pt: 1, xp: -pcap}, "<=", 0)
+        lp.add({Pt: 1, xp: -1}, ">=", 0)  # a batch with a prefill item has a prefill token
+        lp.add({D: 1, xd: -per_batch_decodes}, "<=", 0)
+        lp.add({D: 1, xd: -1}, ">=", 0)
+        lp.add({NP: 1, xp: -1}, ">=", 0)
+        lp.add({NP: 1, Pt: -1}, "<=", 0)
+        lp.add({SQ: 1, Pt: -1}, ">=", 0)
+        for a in _SQ_TANGENTS:
+            if a <= pcap:
+                lp.add({SQ: 1, Pt: -2 * a, NP: a * a}, ">=", 0)
+        for k in PREFILL_CTX_CAPS:
+            lp.add({f["prefill_ctx_tokens"]: 1, f[f"prefill_ctx_cap{k}"]: -1}, ">=", 0)
+        lp.add({DKV: 1, D: -d.min_decode_read}, ">=", 0)
+        lp.add({DMAX: 1, xd: -d.min_decode_read}, ">=", 0)
+        for i, term in enumerate(terms):
+            gate = term.active_if
+            g = x if gate == "n_tokens" else xp if gate in PREFILL_FEATURES else xd if gate in DECODE_FEATURES else None
+            if g is None:
+                continue  # swap / hidden-form terms: their whole-schedule floor stands
+            tau_b = lp.var(f"tau{i}_bin{b}")
+            per_bin.setdefault(taus[i], []).append(tau_b)
+            lp.add({tau_b: 1, g: -term_floor_s(term, d) * TIME_SCALE}, ">=", 0)
+            for p in term.pieces:
+                coefs = {tau_b: 1.0, g: -p.intercept_s * TIME_SCALE}
+                usable = True
+                for feat, c in p.coef_s.items():
+                    v, per_batch = _bin_feature(feat, gate, f, n, lo, d)
+                    if v is None and per_batch is None:
+                        if c < 0:
+                            usable = False
+                            break
+                        continue  # a feature >= 0 with a slope >= 0: dropped
+                    if v is not None:
+                        coefs[v] = coefs.get(v, 0.0) - c * TIME_SCALE
+                    if per_batch:  # a per-batch amount over the gated batches (>= it if c > 0, exact for steps)
+                        if c < 0 and token_step(feat) is None:
+                            usable = False
+                            break
+                        coefs[g] = coefs.get(g, 0.0) - c * per_batch * TIME_SCALE
+                if usable:
+                    lp.add(coefs, ">=", 0)
+    for name, vs in shares.items():
+        lp.add({totals[name]: 1, **{v: -1 for v in vs}}, "==", 0)
+    for tau, vs in per_bin.items():
+        lp.add({tau: 1, **{v: -1 for v in vs}}, ">=", 0)
+
+
+def _bin_feature(feat: str, gate: str, f: dict, n: str, lo: int, d: Demand) -> tuple[str | None, float | None]:
+    """How a feature of a piece enters the per-bin pricing (`_price_per_bin`): ``(variable, per-batch amount)``.
+    The variable is the bin's share of an additive feature (exact); the per-batch amount multiplies the count of
+    gated batches in the bin (exact for a token step, a lower bound otherwise). ``(None, None)``: bounded by 0."""
+    step, q, cap = token_step(feat), padding_quantum(feat), kv_cap(feat)
+    if step is not None:
+        return (None, 1.0 if step[0] == "n_tokens" and lo >= step[1] else 0.0) if step[0] == "n_tokens" else (None, None)
+    if feat == "n_tokens":
+        return (n, None) if gate == "n_tokens" else (None, float(lo + 1))
+    if q is not None:
+        return (None, float(-(-(lo + 1) // q) * q))
+    if cap is not None:
+        return (None, float(min(cap, d.min_decode_read))) if gate in DECODE_FEATURES else (None, None)
+    if feat in f and vanishes_with_gate(feat, gate):
+        return f[feat], None
+    return None, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -620,11 +757,11 @@ class LowerBounder:
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, policies: Policies = Policies(),
                  hidden_cache: bool = False, progress=None, pairwise_budget_s: float = PAIRWISE_TIME_LIMIT_S,
-                 queue_budget_s: float = QUEUE_TIME_LIMIT_S):
+                 queue_budget_s: float = QUEUE_TIME_LIMIT_S, mip_budget_s: float = BINNED_MIP_TIME_LIMIT_S):
         """``pairwise_budget_s``: the time the pairwise-completions QPs may take together (offline instances);
         ``queue_budget_s``: the time the queued-completions bound may spend on per-request LPs (online
-        instances). A shorter budget gives a valid, possibly weaker bound; callers under a time limit pass a
-        share of what is left."""
+        instances); ``mip_budget_s``: the time of the makespan's binned MILP (`_price_per_bin`). A shorter budget
+        gives a valid, possibly weaker bound; callers under a time limit pass a share of what is left."""
         if not requests:
             raise ValueError("the workload has no requests")
         self.requests, self.limits, self.policies, self.hidden = list(requests), limits, policies, hidden_cache
@@ -638,14 +775,17 @@ class LowerBounder:
         self._busy_cache: dict = {}
         self._alone_cache: dict = {}
         self._splits: list | None = None
-        self.pairwise_budget_s, self.queue_budget_s = pairwise_budget_s, queue_budget_s
+        self.pairwise_budget_s, self.queue_budget_s, self.mip_budget_s = pairwise_budget_s, queue_budget_s, mip_budget_s
 
-    def busy_s(self, d: Demand, integer_counts: bool = False) -> float:
+    def busy_s(self, d: Demand, integer_counts: bool = False, binned_terms: bool = False) -> float:
+        """`busy_time_lb_s` of ``d``, cached; the binned MILP gets ``mip_budget_s``."""
         key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
-               d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())), integer_counts)
+               d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())), d.longest_read,
+               tuple(sorted(d.longest_read_cap.items())), integer_counts, binned_terms)
         if key not in self._busy_cache:
-            self._busy_cache[key] = busy_time_lb_s(d, self.limits, self.terms, self.policies, self.hidden,
-                                                   integer_counts=integer_counts)
+            self._busy_cache[key] = busy_time_lb_s(
+                d, self.limits, self.terms, self.policies, self.hidden, integer_counts=integer_counts,
+                binned_terms=binned_terms, time_limit_s=self.mip_budget_s if binned_terms else MIP_TIME_LIMIT_S)
         return self._busy_cache[key]
 
     def _need_monotone(self, what: str) -> None:
@@ -663,7 +803,13 @@ class LowerBounder:
         """Makespan >= busy time of all the work; with arrivals also >= (T − T_min) + busy time of the
         work of requests arriving at or after T, for every T (those batches all run after T)."""
         t = time.perf_counter()
-        whole = self.busy_s(self.full.total(), integer_counts=True)  # one call: worth the small MILP
+        # one call: worth the small MILP, and its terms priced bin by bin (the larger of the two, in case the binned
+        # one stops at its time limit with a weaker dual bound)
+        whole = self.busy_s(self.full.total(), integer_counts=True)
+        try:
+            whole = max(whole, self.busy_s(self.full.total(), integer_counts=True, binned_terms=True))
+        except RuntimeError:  # HiGHS can fail on the larger model's numerics (20,000 requests); the plain one stands
+            pass
         best, best_at = whole, self.t0
         distinct = np.unique(self.arrivals)
         if len(distinct) > 1:
@@ -1003,11 +1149,13 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
                         time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
     allow one (`BoundUnavailable`). ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued
-    bound's LPs get at most a quarter of it."""
+    bound's LPs and the makespan's binned MILP get at most a quarter of it."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
+        mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
+                                                                      0.25 * max(time_left_s, 0.0))
         lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
-                          queue_budget_s=budget).of(objective)
+                          queue_budget_s=budget, mip_budget_s=max(mip, 1.0)).of(objective)
         return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
     except BoundUnavailable as exc:
         return 0.0, f"no aggregate bound: {exc}"

@@ -328,3 +328,91 @@ def test_grouped_bound_below_schedulers_and_search(case, scheduler):
         assert lb.value_s <= got * (1 + TOL), f"{objective}: bound {lb.value_s} > {scheduler}'s {got}"
         found = search(reqs, limits, LINEAR_MODEL, objective, time_limit_s=0.5)
         assert lb.value_s <= found.value_s * (1 + TOL), f"{objective}: bound {lb.value_s} > search's {found.value_s}"
+
+
+def _terms_model(*terms: CostTerm):
+    """A cost model made of the given terms (batch time = their sum, as the replayer prices it)."""
+    from infermax.costmodel.base import terms_time_s
+
+    return type("Terms", (), {"name": "terms", "milp_terms": lambda self: terms,
+                              "batch_time_s": lambda self, f: terms_time_s(terms, f)})()
+
+
+class ToySteppedPieces:
+    """Hand-made: a token term of two pieces with a step at 2 tokens, a prefill term of two pieces and a decode term
+    on the capped longest read, so that the bins of `_price_per_bin` each pick their own piece."""
+
+    name = "toy-stepped-pieces"
+
+    def milp_terms(self):
+        return (CostTerm("tokens", "n_tokens", (AffinePiece(1.0, {"n_tokens": 0.1, "n_tokens_gt2": 0.8}),
+                                                AffinePiece(-0.6, {"n_tokens": 0.9, "n_tokens_gt2": 0.8}))),
+                CostTerm("prefill", "n_prefill_seqs", (AffinePiece(0.3, {"prefill_tokens": 0.1}),
+                                                       AffinePiece(-0.2, {"prefill_tokens": 0.6}))),
+                CostTerm("decode", "n_decode_seqs", (AffinePiece(0.1, {"decode_kv_max_cap256": 0.3}),)))
+
+    def batch_time_s(self, f):
+        return _terms_model(*self.milp_terms()).batch_time_s(f)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "online"])
+def test_binned_pricing_below_brute_force_and_above_the_plain_bound(case):
+    """Pricing each cost term per size bin (docs/design.md, "Lower bounds at scale", item 8) stays below the
+    brute-force optimum and never below the whole-schedule pricing."""
+    requests, limits = CASES[case]
+    cost = ToySteppedPieces()
+    d = DemandArrays.of(requests, limits).total()
+    plain = busy_time_lb_s(d, limits, cost.milp_terms(), integer_counts=True)
+    binned = busy_time_lb_s(d, limits, cost.milp_terms(), integer_counts=True, binned_terms=True)
+    best = brute_force(requests, limits, cost, Objective(makespan=1), SLOTS)
+    assert plain <= binned * (1 + 1e-9)
+    assert binned <= best * (1 + TOL), f"binned bound {binned} above the brute-force optimum {best}"
+
+
+def test_one_requests_decodes_have_their_own_longest_reads():
+    """One request, I = 10, O = 4; a batch costs 1 s plus 0.3 s per token of its longest (capped) decode read.
+    Eviction-free, its three decodes read 11, 12 and 13 tokens in three different batches after its prefill, so
+    every schedule takes at least 4 + 0.3 × 36 = 14.8 s, which vLLM's takes (by hand). The least read per decode
+    batch alone (11) would allow 4 + 0.3 × 33 = 13.9 s."""
+    cost = _terms_model(CostTerm("base", "n_tokens", (AffinePiece(1.0, {}),)),
+                        CostTerm("decode", "n_decode_seqs", (AffinePiece(0.0, {"decode_kv_max_cap256": 0.3}),)))
+    reqs = [Request(0, 0.0, 10, 4)]
+    limits = Limits(C=16, M=64)
+    assert simulate(reqs, "vllm", limits, cost).summary["makespan_s"] == pytest.approx(14.8)
+    lb = lower_bound(reqs, limits, cost, Objective(makespan=1), Policies(eviction_free=True)).value_s
+    assert lb == pytest.approx(14.8, rel=1e-5)
+
+
+def test_a_gated_term_is_not_charged_for_features_of_ungated_batches():
+    """A prefill-gated term with a slope on decode items is 0 in decode-only batches: one request (I = 1,
+    O = 3) runs a prefill batch and two decode-only batches, 3 × 1 s, whatever the slope (the bound once summed
+    the decode items of every batch into that term and gave 5 s, above what vLLM's schedule takes)."""
+    cost = _terms_model(CostTerm("base", "n_tokens", (AffinePiece(1.0, {}),)),
+                        CostTerm("odd", "n_prefill_seqs", (AffinePiece(0.0, {"n_decode_seqs": 1.0}),)))
+    reqs = [Request(0, 0.0, 1, 3)]
+    limits = Limits(C=8, M=8)
+    schedule_s = simulate(reqs, "vllm", limits, cost).summary["makespan_s"]
+    assert schedule_s == pytest.approx(3.0)
+    # eviction-free (as vLLM's schedule is here), so the decode items cannot be traded for refills
+    assert lower_bound(reqs, limits, cost, Objective(makespan=1), Policies(eviction_free=True)).value_s == \
+        pytest.approx(schedule_s, rel=1e-5)
+
+
+def test_binned_bound_proves_the_search_schedule_optimal_at_b16():
+    """`--I 64 --O 4 --B 16`, default fitted A100 model: the search's schedule (prefill batches of 6, 6 and 4
+    prompts under the 384-token step, then three decode batches), simulated, is certified optimal by the bound:
+    the bound is at most its makespan (valid) and within `OPTIMAL_RTOL` of it."""
+    from dataclasses import replace
+
+    from solvers.analyse import OPTIMAL_RTOL
+
+    reqs = fixed(64, 4, 16)
+    limits = Limits()
+    cost = load_cost_model()
+    # vLLM-ef with a prefill budget of 384 tokens (the search's candidate); valid under the default limits too
+    run = simulate(reqs, "vllm-ef", replace(limits, P=384), cost)
+    assert [b["prefill_tokens"] for b in run.batches.to_dict("records")] == [384, 384, 256, 0, 0, 0]
+    makespan = run.summary["makespan_s"]
+    lb = lower_bound(reqs, limits, cost, Objective(makespan=1)).value_s
+    assert lb <= makespan * (1 + TOL)
+    assert makespan <= lb * (1 + OPTIMAL_RTOL)
