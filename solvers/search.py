@@ -177,11 +177,12 @@ def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None 
                                                    work_cap_tokens=work_cap), lim))
 
 
-def _first_token(limits: Limits, hybrid: bool, P: int | None = None, srpt: bool = False) -> Candidate:
-    label = "first-token-first" + (" srpt" if srpt else "") + (f" P={P}" if P else "")
+def _first_token(limits: Limits, hybrid: bool, P: int | None = None, srpt: bool = False,
+                 defer: bool = False) -> Candidate:
+    label = "first-token-first" + (" srpt" if srpt else "") + (" defer" if defer else "") + (f" P={P}" if P else "")
     lim = limits if P is None else replace(limits, P=min(P, limits.prefill_budget))
-    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid, "srpt": srpt},
-                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label, srpt=srpt), lim))
+    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid, "srpt": srpt, "defer": defer},
+                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label, srpt=srpt, defer_decodes=defer), lim))
 
 
 def _fit_count(requests, limits: Limits) -> int:
@@ -253,6 +254,9 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             srpt = [_first_token(limits, hybrid, P, srpt=True) for P in (budget // 8, budget // 4, budget // 2)
                     if P != 0]
             online = len({r.arrival_s for r in requests}) > 1
+            if online:  # and decodes deferred until every request has arrived: no prompt waits behind them
+                srpt = [_first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4)
+                        if P != 0] + srpt
             first_tokens = srpt + first_tokens if online else first_tokens + srpt
         # Time-limited searches on large instances reach only the first few: mean TTFT is won by
         # first-token-first, the sum of latencies by waves or forward admission, makespan by plans.
@@ -413,7 +417,7 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
         P = p["P"] or min(lim.C, lim.prefill_budget)
         for P2 in (int(P * 0.7), int(P * 1.4)):
             if 1 <= P2 <= lim.prefill_budget:
-                out.append(_first_token(lim, p["hybrid"], P2))
+                out.append(_first_token(lim, p["hybrid"], P2, p["srpt"], p["defer"]))
     elif cand.family == "clairvoyant":
         m = p["max_admit"]
         n_fit = _fit_count(st.requests, lim)

@@ -338,7 +338,11 @@ class FirstTokenScheduler(ClairvoyantScheduler):
     Azure slice at P = 512: mean TTFT 0.2036 s against 0.2302 s), each prefilled whole unless its prompt exceeds
     ``min(C, P)`` (then chunked over consecutive batches) or the batch would be empty, within ``C``/``P``; when ``M`` or ``Rmax`` is short, running requests are evicted (largest KV first)
     to make room. Mean TTFT only counts first tokens, so the optimum for it may well recompute;
-    the latency of everyone else is not its concern. Otherwise the forward clairvoyant rule runs over
+    the latency of everyone else is not its concern. With ``defer_decodes``, while some request of the
+    workload (`expect`) has yet to arrive, a batch with no prompt to serve is not run at all: the GPU idles until
+    the next arrival instead of starting decodes that a newcomer would wait behind (every decode can wait until the
+    last first token; Azure slice, SRPT order: mean TTFT 0.2036 s at P = 512 against 0.1783 s deferred at
+    P = 2,048). Otherwise the forward clairvoyant rule runs over
     the rest (evicted requests re-prefill ``Icur`` and have ``O − g`` tokens left). Its profile is only
     valid while decodes run every step, so after prefill-only batches it is rebuilt from the running
     requests (their exact remaining trajectories, ``blocks(m + 1 + k)``), evicting, in the first batch
@@ -346,12 +350,21 @@ class FirstTokenScheduler(ClairvoyantScheduler):
     """
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, rank: str = "small_area",
-                 hybrid: bool = True, name: str | None = None, srpt: bool = False):
+                 hybrid: bool = True, name: str | None = None, srpt: bool = False, defer_decodes: bool = False):
         super().__init__(limits, cost_model, rank=rank, hybrid=hybrid, name=name or f"first-token-first rank={rank}")
         self.srpt = srpt
+        self.defer_decodes = defer_decodes
+        self._expected = self._arrived = 0  # requests the run will submit (`expect`; 0: unknown) and arrived so far
         self._dirty = False
         self._evicting: list[RequestState] = []
         self.prefilling: list[RequestState] = []  # in a chunked prefill of their prompt (no token yet)
+
+    def expect(self, requests) -> None:
+        self._expected = len(requests)
+
+    def add_arrivals(self, arrived: list[RequestState]) -> None:
+        self._arrived += len(arrived)
+        super().add_arrivals(arrived)
 
     def next_batch(self, now_s: float) -> ScheduledBatch:
         self._evicting = []
@@ -362,6 +375,8 @@ class FirstTokenScheduler(ClairvoyantScheduler):
             if self.srpt:  # one order by prompt tokens left (ties: the one started first)
                 return self._first_tokens(sorted(started + fresh, key=lambda s: s.input_tokens - s.m))
             return self._first_tokens(started + fresh)
+        if self.defer_decodes and self._arrived < self._expected:
+            return ScheduledBatch(items=[])  # idle until the next arrival (the engine moves the clock there)
         if not self._dirty:
             return super().next_batch(now_s)
         self._dirty = False

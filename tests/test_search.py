@@ -104,19 +104,23 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans(), st.booleans())
-def test_first_token_scheduler_completes_within_the_limits(case, hybrid, srpt):
+@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans(), st.booleans(), st.booleans())
+def test_first_token_scheduler_completes_within_the_limits(case, hybrid, srpt, defer):
     reqs, limits = case
     try:
-        res = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt), limits, COST)
+        res = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt, defer_decodes=defer), limits, COST)
     except InfeasibleRequestError:  # a prompt, or without hybrid batching a refill (up to I+O-1), over min(C, P)
         budget = min(limits.C, limits.prefill_budget)
         assert any(r.prompt_tokens > budget or (not hybrid and r.peak_kv_tokens > budget) for r in reqs)
         return
     assert (res.batches.kv_tokens_peak <= limits.M).all()
     assert (res.requests.generated_tokens == res.requests.output_tokens).all()
-    stepped = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt), limits, COST, fast_forward=False)
+    stepped = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt, defer_decodes=defer), limits, COST,
+                       fast_forward=False)
     assert [(b.items, b.evict) for b in stepped.schedule.batches] == [(b.items, b.evict) for b in res.schedule.batches]
+    if defer:  # no decode runs before every request has arrived
+        early = res.batches[res.batches.start_s < max(r.arrival_s for r in reqs)]
+        assert (early.num_decode_seqs == 0).all()
     if not hybrid:
         assert policy_violations(res.schedule, Policies(no_hybrid=True), COST) == []
 
@@ -147,6 +151,21 @@ def test_first_token_srpt_lets_a_short_prompt_cut_in():
         firsts[srpt] = [b.items for b in res.schedule.batches[:3]]
     assert firsts[False] == [[(0, 4)], [(0, 4)], [(1, 2)]]
     assert firsts[True] == [[(0, 4)], [(1, 2)], [(0, 4)]]
+
+
+def test_deferred_decodes_let_a_later_prompt_start_at_once():
+    # r0 (I=2, O=4) at 0, r1 (I=2, O=2) at 0.0125. A batch costs 10 ms + 1 ms per token: r0's prefill ends at
+    # 0.012, then its decodes take 11 ms each, so r1 waits for the one running at 0.0125 (first token at
+    # 0.023 + 0.012 = 0.035). With the decodes deferred the GPU idles from 0.012 to 0.0125 and prefills r1
+    # at once: first token at 0.0245.
+    reqs = [Request(0, 0.0, 2, 4), Request(1, 0.0125, 2, 2)]
+    limits = Limits(C=8, M=64)
+    ttft = {}
+    for defer in (False, True):
+        res = simulate(reqs, FirstTokenScheduler(limits, COST, defer_decodes=defer), limits, COST)
+        ttft[defer] = res.requests.set_index("id").first_token_s[1]
+    assert ttft[False] == pytest.approx(0.035)
+    assert ttft[True] == pytest.approx(0.0245)
 
 
 def _hand_instance():
