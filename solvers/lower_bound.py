@@ -672,6 +672,14 @@ def _price_per_bin(lp: _LP, terms: tuple[CostTerm, ...], taus: list[str], bins: 
             lp.add({f["prefill_ctx_tokens"]: 1, f[f"prefill_ctx_cap{k}"]: -1}, ">=", 0)
         lp.add({DKV: 1, D: -d.min_decode_read}, ">=", 0)
         lp.add({DMAX: 1, xd: -d.min_decode_read}, ">=", 0)
+        # and from above (a bin's share of a total cannot exceed what its batches can hold): each chunk has at
+        # most hi tokens and a context below the longest I + O − 1, one prefill item per request per batch,
+        # each read at most I + O − 1
+        lp.add({SQ: 1, Pt: -min(hi, pcap)}, "<=", 0)
+        lp.add({NP: 1, xp: -d.requests}, "<=", 0)
+        lp.add({f["prefill_ctx_tokens"]: 1, Pt: -d.max_peak}, "<=", 0)
+        lp.add({DKV: 1, D: -d.max_peak}, "<=", 0)
+        lp.add({DMAX: 1, xd: -d.max_peak}, "<=", 0)
         for i, term in enumerate(terms):
             gate = term.active_if
             g = x if gate == "n_tokens" else xp if gate in PREFILL_FEATURES else xd if gate in DECODE_FEATURES else None
