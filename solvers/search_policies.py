@@ -360,7 +360,8 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         self.prefilling: list[RequestState] = []  # in a chunked prefill of their prompt (no token yet)
 
     def expect(self, requests) -> None:
-        self._expected = len(requests)
+        # a closed loop may leave some requests never released: deferring for them could idle forever
+        self._expected = len(requests) if all(r.closed_loop_group is None for r in requests) else 0
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         self._arrived += len(arrived)

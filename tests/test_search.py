@@ -168,6 +168,16 @@ def test_deferred_decodes_let_a_later_prompt_start_at_once():
     assert ttft[True] == pytest.approx(0.0245)
 
 
+def test_deferred_decodes_never_wait_for_a_closed_loop():
+    # group 1 is submitted only when group 0 has finished, so deferring group 0's decodes until it arrives would
+    # idle forever; with closed-loop requests the deferral is off and the run completes
+    reqs = [Request(0, 0.0, 2, 3, closed_loop_group=0), Request(1, 0.0, 2, 3, closed_loop_group=1),
+            Request(2, 0.5, 2, 2)]
+    limits = Limits(C=8, M=64)
+    res = simulate(reqs, FirstTokenScheduler(limits, COST, defer_decodes=True), limits, COST)
+    assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+
+
 def _hand_instance():
     """Three requests I=2, O=3 (peak 4) offline, M=7: hand-worked in the tests below."""
     return [Request(i, 0.0, 2, 3) for i in range(3)], Limits(C=64, M=7)
