@@ -824,7 +824,8 @@ class LowerBounder:
                  queue_budget_s: float = QUEUE_TIME_LIMIT_S, mip_budget_s: float = BINNED_MIP_TIME_LIMIT_S):
         """``pairwise_budget_s``: the time the pairwise-completions QPs may take together (offline instances);
         ``queue_budget_s``: the time the queued-completions bound may spend on per-request LPs (online
-        instances); ``mip_budget_s``: the time of the makespan's binned MILP (`_price_per_bin`). A shorter budget
+        instances); ``mip_budget_s``: the time of the makespan's binned MILP (`_price_per_bin`; the plain one gets
+        at most `MIP_TIME_LIMIT_S` of it). A shorter budget
         gives a valid, possibly weaker bound; callers under a time limit pass a share of what is left."""
         if not requests:
             raise ValueError("the workload has no requests")
@@ -841,15 +842,18 @@ class LowerBounder:
         self._splits: list | None = None
         self.pairwise_budget_s, self.queue_budget_s, self.mip_budget_s = pairwise_budget_s, queue_budget_s, mip_budget_s
 
-    def busy_s(self, d: Demand, integer_counts: bool = False, binned_terms: bool = False) -> float:
-        """`busy_time_lb_s` of ``d``, cached; the binned MILP gets ``mip_budget_s``."""
+    def busy_s(self, d: Demand, integer_counts: bool = False, binned_terms: bool = False,
+               time_limit_s: float | None = None) -> float:
+        """`busy_time_lb_s` of ``d``, cached; a MILP gets ``time_limit_s`` (default: ``mip_budget_s``, at most
+        `MIP_TIME_LIMIT_S` without ``binned_terms``)."""
         key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
                d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())), d.longest_read,
                tuple(sorted(d.longest_read_cap.items())), integer_counts, binned_terms)
         if key not in self._busy_cache:
             self._busy_cache[key] = busy_time_lb_s(
                 d, self.limits, self.terms, self.policies, self.hidden, integer_counts=integer_counts,
-                binned_terms=binned_terms, time_limit_s=self.mip_budget_s if binned_terms else MIP_TIME_LIMIT_S)
+                binned_terms=binned_terms, time_limit_s=time_limit_s if time_limit_s is not None else
+                self.mip_budget_s if binned_terms else min(MIP_TIME_LIMIT_S, self.mip_budget_s))
         return self._busy_cache[key]
 
     def _need_monotone(self, what: str) -> None:
@@ -869,9 +873,12 @@ class LowerBounder:
         t = time.perf_counter()
         # one call: worth the small MILP, and its terms priced bin by bin (the larger of the two, in case the binned
         # one stops at its time limit with a weaker dual bound)
+        start = time.perf_counter()
         whole = self.busy_s(self.full.total(), integer_counts=True)
+        left = max(0.1, self.mip_budget_s - (time.perf_counter() - start))  # the two MILPs share the budget
         try:
-            whole = max(whole, self.busy_s(self.full.total(), integer_counts=True, binned_terms=True))
+            whole = max(whole, self.busy_s(self.full.total(), integer_counts=True, binned_terms=True,
+                                           time_limit_s=left))
         except RuntimeError:  # HiGHS can fail on the larger model's numerics (20,000 requests); the plain one stands
             pass
         best, best_at = whole, self.t0
@@ -1219,7 +1226,7 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
                                                                       0.25 * max(time_left_s, 0.0))
         lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
-                          queue_budget_s=budget, mip_budget_s=max(mip, 1.0)).of(objective)
+                          queue_budget_s=budget, mip_budget_s=max(mip, 0.1)).of(objective)
         return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
     except BoundUnavailable as exc:
         return 0.0, f"no aggregate bound: {exc}"
