@@ -104,7 +104,8 @@ def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: 
     limits = limits or Limits()
     st = _State(requests, limits, cost_model, objective, policies, t_start + time_limit_s, progress)
     rng = random.Random(seed)
-    for cand in _portfolio(requests, limits, objective, policies) + _step_aligned(limits, policies, cost_model):
+    for cand in _portfolio(requests, limits, objective, policies, cost_model) + _step_aligned(limits, policies,
+                                                                                              cost_model):
         _evaluate(st, cand)
     _local_search(st, rng)
     return _finish(st, t_start)
@@ -178,11 +179,15 @@ def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None 
 
 
 def _first_token(limits: Limits, hybrid: bool, P: int | None = None, srpt: bool = False,
-                 defer: bool = False) -> Candidate:
-    label = "first-token-first" + (" srpt" if srpt else "") + (" defer" if defer else "") + (f" P={P}" if P else "")
+                 defer: bool = False, lookahead: bool = False, cost_model=None) -> Candidate:
+    """First-token-first (`FirstTokenScheduler`); ``lookahead`` times its chunks with ``cost_model``."""
+    label = "first-token-first" + (" srpt" if srpt else "") + (" defer" if defer else "") + (
+        " lookahead" if lookahead else "") + (f" P={P}" if P else "")
     lim = limits if P is None else replace(limits, P=min(P, limits.prefill_budget))
-    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid, "srpt": srpt, "defer": defer},
-                     lambda: (FirstTokenScheduler(lim, hybrid=hybrid, name=label, srpt=srpt, defer_decodes=defer), lim))
+    return Candidate(label, "first-token", {"P": P, "hybrid": hybrid, "srpt": srpt, "defer": defer,
+                                            "lookahead": lookahead},
+                     lambda: (FirstTokenScheduler(lim, cost_model if lookahead else None, hybrid=hybrid, name=label,
+                                                  srpt=srpt, defer_decodes=defer, lookahead=lookahead), lim))
 
 
 def _fit_count(requests, limits: Limits) -> int:
@@ -204,7 +209,7 @@ def _waves(requests, limits: Limits, objective: Objective, policies_of: dict, po
     return [_template("sarathi-pc", pol, limits, Rmax=g) for g in sizes]
 
 
-def _portfolio(requests, limits: Limits, objective: Objective, policies: Policies) -> list[Candidate]:
+def _portfolio(requests, limits: Limits, objective: Objective, policies: Policies, cost_model) -> list[Candidate]:
     """The candidates in evaluation order (module docstring)."""
     ours_ok = not (policies.no_chunked_prefill and any(r.prompt_tokens > min(limits.C, limits.prefill_budget)
                                                       for r in requests))
@@ -254,9 +259,12 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             srpt = [_first_token(limits, hybrid, P, srpt=True) for P in (budget // 8, budget // 4, budget // 2)
                     if P != 0]
             online = len({r.arrival_s for r in requests}) > 1
-            if online:  # and decodes deferred until every request has arrived: no prompt waits behind them
-                srpt = [_first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4)
-                        if P != 0] + srpt
+            if online:  # and decodes deferred until every request has arrived: no prompt waits behind them; first
+                # with one prompt per batch, cut at the arrival of a shorter one (lookahead)
+                srpt = [_first_token(limits, hybrid, P, srpt=True, defer=True, lookahead=True, cost_model=cost_model)
+                        for P in (None, budget // 2)] + [
+                    _first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4)
+                    if P != 0] + srpt
             first_tokens = srpt + first_tokens if online else first_tokens + srpt
         # Time-limited searches on large instances reach only the first few: mean TTFT is won by
         # first-token-first, the sum of latencies by waves or forward admission, makespan by plans.
@@ -417,7 +425,7 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
         P = p["P"] or min(lim.C, lim.prefill_budget)
         for P2 in (int(P * 0.7), int(P * 1.4)):
             if 1 <= P2 <= lim.prefill_budget:
-                out.append(_first_token(lim, p["hybrid"], P2, p["srpt"], p["defer"]))
+                out.append(_first_token(lim, p["hybrid"], P2, p["srpt"], p["defer"], p["lookahead"], st.cost_model))
     elif cand.family == "clairvoyant":
         m = p["max_admit"]
         n_fit = _fit_count(st.requests, lim)

@@ -59,7 +59,7 @@ def test_srpt_hand_case():
 @settings(max_examples=100, deadline=None)
 def test_fine_classes_round_down_by_at_most_the_grid_step(pairs):
     prompt, output = (np.array(x) for x in zip(*pairs))
-    classes, which = fine_classes(prompt, output)
+    classes, which = fine_classes(prompt, output, exact_up_to=0)
     got = classes[which]
     assert (got[:, 0] <= prompt).all() and (got[:, 1] <= output).all()
     assert (got >= 1).all()
@@ -67,6 +67,9 @@ def test_fine_classes_round_down_by_at_most_the_grid_step(pairs):
         exact = values <= 64
         assert (rounded[exact] == values[exact]).all()
         assert (values <= np.floor(rounded * (1 + 1 / 64)) + 1).all()  # within one grid step
+    assert len(np.unique(classes, axis=0)) == len(classes)
+    classes, which = fine_classes(prompt, output)  # at most EXACT_CLASSES_MAX distinct pairs: each its own
+    assert (classes[which] == np.stack([prompt, output], axis=1)).all()
     assert len(np.unique(classes, axis=0)) == len(classes)
 
 

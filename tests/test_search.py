@@ -104,19 +104,25 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans(), st.booleans(), st.booleans())
-def test_first_token_scheduler_completes_within_the_limits(case, hybrid, srpt, defer):
+@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.booleans(), st.booleans(), st.booleans(),
+       st.booleans())
+def test_first_token_scheduler_completes_within_the_limits(case, hybrid, srpt, defer, lookahead):
     reqs, limits = case
+    srpt = srpt or lookahead  # lookahead works on the SRPT order
+
+    def make():
+        return FirstTokenScheduler(limits, COST if lookahead else None, hybrid=hybrid, srpt=srpt, defer_decodes=defer,
+                                   lookahead=lookahead)
+
     try:
-        res = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt, defer_decodes=defer), limits, COST)
+        res = simulate(reqs, make(), limits, COST)
     except InfeasibleRequestError:  # a prompt, or without hybrid batching a refill (up to I+O-1), over min(C, P)
         budget = min(limits.C, limits.prefill_budget)
         assert any(r.prompt_tokens > budget or (not hybrid and r.peak_kv_tokens > budget) for r in reqs)
         return
     assert (res.batches.kv_tokens_peak <= limits.M).all()
     assert (res.requests.generated_tokens == res.requests.output_tokens).all()
-    stepped = simulate(reqs, FirstTokenScheduler(limits, hybrid=hybrid, srpt=srpt, defer_decodes=defer), limits, COST,
-                       fast_forward=False)
+    stepped = simulate(reqs, make(), limits, COST, fast_forward=False)
     assert [(b.items, b.evict) for b in stepped.schedule.batches] == [(b.items, b.evict) for b in res.schedule.batches]
     if defer:  # no decode runs before every request has arrived
         early = res.batches[res.batches.start_s < max(r.arrival_s for r in reqs)]
@@ -166,6 +172,23 @@ def test_deferred_decodes_let_a_later_prompt_start_at_once():
         ttft[defer] = res.requests.set_index("id").first_token_s[1]
     assert ttft[False] == pytest.approx(0.035)
     assert ttft[True] == pytest.approx(0.0245)
+
+
+def test_lookahead_cuts_a_long_prompt_for_a_shorter_arrival():
+    # r0 (I=60) at 0, r1 (I=2) at 0.0125; a batch costs 10 ms + 1 ms per token. Without lookahead r0's prompt runs
+    # whole (70 ms) and r1 waits for it. With it, r0's first chunk is cut to the 2 tokens that end by 0.012, the GPU
+    # idles until r1 arrives (not one token fits in 0.5 ms), r1 runs alone (first token at 0.0245) and then the
+    # rest of r0 (58 tokens, 68 ms).
+    reqs = [Request(0, 0.0, 60, 2), Request(1, 0.0125, 2, 2)]
+    limits = Limits(C=64, M=256)
+    plain = simulate(reqs, FirstTokenScheduler(limits, COST, srpt=True, defer_decodes=True), limits, COST)
+    assert plain.requests.set_index("id").ttft_s[1] == pytest.approx(0.0695)
+    res = simulate(reqs, FirstTokenScheduler(limits, COST, srpt=True, defer_decodes=True, lookahead=True), limits, COST)
+    assert [b.items for b in res.schedule.batches[:3]] == [[(0, 2)], [(1, 2)], [(0, 58)]]
+    ttft = res.requests.set_index("id").ttft_s
+    assert ttft[1] == pytest.approx(0.012) and ttft[0] == pytest.approx(0.0925)
+    with pytest.raises(ValueError, match="lookahead needs"):
+        FirstTokenScheduler(limits, None, srpt=True, lookahead=True)
 
 
 def test_deferred_decodes_never_wait_for_a_closed_loop():
