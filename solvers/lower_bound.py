@@ -774,8 +774,8 @@ def _bin_feature(feat: str, gate: str, f: dict, n: str, lo: int, d: Demand) -> t
     The variable is the bin's share of an additive feature (exact); the per-batch amount multiplies the count of
     gated batches in the bin (exact for a token step, a lower bound otherwise). ``(None, None)``: bounded by 0."""
     step, q, cap = token_step(feat), padding_quantum(feat), kv_cap(feat)
-    if step is not None:
-        return (None, 1.0 if step[0] == "n_tokens" and lo >= step[1] else 0.0) if step[0] == "n_tokens" else (None, None)
+    if step is not None:  # [n > t] is 1 in every batch of a bin above t, 0 below; hidden-recompute steps: >= 0
+        return (None, float(lo >= step[1])) if step[0] == "n_tokens" else (None, None)
     if feat == "n_tokens":
         return (n, None) if gate == "n_tokens" else (None, float(lo + 1))
     if q is not None:
