@@ -45,7 +45,8 @@ from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available
 
 from .objective import Objective
 from .policy import Policies, policy_violations
-from .search_policies import ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler, latest_start_plan
+from .search_policies import (ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler, PrefillFirstScheduler,
+                              latest_start_plan, prefill_partition)
 
 REPLAY_RTOL = 1e-9
 
@@ -104,8 +105,9 @@ def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: 
     limits = limits or Limits()
     st = _State(requests, limits, cost_model, objective, policies, t_start + time_limit_s, progress)
     rng = random.Random(seed)
-    for cand in _portfolio(requests, limits, objective, policies, cost_model) + _step_aligned(limits, policies,
-                                                                                              cost_model):
+    candidates = (_portfolio(requests, limits, objective, policies, cost_model)
+                  + _step_aligned(limits, policies, cost_model) + _prefill_first(requests, limits, objective, cost_model))
+    for cand in candidates:
         _evaluate(st, cand)
     _local_search(st, rng)
     return _finish(st, t_start)
@@ -311,6 +313,20 @@ def _step_aligned(limits: Limits, policies: Policies, cost_model) -> list[Candid
             out += [_template(name, pol, limits, P=t)
                     for t in sorted(steps, key=lambda t: -steps[t]) if t < limits.prefill_budget]
     return out
+
+
+def _prefill_first(requests, limits: Limits, objective: Objective, cost_model) -> list[Candidate]:
+    """For makespan on an offline instance: every prompt prefilled first, in the groups of whole prompts that make
+    the prefill batches cheapest (`prefill_partition`: each may stop just under a token-count step), then the
+    decodes together (`PrefillFirstScheduler`; obeys every forced policy: no hybrid batch, no chunk, no eviction)."""
+    if objective.makespan <= 0 or len({r.arrival_s for r in requests}) > 1:
+        return []
+    groups = prefill_partition(requests, limits, cost_model)
+    if groups is None:
+        return []
+    label = f"prefill-first partition ({len(groups)} prefill batches)"
+    return [Candidate(label, "prefill-first", {"groups": len(groups)},
+                      lambda: (PrefillFirstScheduler(limits, groups, name=label), limits))]
 
 
 # --- evaluation -------------------------------------------------------------------------------------

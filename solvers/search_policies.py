@@ -610,3 +610,88 @@ class PlannedScheduler(_ProfileScheduler):
 
     def _has_waiting(self) -> bool:
         return bool(self.plan)
+
+
+# Work cap of `prefill_partition`: requests × prompts per group (each a cost-model evaluation).
+PARTITION_MAX_EVALUATIONS = 200_000
+
+
+def prefill_partition(requests: Sequence[Request], limits: Limits, cost_model: CostModel) -> list[list[int]] | None:
+    """The prompts, shortest first, split into consecutive groups, each one prefill-only batch of whole prompts
+    within ``min(C, P)`` tokens, minimising the sum of those batches' times (a DP over group ends) — the first half
+    of `PrefillFirstScheduler`'s schedule. None when that schedule does not fit the limits (every request holds its
+    KV from its prefill to its end, so their peaks must fit ``M`` together; every request decodes in every decode
+    batch, so there must be at most ``C`` and ``Rmax`` of them) or the DP would exceed `PARTITION_MAX_EVALUATIONS`.
+
+    Found on ``--I 64 --O 4 --B 32`` (fitted A100 profile): groups of 6, 6, 6, 6 and 8 prompts (384, 384, 384, 384
+    and 512 tokens, each at or under a token-count step), then three decode batches, 182.690 ms, which meets the
+    lower bound (`lower_bound`, item 8), where every earlier candidate stopped at 185.43 ms."""
+    n, budget = len(requests), min(limits.C, limits.prefill_budget)
+    if sum(limits.blocks(r.peak_kv_tokens) for r in requests) > limits.M or n > limits.C or (
+            limits.Rmax is not None and n > limits.Rmax):
+        return None
+    order = sorted(requests, key=lambda r: (r.prompt_tokens, r.id))
+    if any(r.prompt_tokens > budget for r in order):
+        return None
+    width = min(n, max(1, budget // max(1, order[0].prompt_tokens)))  # most prompts one batch can hold
+    if n * width > PARTITION_MAX_EVALUATIONS:
+        return None
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)  # best[k]: the first k prompts; cut[k]: their last group's start
+    for k in range(1, n + 1):
+        features, tokens = BatchFeatures(), 0
+        for j in range(k - 1, -1, -1):  # the group j..k-1, grown backwards one prompt at a time
+            tokens += order[j].prompt_tokens
+            if tokens > budget:
+                break
+            features.add_prefill(order[j].prompt_tokens, 0)
+            value = best[j] + cost_model.batch_time_s(features)
+            if value < best[k]:
+                best[k], cut[k] = value, j
+    groups, k = [], n
+    while k:
+        groups.append([r.id for r in order[cut[k]:k]])
+        k = cut[k]
+    return groups[::-1]
+
+
+class PrefillFirstScheduler(Scheduler):
+    """Prefill-only batches of whole prompts, one per group of ``groups`` in order (`prefill_partition`), then
+    decode-only batches of every request still running until all finish: every prompt is prefilled before any
+    decode, so each prefill batch can sit just under a token-count step of the cost model, and the decodes share
+    the fewest batches (one per output token of the longest request). For makespan on offline instances; a
+    group's requests that have not arrived yet hold it back (the GPU idles until they do). Never evicts: the
+    caller checks that every request's peak fits ``M`` together (`prefill_partition`)."""
+
+    def __init__(self, limits: Limits, groups: list[list[int]], cost_model: CostModel | None = None, *,
+                 name: str = "prefill-first partition"):
+        super().__init__(limits, cost_model)
+        self.name = name
+        self.groups = deque(groups)
+        self.prompt: dict[int, int] = {}  # arrived request -> prompt tokens
+        self.running: list[int] = []  # prefilled and unfinished, in prefill order
+        self._prefill = False  # the batch planned last is a group's prefill
+
+    def add_arrivals(self, arrived: list[RequestState]) -> None:
+        self.prompt.update((s.id, s.req.prompt_tokens) for s in arrived)
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        self._prefill = bool(self.groups)
+        if self.groups:
+            group = self.groups[0]
+            if any(rid not in self.prompt for rid in group):
+                return ScheduledBatch(items=[])  # idle until the rest of the group arrives
+            return ScheduledBatch(items=[(rid, self.prompt[rid]) for rid in group])
+        return ScheduledBatch(items=[(rid, 1) for rid in self.running])
+
+    def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        if self._prefill:
+            self.running += self.groups.popleft()
+        if finished:
+            done = {s.id for s in finished}
+            self.running = [rid for rid in self.running if rid not in done]
+
+    def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
+        return not self.groups  # the decode batches repeat until someone finishes
+
+    def describe_state(self) -> str:
+        return f"{len(self.groups)} prefill groups left, {len(self.running)} running"

@@ -18,7 +18,7 @@ from solvers.objective import Objective
 from solvers.policy import Policies, policy_violations
 from solvers.search import search
 from solvers.search_policies import (RANKS, ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler,
-                                     latest_start_plan)
+                                     PrefillFirstScheduler, latest_start_plan, prefill_partition)
 
 COST = AffineCost(0.01, 0.001)
 OBJECTIVES = [Objective(makespan=1), Objective(latency=1), Objective(ttft=1), Objective(makespan=1, ttft=0.5)]
@@ -353,3 +353,73 @@ def test_search_splits_a_small_workload_into_prefill_batches_for_ttft():
     assert ttft["two"] < ttft["one"]
     found = search(reqs, limits, cost, Objective(ttft=1), time_limit_s=5)
     assert found.value_s <= ttft["two"] * (1 + 1e-12)
+
+
+class _Stepped:
+    """Batch time 1 + 0.1 per token + 5 once a batch has more than 4 tokens (hand-made)."""
+
+    name = "stepped"
+
+    def milp_terms(self):
+        from infermax.costmodel import AffinePiece, CostTerm
+        return (CostTerm("t", "n_tokens", (AffinePiece(1.0, {"n_tokens": 0.1, "n_tokens_gt4": 5.0}),)),)
+
+    def batch_time_s(self, f):
+        return 1.0 + 0.1 * f.n_tokens + 5.0 * (f.n_tokens > 4)
+
+
+def test_prefill_partition_by_hand():
+    # Five 2-token prompts: a group of k prompts costs 1 + 0.2k, plus 5 above two prompts. Every composition of 5
+    # enumerated: three groups (2, 2, 1 prompts) cost 4.0, the least; one group of five would cost 7.0.
+    reqs = [Request(i, 0.0, 2, 3) for i in range(5)]
+    limits = Limits(C=16, M=100)
+    groups = prefill_partition(reqs, limits, _Stepped())
+
+    def cost(sizes):
+        return sum(1 + 0.2 * k + 5 * (2 * k > 4) for k in sizes)
+
+    def compositions(n):
+        return [[n]] + [[k] + rest for k in range(1, n) for rest in compositions(n - k)] if n else [[]]
+
+    assert min(cost(c) for c in compositions(5)) == pytest.approx(4.0)
+    assert sorted(len(g) for g in groups) == [1, 2, 2] and sorted(sum(groups, [])) == [0, 1, 2, 3, 4]
+    assert prefill_partition(reqs, Limits(C=16, M=19), _Stepped()) is None  # 5 peaks of 4 tokens need M >= 20
+    assert prefill_partition(reqs, Limits(C=16, M=100, Rmax=4), _Stepped()) is None  # all 5 decode together
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(max_n=10, max_prompt=40))
+def test_prefill_first_schedule_is_valid(case):
+    reqs, limits = case
+    groups = prefill_partition(reqs, limits, COST)
+    if groups is None:
+        assert (sum(limits.blocks(r.peak_kv_tokens) for r in reqs) > limits.M or len(reqs) > limits.C
+                or (limits.Rmax is not None and len(reqs) > limits.Rmax)
+                or max(r.prompt_tokens for r in reqs) > min(limits.C, limits.prefill_budget))
+        return
+    res = simulate(reqs, PrefillFirstScheduler(limits, groups), limits, COST)
+    assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+    assert res.summary["evictions"] == 0
+    assert policy_violations(res.schedule, Policies(no_hybrid=True, no_chunked_prefill=True, eviction_free=True),
+                             COST) == []
+    batches = res.schedule.batches
+    assert [sorted(rid for rid, _ in b.items) for b in batches[:len(groups)]] == [sorted(g) for g in groups]
+    stepped = simulate(reqs, PrefillFirstScheduler(limits, groups), limits, COST, fast_forward=False)
+    assert [b.items for b in stepped.schedule.batches] == [b.items for b in batches]
+
+
+def test_prefill_first_meets_the_bound_at_b32():
+    """`--I 64 --O 4 --B 32`, default fitted A100 model: the prefill-first partition (6, 6, 6, 6 and 8 prompts,
+    then three decode batches), simulated, is within `OPTIMAL_RTOL` of the lower bound: optimal."""
+    from infermax.costmodel import load_cost_model
+    from infermax.workload import fixed
+    from solvers.analyse import OPTIMAL_RTOL
+    from solvers.lower_bound import lower_bound
+
+    reqs, limits, cost = fixed(64, 4, 32), Limits(), load_cost_model()
+    groups = prefill_partition(reqs, limits, cost)
+    assert sorted(len(g) for g in groups) == [6, 6, 6, 6, 8]
+    makespan = simulate(reqs, PrefillFirstScheduler(limits, groups), limits, cost).summary["makespan_s"]
+    lb = lower_bound(reqs, limits, cost, Objective(makespan=1)).value_s
+    assert lb <= makespan * (1 + 1e-9)
+    assert makespan <= lb * (1 + OPTIMAL_RTOL)
