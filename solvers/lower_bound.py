@@ -668,22 +668,31 @@ def _price_terms(lp: _LP, v: _Aggregates, terms: tuple[CostTerm, ...], d: Demand
                 lp.add({tau: 1, v.K: -floor}, ">=", 0)
             continue
         lp.add({tau: 1, count: -floor}, ">=", 0)
-        for p in term.pieces:
-            coefs = {tau: 1.0, count: -p.intercept_s * TIME_SCALE}
-            usable = True
-            for f, c in p.coef_s.items():
-                # a feature that is not 0 where the gate is off is summed here over every batch, more than over
-                # the gated ones: fine for a negative slope, dropped (a feature is >= 0) for a positive one
-                var = features.of(f) if c < 0 or vanishes_with_gate(f, gate) else None
-                if var is None:
-                    usable = c >= 0  # a feature we bound by 0 from below: drop it only if its slope is >= 0
-                    if not usable:
-                        break
-                    continue
-                coefs[var] = coefs.get(var, 0.0) - c * TIME_SCALE
-            if usable:
-                lp.add(coefs, ">=", 0)
+
+        def whole(f: str, c: float, gate=gate) -> dict | None:
+            # a feature that is not 0 where the gate is off is summed here over every batch, more than over the
+            # gated ones: fine for a negative slope, dropped (a feature is >= 0) for a positive one
+            var = features.of(f) if c < 0 or vanishes_with_gate(f, gate) else None
+            return ({} if c >= 0 else None) if var is None else {var: 1.0}
+
+        _add_pieces(lp, tau, count, term.pieces, whole)
     return taus
+
+
+def _add_pieces(lp: _LP, tau: str, count: str, pieces, resolve) -> None:
+    """``τ >= intercept·count + Σ coef·feature`` for every piece (item 7). ``resolve(feature, coef)`` gives the
+    feature's lower bound as ``{variable: multiplier}`` ({}: bounded by 0 only, so dropped; it must then have
+    ``coef >= 0``), or None when no usable bound exists for that slope: the piece is skipped (a valid, weaker LP)."""
+    for p in pieces:
+        coefs = {tau: 1.0, count: -p.intercept_s * TIME_SCALE}
+        for f, c in p.coef_s.items():
+            bound = resolve(f, c)
+            if bound is None:
+                break
+            for var, mult in bound.items():
+                coefs[var] = coefs.get(var, 0.0) - c * mult * TIME_SCALE
+        else:
+            lp.add(coefs, ">=", 0)
 
 
 def _price_per_bin(lp: _LP, terms: tuple[CostTerm, ...], taus: list[str], bins: list, totals: dict, d: Demand,
@@ -744,25 +753,17 @@ def _price_per_bin(lp: _LP, terms: tuple[CostTerm, ...], taus: list[str], bins: 
             tau_b = lp.var(f"tau{i}_bin{b}")
             per_bin.setdefault(taus[i], []).append(tau_b)
             lp.add({tau_b: 1, g: -term_floor_s(term, d) * TIME_SCALE}, ">=", 0)
-            for p in term.pieces:
-                coefs = {tau_b: 1.0, g: -p.intercept_s * TIME_SCALE}
-                usable = True
-                for feat, c in p.coef_s.items():
-                    v, per_batch = _bin_feature(feat, gate, f, n, lo, d)
-                    if v is None and per_batch is None:
-                        if c < 0:
-                            usable = False
-                            break
-                        continue  # a feature >= 0 with a slope >= 0: dropped
-                    if v is not None:
-                        coefs[v] = coefs.get(v, 0.0) - c * TIME_SCALE
-                    if per_batch:  # a per-batch amount over the gated batches (>= it if c > 0, exact for steps)
-                        if c < 0 and token_step(feat) is None:
-                            usable = False
-                            break
-                        coefs[g] = coefs.get(g, 0.0) - c * per_batch * TIME_SCALE
-                if usable:
-                    lp.add(coefs, ">=", 0)
+
+            def in_bin(feat: str, c: float, gate=gate, g=g, f=f, n=n, lo=lo) -> dict | None:
+                v, per_batch = _bin_feature(feat, gate, f, n, lo, d)
+                if v is None and per_batch is None:
+                    return {} if c >= 0 else None  # a feature >= 0 with a slope >= 0: dropped
+                # a per-batch amount over the gated batches: exact for a step, a lower bound otherwise (c >= 0 only)
+                if per_batch and c < 0 and token_step(feat) is None:
+                    return None
+                return {**({v: 1.0} if v is not None else {}), **({g: per_batch} if per_batch else {})}
+
+            _add_pieces(lp, tau_b, g, term.pieces, in_bin)
     for name, vs in shares.items():
         lp.add({totals[name]: 1, **{v: -1 for v in vs}}, "==", 0)
     for tau, vs in per_bin.items():

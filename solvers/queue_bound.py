@@ -63,9 +63,9 @@ def fine_classes(prompt: np.ndarray, output: np.ndarray, ratio: float = FINE_GRI
     """The distinct (I, O) and each request's index into them when there are at most ``exact_up_to`` of them;
     otherwise each (I, O) rounded down to the grid {⌊ratio^j⌋} ∪ {1, 2, …, ⌈1/(ratio − 1)⌉}: the distinct grid
     points and each request's index into them (a request is never rounded above its own I or O)."""
-    exact, which = np.unique(np.stack([np.asarray(prompt), np.asarray(output)], axis=1), axis=0, return_inverse=True)
-    if len(exact) <= exact_up_to:
-        return exact, np.ravel(which)
+    pairs, which = np.unique(np.stack([np.asarray(prompt), np.asarray(output)], axis=1), axis=0, return_inverse=True)
+    if len(pairs) <= exact_up_to:
+        return pairs, np.ravel(which)
 
     def grid(a: np.ndarray) -> np.ndarray:
         top = int(a.max())
