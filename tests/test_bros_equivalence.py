@@ -15,6 +15,7 @@ from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.request import Request
 from infermax.schedulers import NoProgressError
+from infermax.schedulers.algorithm1 import Algorithm1Scheduler
 from infermax.schedulers.bros import BrosOptions, BrosScheduler
 from infermax.schedulers.bros_blocks import BE, RT, BiBlockManager, BlockError
 from infermax.schedulers.roundrobin import RoundRobinScheduler
@@ -143,7 +144,20 @@ def test_incremental_bros_makes_the_reference_decisions(workload):
 
 class _RefRoundRobin(RoundRobinScheduler):
     """Round-robin with the straightforward queue of commit fc1abe4: the class's waiting requests filtered
-    and sorted every iteration."""
+    and sorted every iteration, the class's running requests filtered into a fresh list (no decode fast
+    path, no lazy decode cohort), and a turn always planned before it is passed."""
+
+    def __init__(self, limits, cost_model=None):
+        super().__init__(limits, cost_model)
+        self.lazy_decode_ok = False
+
+    def next_batch(self, now_s):
+        batch = Algorithm1Scheduler.next_batch(self, now_s)
+        if not batch.items:
+            self.turn_be = not self.turn_be
+            batch = Algorithm1Scheduler.next_batch(self, now_s)
+        self.served_be = self.turn_be
+        return batch
 
     def _groups(self):
         be = self.turn_be

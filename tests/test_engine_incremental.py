@@ -2,8 +2,8 @@
 
 Reference: the same simulation with every incremental shortcut switched off — the Replayer's
 plain-decoder path (its set is emptied before each batch, so every item takes the per-item rules),
-Algorithm 1's group fast paths (its groups are handed over as fresh lists, which the identity checks
-never recognise) and its planned bookkeeping (forgotten after each plan, so `batch_done` examines the
+Algorithm 1's group fast paths (its groups, and round robin's, are handed over as fresh lists, which the
+identity checks never recognise) and its planned bookkeeping (forgotten after each plan, so `batch_done` examines the
 batch item by item and rescans the KV in use) — and the decode fast-forward.
 """
 
@@ -22,6 +22,7 @@ from infermax.request import Request
 from infermax.schedule import ScheduledBatch
 from infermax.schedulers import available
 from infermax.schedulers.algorithm1 import Algorithm1Scheduler
+from infermax.schedulers.roundrobin import RoundRobinScheduler
 from infermax.workload import fixed
 
 
@@ -33,6 +34,7 @@ def item_by_item(monkeypatch):
     @contextmanager
     def switch():
         apply, groups, plan = Replayer.apply, Algorithm1Scheduler._groups, Algorithm1Scheduler.next_batch
+        rr_groups = RoundRobinScheduler._groups
 
         def apply_slow(self, batch):
             self.materialize()
@@ -41,7 +43,7 @@ def item_by_item(monkeypatch):
             return apply(self, batch)
 
         def groups_copied(self):
-            gs, priority = groups(self)
+            gs, priority = (rr_groups if isinstance(self, RoundRobinScheduler) else groups)(self)
             if priority is None:  # decode_first: the decode list then the prefill list
                 priority = self._decoding + self._prefilling
             return [(list(c), stop) for c, stop in gs], list(priority)
@@ -54,6 +56,7 @@ def item_by_item(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(Replayer, "apply", apply_slow)
             m.setattr(Algorithm1Scheduler, "_groups", groups_copied)
+            m.setattr(RoundRobinScheduler, "_groups", groups_copied)
             m.setattr(Algorithm1Scheduler, "next_batch", plan_forgotten)
             yield
 

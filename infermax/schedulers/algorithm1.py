@@ -179,7 +179,7 @@ class Algorithm1Scheduler(Scheduler):
             elif (not pol.hybrid and batch_is_prefill is False
                   and (candidates is self.waiting or candidates is self._prefilling)):
                 continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
-            if candidates is not self.waiting and candidates is not self._prefilling:
+            if self._may_hold_decoders(candidates):
                 self.sync_states()  # running decoders' m is read below (and victims are running requests)
             for s in candidates:
                 if s.id in taken:
@@ -242,6 +242,11 @@ class Algorithm1Scheduler(Scheduler):
         batch = ScheduledBatch(items=items, evict=evict)
         self._planned = (batch, admitted, lim.M - kv_free)
         return batch
+
+    def _may_hold_decoders(self, candidates) -> bool:
+        """Whether a group may list running decoders, whose state the lazy cohort lets lag (a group of waiting
+        requests or running prefills does not; victims are running requests, evicted only for running ones)."""
+        return candidates is not self.waiting and candidates is not self._prefilling
 
     def _can_allocate(self, s: RequestState, is_prefill: bool, tokens_left: int, prefill_left: int,
                       kv_free: int, holders: int):
