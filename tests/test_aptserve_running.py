@@ -128,23 +128,27 @@ def test_same_decisions_as_the_plain_scheduler_with_arrays_always(run):
 
 
 class CheckedTotals(AptServeScheduler):
-    """Recomputes the running totals from the request states after every batch and compares."""
+    """Recomputes the running totals from the request states at every plan and compares: the KV in use from
+    each request's true ``m`` (``cached_tokens``: the engine's lazy decode cohort lets the field lag), the
+    summed last-token times (due at this plan's clock after a decode iteration) from the states brought up to
+    date every third plan (``sync_states`` dissolves the cohort; in between, the cohort's paths run)."""
 
-    def _check(self):
-        lim = self.limits
-        assert self._ref_total == sum(fixed(s.last_token_s) for s in self.running)
+    plans = 0
+
+    def next_batch(self, now_s):
+        lim, m = self.limits, self.cached_tokens
         if self._used_total is not None:
             paper = self.options.prefill_memory == "paper"
-            assert self._used_total == sum(lim.blocks(s.m) if paper else cache_tokens(lim, s.m, s.hidden)
+            assert self._used_total == sum(lim.blocks(m(s)) if paper else cache_tokens(lim, m(s), s.hidden)
                                            for s in self.running)
-
-    def batch_done(self, batch, finished):
-        super().batch_done(batch, finished)
-        self._check()
-
-    def repeated_full_decode(self, batch, copies):
-        super().repeated_full_decode(batch, copies)
-        self._check()
+        self.plans += 1
+        if self.plans % 3 == 0:
+            self.sync_states()
+            ref = len(self.running) * fixed(now_s) if self._ref_at_clock else self._ref_total
+            assert ref == sum(fixed(s.last_token_s) for s in self.running)
+        assert self._decode_items == [(s.id, 1) for s in self.running]
+        assert self._hidden_running == sum(s.hidden for s in self.running)
+        return super().next_batch(now_s)
 
 
 @settings(max_examples=200, deadline=None)

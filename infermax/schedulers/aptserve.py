@@ -21,6 +21,7 @@ Every choice the paper leaves open is an ``AptServeOptions`` field; see docs/des
 from __future__ import annotations
 
 import math
+from itertools import compress
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
 
@@ -228,8 +229,15 @@ class AptServeScheduler(Scheduler):
 
     The waiting requests live in a ``WaitingQueue``: a batch reads only those the greedy takes (plus
     the few whose bound could tie with them), never the whole queue; the running requests, which all
-    decode, are read in full as the paper's greedy does. The decisions are those of the plain version
-    (``tests/aptserve_reference.py``; ``tests/test_aptserve_equivalence.py`` checks them).
+    decode, are read in full as the paper's greedy does, except in a *decode-all* iteration: no running
+    request holds a hidden-form cache and all of them fit ``C`` and, one token further, ``M``. Then every
+    greedy (and FCFS) takes every one of them in KV form whatever their values (`_select_running`), so the
+    batch is their decode items in running order, known from running totals (the KV in use and, from the
+    replayer's lazy decode cohort, how many open a block) without reading a request. Such a batch
+    changes the totals by what it planned, less what finished requests held, and leaves every running
+    request's last token at its end, which is the engine's clock at the next plan. The decisions are
+    those of the plain version (``tests/aptserve_reference.py``; ``tests/test_aptserve_equivalence.py``
+    checks them).
     """
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
@@ -250,6 +258,14 @@ class AptServeScheduler(Scheduler):
                     else rho_from_cost_model(cost_model, options.rho)) if options.hybrid else 0.0
         self.waiting = WaitingQueue()
         self.running: list[RequestState] = []
+        self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each running request, same order
+        self._hidden_running = 0  # running requests holding a hidden-form cache
+        self._planned: tuple | None = None  # (batch, KV in use after it) of the last decode-all plan
+        self._ref_at_clock = False  # every running request's last token is at the next plan's clock
+        # Decoders' state is read only after `sync_states`, so the engine's lazy decode cohort could be used;
+        # it is not: on azure-conv (first 3,000 requests) a third of the decode iterations preempt, which
+        # dissolves the cohort and rebuilds it, and aptserve-kv ran at 157 us per batch with it, 126 without.
+        self.lazy_decode_ok = False
         self._by_id: dict[int, RequestState] = {}
         self._prefill_cap = min(limits.C, limits.prefill_budget)
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
@@ -299,6 +315,8 @@ class AptServeScheduler(Scheduler):
     # -- planning -------------------------------------------------------------------------------
     def next_batch(self, now_s: float) -> ScheduledBatch:
         lim, opt, running = self.limits, self.options, self.running
+        if self._ref_at_clock:  # after a decode iteration (the first plan after a batch is at its end)
+            self._ref_total, self._ref_at_clock = len(running) * fixed(now_s), False
         self._raise_if_too_big()
         # N enters only the hidden form's value: not computed for the KV-only variant.
         n = 0
@@ -307,12 +325,14 @@ class AptServeScheduler(Scheduler):
             if opt.n_minus_violators:
                 n -= self.waiting.violators(now_s)
                 if self._running_with_slo:  # a trace without targets skips the pass over the running requests
+                    self.sync_states()
                     n -= sum(self.violates(s, self.pending_s(s, now_s)) for s in running
                              if s.id in self._running_with_slo)
         # Many running requests: their fields are read at most once, into arrays, for every use below.
         big = len(running) >= aptserve_running.NUMPY_RUNNING
         arrays = None
         if self._used_total is None:
+            self.sync_states()
             arrays = aptserve_running.RunningArrays.of(running) if big else None
             paper, b = opt.prefill_memory == "paper", lim.block_size
             if big:
@@ -326,11 +346,35 @@ class AptServeScheduler(Scheduler):
         decode = bool(running) and (not chosen.forms or (opt.adaptive and self._running_wait_longer(now_s, arrays)))
         if not decode:
             return self._prefill_batch(chosen)
+        batch = self._decode_all()
+        if batch is not None:
+            return batch
+        self.sync_states()
         if big and arrays is None:
             arrays = aptserve_running.RunningArrays.of(running)
         batch = self._decode_iteration(now_s, n, arrays)
         if batch.evict and self._unrefillable(batch.evict):
             return self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
+        return batch
+
+    def _decode_all(self) -> ScheduledBatch | None:
+        """The decode-all iteration (class docstring) when it applies, else None. What the greedy or FCFS would
+        find: no hidden-form cache, so the memory check is ``Σ blocks(m + 1) ≤ M`` (the KV in use plus a block
+        per request whose decode opens one), with ``count ≤ C``; every request is selected in its own (KV)
+        form, so nobody is preempted, re-prefilled or pinned."""
+        lim, running = self.limits, self.running
+        if self._hidden_running or self._used_total is None or len(running) > lim.C:
+            return None
+        b = lim.block_size
+        openers = len(running) if b == 1 else self.cohort_block_openers(self._decode_items)
+        if openers is None:
+            self.sync_states()
+            openers = sum(1 for s in running if not s.m % b)
+        used = self._used_total + b * openers
+        if used > lim.M:
+            return None
+        batch = ScheduledBatch(items=list(self._decode_items))
+        self._planned = (batch, used)
         return batch
 
     def _running_wait_longer(self, now_s: float, arrays: "aptserve_running.RunningArrays | None") -> bool:
@@ -346,6 +390,7 @@ class AptServeScheduler(Scheduler):
         if arrays is not None:
             total = sum((now_s - arrays.ref).tolist())
         else:
+            self.sync_states()
             total = sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in self.running])
         return self.waiting.pending_sum_below(total, now_s)
 
@@ -589,10 +634,11 @@ class AptServeScheduler(Scheduler):
         return ScheduledBatch(items=items, evict=evict, hidden=frozenset(hidden))
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
+        planned, self._planned = self._planned, None
         with_slo = self._running_with_slo
         if batch.evict:
             out = set(batch.evict)
-            self.running = [s for s in self.running if s.id not in out]
+            self._drop_running(out)
             with_slo.difference_update(out)
             self._running_ids.difference_update(out)
             evicted = [self._by_id[rid] for rid in batch.evict]
@@ -600,19 +646,36 @@ class AptServeScheduler(Scheduler):
             for s in evicted:
                 self._note_size(s)
         running_ids = self._running_ids
-        admitted = [rid for rid, _ in batch.items if rid not in running_ids]
+        decode_all = planned is not None and planned[0] is batch
+        admitted = [] if decode_all else [rid for rid, _ in batch.items if rid not in running_ids]
         for rid in admitted:
             s = self.waiting.remove(rid)
             self.running.append(s)
+            self._decode_items.append((rid, 1))
+            self._hidden_running += s.hidden
             running_ids.add(rid)
             if s.req.ttft_slo_s is not None or s.req.tbt_slo_s is not None:
                 with_slo.add(rid)
         if finished:
             done = {s.id for s in finished}
-            self.running = [s for s in self.running if s.id not in done]
+            self._drop_running(done)
             with_slo.difference_update(done)
             running_ids.difference_update(done)
+        if decode_all:  # what it planned, less what the finished requests held (blocks(I + O − 1) each)
+            blocks = self.limits.blocks
+            self._used_total = planned[1] - sum(blocks(s.req.peak_kv_tokens) for s in finished) if self.running else 0
+            self._ref_at_clock = bool(self.running)
+            if not self.running:
+                self._ref_total = 0
+            return
         self._update_totals(batch, admitted, finished)
+
+    def _drop_running(self, out: set[int]) -> None:
+        """Remove these ids from the running requests (and their decode items)."""
+        keep = [s.id not in out for s in self.running]
+        self.running = list(compress(self.running, keep))
+        self._decode_items = list(compress(self._decode_items, keep))
+        self._hidden_running = sum(1 for s in self.running if s.hidden) if self._hidden_running else 0
 
     def _update_totals(self, batch: ScheduledBatch, admitted: list[int], finished: list[RequestState]) -> None:
         """``_used_total`` and ``_ref_total`` after a batch. A batch that lists a running request (a
@@ -621,10 +684,10 @@ class AptServeScheduler(Scheduler):
         and leaves the others as they were."""
         running = self.running
         if not running:
-            self._used_total, self._ref_total = 0, 0
+            self._used_total, self._ref_total, self._ref_at_clock = 0, 0, False
         elif batch.evict or len(admitted) < len(batch.items):
             self._used_total = None  # every item's m grew: recomputed when next needed
-            self._ref_total = len(running) * fixed(running[-1].last_token_s)
+            self._ref_at_clock = True  # every running request was an item: its last token is at the batch's end
         else:
             done = {s.id for s in finished} if finished else ()
             new = [self._by_id[rid] for rid in admitted if rid not in done]
@@ -636,12 +699,12 @@ class AptServeScheduler(Scheduler):
                 self._ref_total += len(new) * fixed(new[0].last_token_s)
 
     def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
-        """Every running request decoded ``copies`` more tokens, the last at the same time."""
+        """Every running request decoded ``copies`` more tokens, the last at the same time (the clock)."""
         self._used_total = None
-        if self.running:
-            self._ref_total = len(self.running) * fixed(self.running[-1].last_token_s)
+        self._ref_at_clock = bool(self.running)
 
     def describe_state(self) -> str:
+        self.sync_states()
         used = sum(cache_tokens(self.limits, s.m, s.hidden) for s in self.running)
         return f"waiting={len(self.waiting)}, running={len(self.running)}, cache used={used}/{self.limits.M}"
 
