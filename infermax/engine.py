@@ -74,7 +74,7 @@ def simulate(
     rp = Replayer(loop.open_requests, limits, cost_model, swap_cost, lazy_decoders=scheduler.lazy_decode_ok)
     scheduler.prefix_cache = rp.prefix_cache
     if rp.lazy_decoders:
-        scheduler.cached_tokens, scheduler.sync_states = rp.cached_tokens, rp.materialize
+        scheduler.cached_tokens, scheduler.sync_states = rp.cached_tokens, rp.sync
         scheduler.cohort_block_openers = rp.cohort_block_openers
     arrivals = sorted(rp.states.values(), key=_arrival_order)
     next_arrival = 0

@@ -150,6 +150,7 @@ class Replayer:
         # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
         self.lazy_decoders = lazy_decoders
         self._epoch = 0  # batches applied to the whole cohort at once
+        self._synced_epoch = -1  # every member is up to date when this equals _epoch (`sync`)
         self._cohort_end_s = 0.0  # end of the last such batch
         self._cohort: list[tuple[int, int]] = []  # (id, 1) per member, in item order
         self._cohort_ids: set[int] = set()
@@ -481,7 +482,7 @@ class Replayer:
             raise ValueError("repeat_full_decode needs the last applied batch, a full decode-only batch")
         if stop_at_s is not None and stop_at_s <= self.clock_s:
             return 0  # the next batch starts at an arrival: no copy (and nothing to bring up to date)
-        self.materialize()
+        self.sync()
         sts = [self.states[rid] for rid, _ in batch.items]
         n, b, M = len(sts), self.limits.block_size, self.limits.M
         copies = min(s.req.output_tokens - s.generated for s in sts) - 1
@@ -516,6 +517,11 @@ class Replayer:
                 if s.token_times is not None:
                     s.token_times.extend(ends)
             self.kv_tokens, self.clock_s, self.last_generated = kv, clock, n
+            if self._cohort_ids:  # every member (a KV holder, so an item) is `done` tokens further: as many
+                self._epoch += done  # cohort batches, so each member's key m − e0 stands (no finish among them)
+                for rid in self._cohort_ids:
+                    self.states[rid].e0 = self._epoch
+                self._cohort_end_s, self._synced_epoch = clock, self._epoch
         return done
 
     def _release(self, s: RequestState) -> None:
@@ -533,20 +539,30 @@ class Replayer:
         s.hidden = False
 
     # The lazy decode cohort. A batch that lists exactly the cohort's items first (same ids, c = 1, same
-    # order; C-level list equality), evicts and swaps none of them, lists none of them again and has
-    # no hidden items applies to every member what `apply`'s plain-decoder path would: one decode from
-    # m to m + 1 (the members are plain decoders, so no other rule can fail). Instead of touching each
-    # member it advances ``_epoch``: Σ(m + 1), max(m + 1) and the blocks opened (members with
-    # m % block_size == 0) come from running sums over ``key = m − e0``, and members whose last token
-    # falls in the batch (``m = I + O − 2``) are found by epoch. A batch that touches no member leaves
-    # the cohort as it is (its lag is unchanged). Any other batch, and anything that
-    # reads the members (`repeat_full_decode`, `materialize`, a scheduler's `sync_states`), first
-    # brings them up to date. Item-for-item the same arithmetic, so results are identical (tests).
+    # order; C-level list equality), swaps none of them, lists none of them again and has no hidden
+    # items applies to every member what `apply`'s plain-decoder path would: one decode from m to m + 1
+    # (the members are plain decoders, so no other rule can fail). Instead of touching each member it
+    # advances ``_epoch``: Σ(m + 1), max(m + 1) and the blocks opened (members with m % block_size == 0)
+    # come from running sums over ``key = m − e0``, and members whose last token falls in the batch
+    # (``m = I + O − 2``) are found by epoch. Members the batch evicts leave the cohort first (brought up
+    # to date, out of the sums), so a batch that evicts some members and decodes the rest in order is
+    # still a cohort batch. A batch that touches no member leaves the cohort as it is (its lag is
+    # unchanged). Any other batch and `materialize` bring the members up to date and dissolve the cohort; a
+    # scheduler's `sync_states` (`sync`) brings them up to date and keeps it (a member's key ``m − e0`` does
+    # not change when both catch up), and so does `repeat_full_decode`, whose copies advance ``_epoch`` as
+    # that many cohort batches would. Item-for-item the same arithmetic, so
+    # results are identical (tests).
 
     def _cohort_batch(self, batch: ScheduledBatch) -> int:
         """The number of leading items applied as a cohort batch (0: the cohort was materialised)."""
-        k, items, ids = len(self._cohort), batch.items, self._cohort_ids
-        if not batch.hidden and not batch.swap_out and not batch.swap_in and ids.isdisjoint(batch.evict):
+        items, ids = batch.items, self._cohort_ids
+        if not batch.hidden and not batch.swap_out and not batch.swap_in:
+            if not ids.isdisjoint(batch.evict):
+                states = self.states
+                for rid in batch.evict:
+                    if rid in ids:
+                        self._leave_cohort(states[rid])
+            k = len(self._cohort)
             head = items[:k]
             if head == self._cohort and ids.isdisjoint([it[0] for it in items[k:]]):
                 # Keep the planner's own item tuples: a scheduler that lists the same tuple objects again
@@ -595,6 +611,16 @@ class Replayer:
         self._cohort.remove((s.id, 1))
         self._cohort_key_sum -= key
         self._cohort_hist[key % self.limits.block_size] -= 1
+
+    def sync(self) -> None:
+        """Bring every cohort member's ``m``, ``generated`` and ``last_token_s`` up to date, keeping the cohort
+        (the engine's `Scheduler.sync_states`: a scheduler reads the members and may list them again)."""
+        if not self._cohort_ids or self._synced_epoch == self._epoch:
+            return
+        states = self.states
+        for rid in self._cohort_ids:
+            self._bring_up_to_date(states[rid])
+        self._synced_epoch = self._epoch
 
     def materialize(self) -> None:
         """Bring every cohort member's ``m``, ``generated`` and ``last_token_s`` up to date and dissolve

@@ -174,3 +174,34 @@ def test_lazy_cohort_equals_eager_replayer():
         tables.append(SimResult.from_replayer(rp))
     pd.testing.assert_frame_equal(tables[0].requests, tables[1].requests)
     pd.testing.assert_frame_equal(tables[0].batches, tables[1].batches)
+
+
+def test_cohort_survives_evictions_and_syncs():
+    """A batch evicting some cohort members and decoding the rest in order stays a cohort batch, and `sync`
+    brings members up to date without dissolving the cohort; tables equal the eager replayer's."""
+    reqs = [Request(i, 0.0, 4 + i, 12) for i in range(4)]
+    tables, epochs = [], []
+    for lazy in (False, True):
+        rp = Replayer(reqs, Limits(block_size=2), LINEAR, lazy_decoders=lazy)
+        rp.apply(ScheduledBatch(items=[(i, 4 + i) for i in range(4)]))
+        decode = [(i, 1) for i in range(4)]
+        rp.apply(ScheduledBatch(items=decode))  # the cohort forms
+        rp.apply(ScheduledBatch(items=decode))
+        if lazy:
+            rp.sync()
+            assert [rp.states[i].m for i in range(4)] == [rp.cached_tokens(rp.states[i]) for i in range(4)]
+            assert [rp.states[i].generated for i in range(4)] == [3] * 4
+            assert rp._cohort_ids == {0, 1, 2, 3}  # kept
+        epoch = rp._epoch
+        rp.apply(ScheduledBatch(items=[(0, 1), (2, 1), (3, 1)], evict=[1]))  # evicts a member, decodes the rest
+        epochs.append(rp._epoch - epoch)
+        if lazy:
+            assert rp._cohort_ids == {0, 2, 3}
+        rp.apply(ScheduledBatch(items=[(0, 1), (2, 1), (3, 1), (1, rp.states[1].input_tokens)]))
+        while rp.unfinished:
+            running = [i for i in range(4) if rp.states[i].finish_s is None]
+            rp.apply(ScheduledBatch(items=[(i, 1) for i in running]))
+        tables.append(SimResult.from_replayer(rp))
+    assert epochs == [0, 1]  # the eviction batch was applied to the cohort as a whole
+    pd.testing.assert_frame_equal(tables[0].requests, tables[1].requests)
+    pd.testing.assert_frame_equal(tables[0].batches, tables[1].batches)

@@ -260,11 +260,12 @@ class AptServeScheduler(Scheduler):
         self.running: list[RequestState] = []
         self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each running request, same order
         self._hidden_running = 0  # running requests holding a hidden-form cache
-        self._planned: tuple | None = None  # (batch, KV in use after it) of the last decode-all plan
+        self._planned: tuple | None = None  # (batch, KV in use after it or None) of the last decode iteration
         self._ref_at_clock = False  # every running request's last token is at the next plan's clock
         # Decoders' state is read only after `sync_states`, so the engine's lazy decode cohort could be used;
-        # it is not: on azure-conv (first 3,000 requests) a third of the decode iterations preempt, which
-        # dissolves the cohort and rebuilds it, and aptserve-kv ran at 157 us per batch with it, 126 without.
+        # it is not, as it measured no faster: aptserve-kv on the whole azure-conv trace (C = 14,088) ran at
+        # 217 and 248 us per batch with it, 235 and 237 without (a quarter of the decode iterations preempt,
+        # and each of those reads every running request).
         self.lazy_decode_ok = False
         self._by_id: dict[int, RequestState] = {}
         self._prefill_cap = min(limits.C, limits.prefill_budget)
@@ -354,7 +355,9 @@ class AptServeScheduler(Scheduler):
             arrays = aptserve_running.RunningArrays.of(running)
         batch = self._decode_iteration(now_s, n, arrays)
         if batch.evict and self._unrefillable(batch.evict):
-            return self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
+            batch = self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
+        if batch.items and batch.items[0][0] in self._running_ids:  # a decode iteration (iterations never mix): no admission
+            self._planned = (batch, None)
         return batch
 
     def _decode_all(self) -> ScheduledBatch | None:
@@ -520,8 +523,8 @@ class AptServeScheduler(Scheduler):
         if self.options.reprefill_hidden:
             keeps &= ~as_hidden
         ids = arrays.ids
-        return ScheduledBatch(items=[(rid, 1) for rid in ids[keeps].tolist()], evict=ids[~keeps].tolist(),
-                              hidden=frozenset(ids[keeps & arrays.hidden].tolist()))
+        items = list(compress(self._decode_items, keeps.tolist()))  # the kept (id, 1) tuples, running order
+        return ScheduledBatch(items=items, evict=ids[~keeps].tolist(), hidden=frozenset(ids[keeps & arrays.hidden].tolist()))
 
     def _selection_of(self, arrays: aptserve_running.RunningArrays) -> Selection:
         """The last ``_decode_arrays`` selection as a ``Selection`` (forms only)."""
@@ -646,8 +649,9 @@ class AptServeScheduler(Scheduler):
             for s in evicted:
                 self._note_size(s)
         running_ids = self._running_ids
-        decode_all = planned is not None and planned[0] is batch
-        admitted = [] if decode_all else [rid for rid, _ in batch.items if rid not in running_ids]
+        decoded = planned is not None and planned[0] is batch  # a planned decode iteration admits nobody
+        decode_all = decoded and planned[1] is not None
+        admitted = [] if decoded else [rid for rid, _ in batch.items if rid not in running_ids]
         for rid in admitted:
             s = self.waiting.remove(rid)
             self.running.append(s)
