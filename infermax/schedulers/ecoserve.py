@@ -272,8 +272,13 @@ class EcoServeScheduler(Scheduler):
     def _gt_order(self, now: float):
         if not self.opt.ordering:
             return lambda t: (t.s.req.arrival_s, t.s.id)
-        return lambda t: (self._slack_bucket(t, now), -(t.s.gpu_tokens // KV_BUCKET), -(t.gen_alloc // LEN_BUCKET),
-                          -t.gen_alloc, t.s.req.arrival_s, t.s.id)
+
+        def key(t: _Task, bucket=slack_bucket) -> tuple:  # computed for every queued GT at every admission
+            s = t.s
+            return (bucket(t.deadline, now), -((s.m - s.cpu_tokens) // KV_BUCKET), -(t.gen_alloc // LEN_BUCKET),
+                    -t.gen_alloc, s.req.arrival_s, s.id)  # s.m - s.cpu_tokens: gpu_tokens, without the property call
+
+        return key
 
     @staticmethod
     def _slack_bucket(t: _Task, now: float) -> int:
@@ -414,7 +419,9 @@ class EcoServeScheduler(Scheduler):
             eligible = [] if head is None else [head]
         else:
             if o.ordering:
-                eligible = [t for t in self.q_g.values() if self._eligible(t)]
+                it, allocs = self.iteration, self.ledger.allocs  # `_eligible`, inline (every queued GT)
+                eligible = [t for t in self.q_g.values()
+                            if t.left_at != it and not ((a := allocs.get(t.s.id)) is not None and a.holds_slot)]
                 eligible.sort(key=self._gt_order(now))
             else:
                 eligible = [t for t in (self.q_g[rid] for _, rid in self._g_fcfs) if self._eligible(t)]
@@ -503,7 +510,7 @@ class EcoServeScheduler(Scheduler):
         a = self.ledger.allocs[host.s.id]
         pool = sorted((t for t in self.q_g.values() if t.left_at != self.iteration and t.s.cpu_tokens == 0
                        and not self._held_in_slot(t)),
-                      key=lambda t: (t.gen_alloc, self._slack_bucket(t, now), -t.s.id))
+                      key=lambda t: (t.gen_alloc, slack_bucket(t.deadline, now), -t.s.id))
         if not pool:
             return
         lengths = [t.gen_alloc for t in pool]
