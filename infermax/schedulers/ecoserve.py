@@ -429,12 +429,14 @@ class EcoServeScheduler(Scheduler):
             by_key: dict[int, list[_Task]] = {}
             for t in eligible:
                 by_key.setdefault(t.key, []).append(t)
+            blocks, allocs = lim.blocks, self.ledger.allocs
             for members in by_key.values():  # groups in the order of their first member
                 gid = None
                 for t in members:
                     if len(self.running) >= lim.C:
                         break
-                    cost = self._admission_cost(t)
+                    a = allocs.get(t.s.id)  # `_admission_cost`, inline (every eligible GT, at every admission)
+                    cost = blocks(t.s.m + t.gen_alloc) - (0 if a is None else a.charge)
                     if cost <= room:
                         room -= cost
                         gid = self._start(t, batch, gid)
@@ -508,8 +510,9 @@ class EcoServeScheduler(Scheduler):
     def _host(self, host: _Task, batch: ScheduledBatch, now: float) -> None:
         """KV pipelining for a newly admitted GT (``hosting_plan``); guests join the running set."""
         a = self.ledger.allocs[host.s.id]
-        pool = sorted((t for t in self.q_g.values() if t.left_at != self.iteration and t.s.cpu_tokens == 0
-                       and not self._held_in_slot(t)),
+        it, allocs = self.iteration, self.ledger.allocs
+        pool = sorted((t for t in self.q_g.values() if t.left_at != it and t.s.cpu_tokens == 0
+                       and not ((g := allocs.get(t.s.id)) is not None and g.holds_slot)),  # `_held_in_slot`
                       key=lambda t: (t.gen_alloc, slack_bucket(t.deadline, now), -t.s.id))
         if not pool:
             return
