@@ -21,8 +21,8 @@ Every choice the paper leaves open is an ``AptServeOptions`` field; see docs/des
 from __future__ import annotations
 
 import math
-from itertools import compress
 from dataclasses import dataclass
+from itertools import compress
 from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -232,8 +232,8 @@ class AptServeScheduler(Scheduler):
     decode, are read in full as the paper's greedy does, except in a *decode-all* iteration: no running
     request holds a hidden-form cache and all of them fit ``C`` and, one token further, ``M``. Then every
     greedy (and FCFS) takes every one of them in KV form whatever their values (`_select_running`), so the
-    batch is their decode items in running order, known from running totals (the KV in use and, from the
-    replayer's lazy decode cohort, how many open a block) without reading a request. Such a batch
+    batch is their decode items in running order, known from running totals (the KV in use; at block size 1
+    every decode opens a block, otherwise the openers are counted) without reading a request. Such a batch
     changes the totals by what it planned, less what finished requests held, and leaves every running
     request's last token at its end, which is the engine's clock at the next plan. The decisions are
     those of the plain version (``tests/aptserve_reference.py``; ``tests/test_aptserve_equivalence.py``
@@ -356,8 +356,8 @@ class AptServeScheduler(Scheduler):
         batch = self._decode_iteration(now_s, n, arrays)
         if batch.evict and self._unrefillable(batch.evict):
             batch = self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
-        if batch.items and batch.items[0][0] in self._running_ids:  # a decode iteration (iterations never mix): no admission
-            self._planned = (batch, None)
+        if batch.items and batch.items[0][0] in self._running_ids:  # a decode iteration (never mixed with
+            self._planned = (batch, None)  # prefills): it admits nobody
         return batch
 
     def _decode_all(self) -> ScheduledBatch | None:
@@ -524,7 +524,8 @@ class AptServeScheduler(Scheduler):
             keeps &= ~as_hidden
         ids = arrays.ids
         items = list(compress(self._decode_items, keeps.tolist()))  # the kept (id, 1) tuples, running order
-        return ScheduledBatch(items=items, evict=ids[~keeps].tolist(), hidden=frozenset(ids[keeps & arrays.hidden].tolist()))
+        return ScheduledBatch(items=items, evict=ids[~keeps].tolist(),
+                              hidden=frozenset(ids[keeps & arrays.hidden].tolist()))
 
     def _selection_of(self, arrays: aptserve_running.RunningArrays) -> Selection:
         """The last ``_decode_arrays`` selection as a ``Selection`` (forms only)."""
