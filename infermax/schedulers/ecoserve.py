@@ -280,10 +280,6 @@ class EcoServeScheduler(Scheduler):
 
         return key
 
-    @staticmethod
-    def _slack_bucket(t: _Task, now: float) -> int:
-        return slack_bucket(t.deadline, now)
-
     # ---------------------------------------------------------------- the iteration
     def next_batch(self, now_s: float) -> ScheduledBatch:
         t0 = perf_counter()
@@ -419,12 +415,10 @@ class EcoServeScheduler(Scheduler):
             eligible = [] if head is None else [head]
         else:
             if o.ordering:
-                it, allocs = self.iteration, self.ledger.allocs  # `_eligible`, inline (every queued GT)
-                eligible = [t for t in self.q_g.values()
-                            if t.left_at != it and not ((a := allocs.get(t.s.id)) is not None and a.holds_slot)]
+                eligible = self._eligible_gts(self.q_g.values())
                 eligible.sort(key=self._gt_order(now))
             else:
-                eligible = [t for t in (self.q_g[rid] for _, rid in self._g_fcfs) if self._eligible(t)]
+                eligible = self._eligible_gts(self.q_g[rid] for _, rid in self._g_fcfs)
         if o.sync:
             by_key: dict[int, list[_Task]] = {}
             for t in eligible:
@@ -485,6 +479,11 @@ class EcoServeScheduler(Scheduler):
             admitted.append(t)
         return head
 
+    def _eligible_gts(self, tasks) -> list[_Task]:
+        """``_eligible`` over many queued GTs, its tests inline (run over the whole GT queue at every admission)."""
+        it, allocs = self.iteration, self.ledger.allocs
+        return [t for t in tasks if t.left_at != it and not ((a := allocs.get(t.s.id)) is not None and a.holds_slot)]
+
     def _held_in_slot(self, t: _Task) -> bool:
         a = self.ledger.allocs.get(t.s.id)
         return a is not None and a.holds_slot
@@ -510,9 +509,7 @@ class EcoServeScheduler(Scheduler):
     def _host(self, host: _Task, batch: ScheduledBatch, now: float) -> None:
         """KV pipelining for a newly admitted GT (``hosting_plan``); guests join the running set."""
         a = self.ledger.allocs[host.s.id]
-        it, allocs = self.iteration, self.ledger.allocs
-        pool = sorted((t for t in self.q_g.values() if t.left_at != it and t.s.cpu_tokens == 0
-                       and not ((g := allocs.get(t.s.id)) is not None and g.holds_slot)),  # `_held_in_slot`
+        pool = sorted((t for t in self._eligible_gts(self.q_g.values()) if t.s.cpu_tokens == 0),
                       key=lambda t: (t.gen_alloc, slack_bucket(t.deadline, now), -t.s.id))
         if not pool:
             return
