@@ -45,7 +45,7 @@ from ..replay import RequestState
 from ..schedule import ScheduledBatch
 from .base import Scheduler
 from .ecoserve_kv import KVLedger, hosting_plan
-from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, DeadEntries, PromptQueue, slack_bucket  # noqa: F401
+from .ecoserve_queue import KV_BUCKET, LEN_BUCKET, SLACK_BUCKETS_S, DeadEntries, GTQueue, PromptQueue  # noqa: F401
 
 STATES = ("waiting", "execution", "gt_queue", "preemption")
 
@@ -175,8 +175,7 @@ class EcoServeScheduler(Scheduler):
         self.reserve_tokens = int(o.reserve * limits.M)
         self.tasks: dict[int, _Task] = {}
         self.q_p = PromptQueue(o.ordering, limits.block_size)  # kept in priority order between batches
-        self.q_g: dict[int, _Task] = {}  # insertion order (bounded by the KV-resident requests)
-        self._g_fcfs: list[tuple[float, int]] = []  # q_g's (arrival, id), sorted: the order without ``ordering``
+        self.q_g = GTQueue(o.ordering or o.pipelining)  # kept in FCFS, admission and hosting order between batches
         self.holding: set[int] = set()  # requests with GPU-resident KV (the replayer's holders)
         self._prompts_prev: set[int] = set()  # the PTs of the previous batch
         self._now = 0.0
@@ -220,14 +219,10 @@ class EcoServeScheduler(Scheduler):
 
     def _queue_gt(self, t: _Task) -> None:
         """Append ``t`` to the GT queue (moving it to the end if it is there)."""
-        if t.s.id in self.q_g:
-            self._unqueue_gt(t)
-        self.q_g[t.s.id] = t
-        bisect.insort(self._g_fcfs, (t.s.req.arrival_s, t.s.id))
+        self.q_g.add(t, self._now)
 
     def _unqueue_gt(self, t: _Task) -> None:
-        del self.q_g[t.s.id]
-        del self._g_fcfs[bisect.bisect_left(self._g_fcfs, (t.s.req.arrival_s, t.s.id))]
+        self.q_g.remove(t)
 
     def _regroup(self, t: _Task) -> None:
         """After an under-prediction: a new remaining length (specs §6.1)."""
@@ -267,18 +262,6 @@ class EcoServeScheduler(Scheduler):
         for rid in self.held.pop(gid, []):
             self.ledger.release(rid)
         self.group_completed = True
-
-    # ---------------------------------------------------------------- ordering
-    def _gt_order(self, now: float):
-        if not self.opt.ordering:
-            return lambda t: (t.s.req.arrival_s, t.s.id)
-
-        def key(t: _Task, bucket=slack_bucket) -> tuple:  # computed for every queued GT at every admission
-            s = t.s
-            return (bucket(t.deadline, now), -((s.m - s.cpu_tokens) // KV_BUCKET), -(t.gen_alloc // LEN_BUCKET),
-                    -t.gen_alloc, s.req.arrival_s, s.id)  # s.m - s.cpu_tokens: gpu_tokens, without the property call
-
-        return key
 
     # ---------------------------------------------------------------- the iteration
     def next_batch(self, now_s: float) -> ScheduledBatch:
@@ -415,10 +398,10 @@ class EcoServeScheduler(Scheduler):
             eligible = [] if head is None else [head]
         else:
             if o.ordering:
-                eligible = self._eligible_gts(self.q_g.values())
-                eligible.sort(key=self._gt_order(now))
+                self.q_g.refresh(now)
+                eligible = self._eligible_gts(self.q_g.by_priority())
             else:
-                eligible = self._eligible_gts(self.q_g[rid] for _, rid in self._g_fcfs)
+                eligible = self._eligible_gts(self.q_g.in_fcfs_order())
         if o.sync:
             by_key: dict[int, list[_Task]] = {}
             for t in eligible:
@@ -464,7 +447,7 @@ class EcoServeScheduler(Scheduler):
     def _admit_fcfs(self, batch: ScheduledBatch, room: int, admitted: list[_Task]) -> _Task | None:
         """EcoServe-D's admission (FCFS, one by one, until the first GT that does not fit); returns the
         first eligible GT (``None`` if there is none)."""
-        keys, head, i = self._g_fcfs, None, 0
+        keys, head, i = self.q_g.fcfs, None, 0
         while i < len(keys):
             t = self.q_g[keys[i][1]]
             if not self._eligible(t):
@@ -509,8 +492,8 @@ class EcoServeScheduler(Scheduler):
     def _host(self, host: _Task, batch: ScheduledBatch, now: float) -> None:
         """KV pipelining for a newly admitted GT (``hosting_plan``); guests join the running set."""
         a = self.ledger.allocs[host.s.id]
-        pool = sorted((t for t in self._eligible_gts(self.q_g.values()) if t.s.cpu_tokens == 0),
-                      key=lambda t: (t.gen_alloc, slack_bucket(t.deadline, now), -t.s.id))
+        self.q_g.refresh(now)
+        pool = [t for t in self._eligible_gts(self.q_g.by_allocation()) if t.s.cpu_tokens == 0]
         if not pool:
             return
         lengths = [t.gen_alloc for t in pool]
@@ -673,6 +656,9 @@ class EcoServeScheduler(Scheduler):
         for rid in batch.evict:
             if rid in self.q_p:
                 self.q_p.rekey(self.tasks[rid])  # m is 0 now and the length may have grown
+        for rid, _ in batch.swap_out:
+            if rid in self.q_g:
+                self.q_g.rekey(self.tasks[rid])  # queued as its swap-out was planned: its GPU KV fell since
         tasks, holding = self.tasks, self.holding
         for rid in chain((rid for rid, _ in batch.items), batch.evict, (rid for rid, _ in batch.swap_out),
                          (rid for rid, _ in batch.swap_in)):

@@ -1,5 +1,5 @@
-"""EcoServe's PT queue kept in priority order between batches, so planning a batch touches only the
-prompts it looks at, not every waiting request.
+"""EcoServe's PT and GT queues kept in priority order between batches, so planning a batch touches only the
+requests it looks at, and never sorts a queue.
 
 EcoServe orders prompts by (slack bucket, −⌊occupied KV/128⌋, −⌊length/128⌋, −length, arrival, id)
 (``ordering``) or FCFS by (arrival, id). Of those fields only two change while a request waits:
@@ -14,6 +14,12 @@ EcoServe orders prompts by (slack bucket, −⌊occupied KV/128⌋, −⌊length
 (remaining prompt tokens, key) for the "closest-fitting PT" search. Keys end with the request id, so
 they are unique and the order is total. The insertion order (``tasks``, a dict) is kept for the
 deadlock breaking, which evicts the most recently queued holder first.
+
+The GT queue (`GTQueue`) is kept the same way, in three orders: FCFS (arrival, id); with ``ordering``, the
+admission order (slack bucket, −⌊GPU-resident KV/128⌋, −⌊allocation/128⌋, −allocation, arrival, id); and
+the hosting pool's order (allocation, slack bucket, −id). A queued GT's allocation is set before it is
+queued and its GPU-resident KV changes only when a swap-out planned in the batch that queued it is
+applied (``rekey`` in ``batch_done``); its bucket falls with ``now`` (``refresh``).
 """
 
 from __future__ import annotations
@@ -35,30 +41,63 @@ def slack_bucket(deadline: float, now: float) -> int:
     return 2 if slack >= _HIGH_S else (1 if slack >= _LOW_S else 0)
 
 
-class PromptQueue:
-    """The PT queue: insertion order (``tasks``) plus the priority index (see the module docstring).
+class _SlackBuckets:
+    """Each member's slack bucket, which only falls as ``now`` grows, and ``refresh(now)``, which moves the
+    members whose ``deadline − now`` crossed a threshold: found in one deadline-ordered heap per bucket
+    (bucket 0 has none), so each member moves at most twice. Subclasses re-index a moved member in
+    ``_moved``; members need ``s`` (a ``RequestState``) and ``deadline``."""
 
-    Tasks need ``s`` (a ``RequestState``) and ``deadline``; the queue keeps their keys itself."""
-
-    def __init__(self, ordering: bool, block_size: int):
-        self.ordering, self.block_size = ordering, block_size
+    def __init__(self) -> None:
         self.tasks: dict = {}  # rid -> task, insertion order
-        self.keys: list[tuple] = []  # priority order
-        self.by_rem: list[tuple] = []  # (remaining prompt tokens, key), ordering only
-        self.task_of: dict[tuple, object] = {}  # key -> task
-        self._key: dict[int, tuple] = {}
         self._bucket: dict[int, int] = {}
-        self._rem: dict[int, int] = {}  # remaining prompt tokens and m when last keyed
-        self._m: dict[int, int] = {}
         self._heaps: tuple[list, list, list] = ([], [], [])  # per bucket: (deadline, rid); bucket 0 unused
-        self.partial = 0  # members whose cached tokens end inside a block (m % block_size != 0)
-        self.started = 0  # members with m > 0
 
     def __contains__(self, rid: int) -> bool:
         return rid in self.tasks
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+    def _enter(self, t, now: float) -> int:
+        """Record ``t``'s bucket at ``now`` (a later ``now`` only lowers it; ``refresh`` catches up)."""
+        bucket = slack_bucket(t.deadline, now)
+        self._bucket[t.s.id] = bucket
+        if bucket:
+            heapq.heappush(self._heaps[bucket], (t.deadline, t.s.id))
+        return bucket
+
+    def _moved(self, t, old: int, new: int) -> None:
+        raise NotImplementedError
+
+    def refresh(self, now: float) -> None:
+        """Move the members whose slack fell below a bucket threshold by ``now``."""
+        for bucket in (2, 1):
+            heap, threshold = self._heaps[bucket], SLACK_BUCKETS_S[bucket - 1]
+            while heap and heap[0][0] - now < threshold:
+                _, rid = heapq.heappop(heap)
+                t = self.tasks.get(rid)
+                if t is None or self._bucket[rid] != bucket:
+                    continue  # left the queue or already moved
+                new = self._enter(t, now)
+                self._moved(t, bucket, new)
+
+
+class PromptQueue(_SlackBuckets):
+    """The PT queue: insertion order (``tasks``) plus the priority index (see the module docstring).
+
+    Tasks need ``s`` (a ``RequestState``) and ``deadline``; the queue keeps their keys itself."""
+
+    def __init__(self, ordering: bool, block_size: int):
+        super().__init__()
+        self.ordering, self.block_size = ordering, block_size
+        self.keys: list[tuple] = []  # priority order
+        self.by_rem: list[tuple] = []  # (remaining prompt tokens, key), ordering only
+        self.task_of: dict[tuple, object] = {}  # key -> task
+        self._key: dict[int, tuple] = {}
+        self._rem: dict[int, int] = {}  # remaining prompt tokens and m when last keyed
+        self._m: dict[int, int] = {}
+        self.partial = 0  # members whose cached tokens end inside a block (m % block_size != 0)
+        self.started = 0  # members with m > 0
 
     def _make_key(self, t, bucket: int) -> tuple:
         s = t.s
@@ -69,7 +108,7 @@ class PromptQueue:
     def _index(self, t, bucket: int) -> None:
         s = t.s
         key = self._make_key(t, bucket)
-        self._key[s.id], self._bucket[s.id] = key, bucket
+        self._key[s.id] = key
         self.task_of[key] = t
         insort(self.keys, key)
         if self.ordering:
@@ -90,13 +129,13 @@ class PromptQueue:
 
     def add(self, t, now: float) -> None:
         """Append ``t`` (keyed by its current ``m``, length and slack bucket at ``now``)."""
-        rid = t.s.id
-        self.tasks[rid] = t
-        bucket = slack_bucket(t.deadline, now) if self.ordering else 0
+        self.tasks[t.s.id] = t
+        if self.ordering:
+            bucket = self._enter(t, now)
+        else:
+            bucket = self._bucket[t.s.id] = 0
         self._snapshot(t)
         self._index(t, bucket)
-        if bucket:
-            heapq.heappush(self._heaps[bucket], (t.deadline, rid))
 
     def remove(self, t) -> None:
         rid = t.s.id
@@ -106,32 +145,22 @@ class PromptQueue:
 
     def rekey(self, t) -> None:
         """``t``'s ``m`` or length changed (its batch was applied)."""
-        bucket = self._bucket[t.s.id]
         self._unindex(t)
         self._snapshot(t)
-        self._index(t, bucket)
+        self._index(t, self._bucket[t.s.id])
+
+    def _moved(self, t, old: int, new: int) -> None:
+        self._unindex(t)
+        self._snapshot(t)
+        self._index(t, new)
 
     def _snapshot(self, t) -> None:
         # the fields a key and the counters were made from, to find the entries again after they change
         self._rem[t.s.id], self._m[t.s.id] = t.s.remaining_prefill, t.s.m
 
     def refresh(self, now: float) -> None:
-        """Move the members whose slack fell below a bucket threshold by ``now``."""
-        if not self.ordering:
-            return
-        for bucket in (2, 1):
-            heap, threshold = self._heaps[bucket], SLACK_BUCKETS_S[bucket - 1]
-            while heap and heap[0][0] - now < threshold:
-                _, rid = heapq.heappop(heap)
-                t = self.tasks.get(rid)
-                if t is None or self._bucket[rid] != bucket:
-                    continue  # left the queue or already moved
-                new = slack_bucket(t.deadline, now)
-                self._unindex(t)
-                self._snapshot(t)
-                self._index(t, new)
-                if new:
-                    heapq.heappush(self._heaps[new], (t.deadline, rid))
+        if self.ordering:
+            super().refresh(now)
 
     def closest_fit(self, budget: int, head_key: tuple, skip, dead: "DeadEntries | None" = None,
                     pass_over=None) -> object | None:
@@ -201,3 +230,85 @@ class DeadEntries:
     def right(self, j: int) -> int:
         """The smallest live index ``≥ j``."""
         return self._find(self._right, j)
+
+
+class GTQueue(_SlackBuckets):
+    """The GT queue: insertion order (``tasks``, the deadlock breaking's victims, most recent first), FCFS
+    order (``fcfs``: (arrival, id), sorted) and, when ``indexed`` (EcoServe's ordering or pipelining), the
+    admission order (``keys``) and the hosting pool's order (``pool``), as in the module docstring. Tasks need
+    ``s``, ``deadline`` and ``gen_alloc`` (the allocation for the remaining generation)."""
+
+    def __init__(self, indexed: bool):
+        super().__init__()
+        self.indexed = indexed
+        self.fcfs: list[tuple[float, int]] = []
+        self.keys: list[tuple] = []  # admission order; a key's last field is the id
+        self.pool: list[tuple[int, int, int]] = []  # (allocation, bucket, −id)
+        self._keys: dict[int, tuple[tuple, tuple]] = {}  # rid -> (admission key, pool key)
+
+    def __getitem__(self, rid: int):
+        return self.tasks[rid]
+
+    def values(self):
+        return self.tasks.values()
+
+    def _index(self, t, bucket: int) -> None:
+        s = t.s
+        key = (bucket, -((s.m - s.cpu_tokens) // KV_BUCKET), -(t.gen_alloc // LEN_BUCKET), -t.gen_alloc,
+               s.req.arrival_s, s.id)
+        pool_key = (t.gen_alloc, bucket, -s.id)
+        self._keys[s.id] = key, pool_key
+        insort(self.keys, key)
+        insort(self.pool, pool_key)
+
+    def _unindex(self, rid: int) -> None:
+        key, pool_key = self._keys.pop(rid)
+        del self.keys[bisect_left(self.keys, key)]
+        del self.pool[bisect_left(self.pool, pool_key)]
+
+    def add(self, t, now: float) -> None:
+        """Append ``t`` (at the end of the insertion order; keyed by its current GPU KV, allocation and slack
+        bucket at ``now``)."""
+        rid = t.s.id
+        if rid in self.tasks:
+            self.remove(t)
+        self.tasks[rid] = t
+        insort(self.fcfs, (t.s.req.arrival_s, rid))
+        if self.indexed:
+            self._index(t, self._enter(t, now))
+
+    def remove(self, t) -> None:
+        rid = t.s.id
+        del self.tasks[rid]
+        del self.fcfs[bisect_left(self.fcfs, (t.s.req.arrival_s, rid))]
+        if self.indexed:
+            self._unindex(rid)
+            del self._bucket[rid]
+
+    def rekey(self, t) -> None:
+        """``t``'s GPU-resident KV changed (a swap-out was applied)."""
+        if self.indexed:
+            self._unindex(t.s.id)
+            self._index(t, self._bucket[t.s.id])
+
+    def _moved(self, t, old: int, new: int) -> None:
+        self._unindex(t.s.id)
+        self._index(t, new)
+
+    def refresh(self, now: float) -> None:
+        if self.indexed:
+            super().refresh(now)
+
+    def by_priority(self):
+        """Members in admission order (``indexed``; ``refresh`` first)."""
+        tasks = self.tasks
+        return [tasks[key[-1]] for key in self.keys]
+
+    def by_allocation(self):
+        """Members in the hosting pool's order (``indexed``; ``refresh`` first)."""
+        tasks = self.tasks
+        return [tasks[-key[2]] for key in self.pool]
+
+    def in_fcfs_order(self):
+        tasks = self.tasks
+        return [tasks[rid] for _, rid in self.fcfs]
