@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from heapq import heappop, heappush
 from itertools import chain
 from dataclasses import dataclass
 from math import lcm
@@ -150,7 +151,7 @@ class EcoServeStats:
 class _Task:
     """Scheduler-side facts about one request."""
 
-    __slots__ = ("s", "pred", "gen_alloc", "key", "deadline", "preempted", "group", "left_at")
+    __slots__ = ("s", "pred", "gen_alloc", "key", "deadline", "preempted", "group", "left_at", "run_seq", "due")
 
     def __init__(self, s: RequestState, pred: int, deadline: float):
         self.s, self.pred, self.deadline = s, pred, deadline
@@ -159,6 +160,8 @@ class _Task:
         self.preempted = False  # was preempted / swapped / evicted at least once
         self.group: int | None = None
         self.left_at = -1  # iteration in which it was taken out of the running set
+        self.run_seq = 0  # when running: its place in the running set's order
+        self.due: int | None = None  # when running: the plan at which its growth check is due (`_watch`)
 
 
 class EcoServeScheduler(Scheduler):
@@ -174,12 +177,19 @@ class EcoServeScheduler(Scheduler):
         self.unit = lcm(o.alloc_block, limits.block_size)
         self.reserve_tokens = int(o.reserve * limits.M)
         self.tasks: dict[int, _Task] = {}
+        self._solo_s: dict[int, tuple[float, float]] = {}  # prompt tokens -> (t_p, t_g) (`_solo_estimate_s`)
         self.q_p = PromptQueue(o.ordering, limits.block_size)  # kept in priority order between batches
         self.q_g = GTQueue(o.ordering or o.pipelining)  # kept in FCFS, admission and hosting order between batches
         self.holding: set[int] = set()  # requests with GPU-resident KV (the replayer's holders)
         self._prompts_prev: set[int] = set()  # the PTs of the previous batch
         self._now = 0.0
         self.running: dict[int, _Task] = {}  # insertion order = admission order
+        self._run_seq = 0
+        self._due: list[tuple[int, int, int]] = []  # heap of (plan a growth check is due, run_seq, id); stale kept
+        self._entered: list[int] = []  # GTs that joined the running set in this plan
+        self._decode_items: list[tuple[int, int]] = []  # (id, 1) per running GT, in the running set's order
+        self._n_decode_items = 0  # decode items of the last plan (they lead its items)
+        self.lazy_decode_ok = True  # running GTs' states are read through `cached_tokens` or after `sync_states`
         self.groups: dict[int, set[int]] = {}
         self.held: dict[int, list[int]] = {}  # release="group": finished members' ids per group
         self._next_group = 0
@@ -201,11 +211,15 @@ class EcoServeScheduler(Scheduler):
             self.stats.arrive(s.id, r.arrival_s)
 
     def _solo_estimate_s(self, prompt: int, pred: int) -> float:
-        """t_p + t_g · RL for this request served alone (cost model; RL = predicted length)."""
+        """t_p + t_g · RL for this request served alone (cost model; RL = predicted length). t_p and t_g depend
+        on the prompt length only: kept per length (traces repeat lengths; two cost-model calls per arrival)."""
         cm = self.cost_model
         if cm is None:
             return float(pred)
-        return solo_prefill_s(cm, prompt) + solo_decode_s(cm, prompt) * pred
+        solo = self._solo_s.get(prompt)
+        if solo is None:
+            solo = self._solo_s[prompt] = (solo_prefill_s(cm, prompt), solo_decode_s(cm, prompt))
+        return solo[0] + solo[1] * pred
 
     def _set_gen_alloc(self, t: _Task, remaining_pred: int) -> None:
         need = math.ceil(max(remaining_pred, 1) * (1 + self.opt.padding) - 1e-9)
@@ -235,8 +249,27 @@ class EcoServeScheduler(Scheduler):
             t.pred = s.generated + remaining
         self._set_gen_alloc(t, remaining)
 
+    def _enter_running(self, t: _Task) -> None:
+        """``t`` joins the running set (at its end) and decodes in this plan's batch."""
+        self.running[t.s.id] = t
+        self._run_seq += 1
+        t.run_seq = self._run_seq
+        self._entered.append(t.s.id)
+        self._decode_items.append((t.s.id, 1))
+        self._watch(t)
+
+    def _watch(self, t: _Task) -> None:
+        """Schedule the running GT's next growth check: the first plan at which ``m + 1`` may exceed its limit.
+        A running GT decodes once in every batch, so with ``m`` read at plan ``k`` (before its batch) that is
+        plan ``k + limit − m``, at least ``k + 1``. Called whenever its limit may have fallen (admission,
+        lending) and after each check; a limit that rose makes the check early, which finds nothing to do."""
+        due = max(self.iteration + self.ledger.allocs[t.s.id].limit - self.cached_tokens(t.s), self.iteration + 1)
+        t.due = due
+        heappush(self._due, (due, t.run_seq, t.s.id))
+
     def _leave_running(self, t: _Task) -> None:
         del self.running[t.s.id]
+        self._decode_items.remove((t.s.id, 1))
         t.left_at = self.iteration
         members = self.groups.get(t.group)
         if members is not None:
@@ -282,22 +315,41 @@ class EcoServeScheduler(Scheduler):
             if t is not None:
                 stats.set(rid, "execution" if rid in prompts else ("preemption" if t.preempted else "waiting"))
         self._prompts_prev = prompts
-        for rid in self.running:
-            stats.set(rid, "execution")
-        batch.items = [(rid, 1) for rid in self.running] + batch.items
+        running = self.running
+        for rid in self._entered:  # a running GT stays in "execution" until it leaves the running set
+            if rid in running:
+                stats.set(rid, "execution")
+        self._entered.clear()
+        self._n_decode_items = len(self._decode_items)
+        batch.items = self._decode_items + batch.items
         self.stats.ledger_per_iteration.append(self.ledger.used)
         self.stats.decision_s += perf_counter() - t0
         self.stats.decisions += 1
         return batch
 
     def _grow_running(self, batch: ScheduledBatch) -> None:
-        """Step 1: every running GT gets room for its next token (slots taken back, reserve, preemption)."""
-        for rid in list(self.running):
-            t = self.running.get(rid)
-            if t is None:
-                continue
+        """Step 1: every running GT gets room for its next token (slots taken back, reserve, preemption).
+
+        Only the GTs whose check is due (`_watch`) are visited, in the running set's order: for the others
+        ``m + 1`` is within their limit and ``need`` would change nothing."""
+        heap, running, k = self._due, self.running, self.iteration
+        if not heap or heap[0][0] > k:
+            return
+        due = []
+        while heap and heap[0][0] <= k:
+            d, seq, rid = heappop(heap)
+            t = running.get(rid)
+            if t is not None and t.due == d and t.run_seq == seq:
+                t.due = None  # a duplicate entry is stale
+                due.append((seq, t))
+        due.sort()
+        for _, t in due:
+            rid = t.s.id
+            if rid not in running:
+                continue  # taken out by an earlier GT of this loop
+            m_next = self.cached_tokens(t.s) + 1
             while True:
-                ok, leaving = self.ledger.need(rid, t.s.m + 1)
+                ok, leaving = self.ledger.need(rid, m_next)
                 for g in leaving:
                     self._vacate_guest(self.tasks[g.rid], batch)
                 if ok:
@@ -307,9 +359,12 @@ class EcoServeScheduler(Scheduler):
                     break
                 if not self._evict_one_resident(batch, keep=rid) and not self._release_held():
                     raise AssertionError(f"EcoServe: lone GT {rid} cannot grow and nothing can be evicted")
+            if rid in running:
+                self._watch(t)
 
     def _vacate_guest(self, g: _Task, batch: ScheduledBatch) -> None:
         """A lender reached a slot whose guest still holds KV there: swap out (or evict) the guest."""
+        self.sync_states()  # the guest may be a running GT: its m and generated are read below
         s = g.s
         in_slot = s.m - self.ledger.allocs[s.id].m0
         if g.s.id in self.running:
@@ -342,6 +397,7 @@ class EcoServeScheduler(Scheduler):
 
     def _preempt(self, t: _Task) -> None:
         """Resident (offload-free) preemption after an under-prediction; regroup (specs §2.7)."""
+        self.sync_states()  # a running GT: its m and generated are read below
         s = t.s
         self._leave_running(t)
         self.ledger.preempt(s.id, s.gpu_tokens)
@@ -486,7 +542,7 @@ class EcoServeScheduler(Scheduler):
             self.groups[gid] = set()
         self.groups[gid].add(s.id)
         t.group = gid
-        self.running[s.id] = t
+        self._enter_running(t)
         return gid
 
     def _host(self, host: _Task, batch: ScheduledBatch, now: float) -> None:
@@ -517,10 +573,11 @@ class EcoServeScheduler(Scheduler):
             g = self.tasks[rid]
             self._unqueue_gt(g)
             self.ledger.lend(owner, slot, rid, g.s.m)
+            self._watch(placed[writer])  # its limit fell by the slot
             gid = host.group
             self.groups[gid].add(rid)
             g.group = gid
-            self.running[rid] = g
+            self._enter_running(g)
 
     def _fill_prompts(self, batch: ScheduledBatch, now: float) -> None:
         """Step 3: PT chunks up to C − #running GTs tokens (≤ P), KV from anything free."""
@@ -642,7 +699,8 @@ class EcoServeScheduler(Scheduler):
             else:
                 self.q_p.remove(t)
                 self.ledger.release(s.id)
-        for rid, _ in batch.items:
+        prompt_items = batch.items[self._n_decode_items:]  # the plan's decode items lead; their GTs stay running
+        for rid, _ in prompt_items:
             t = self.tasks.get(rid)
             if t is None or rid in self.running or rid in done:
                 continue
@@ -660,7 +718,8 @@ class EcoServeScheduler(Scheduler):
             if rid in self.q_g:
                 self.q_g.rekey(self.tasks[rid])  # queued as its swap-out was planned: its GPU KV fell since
         tasks, holding = self.tasks, self.holding
-        for rid in chain((rid for rid, _ in batch.items), batch.evict, (rid for rid, _ in batch.swap_out),
+        # A running GT's decode keeps it a KV holder; it became one by its prompt's chunk or its swap-in.
+        for rid in chain((rid for rid, _ in prompt_items), batch.evict, (rid for rid, _ in batch.swap_out),
                          (rid for rid, _ in batch.swap_in)):
             t = tasks.get(rid)
             if t is not None:
