@@ -434,36 +434,43 @@ class Replayer:
             s.prefix_hit_tokens += n
 
     def _swap(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> tuple[int, int]:
-        """Apply the batch's swap-outs then swap-ins; return the tokens moved each way."""
-        if (batch.swap_out or batch.swap_in) and self.swap_cost is None:
+        """Apply the batch's swap-outs then swap-ins; return the tokens moved each way. (Called for every batch of
+        a swapping scheduler such as BROS: the per-pair work is written out, with ``gpu_tokens`` inline.)"""
+        if self.swap_cost is None:
             raise ScheduleViolation(j, None, "swap-cost", "the batch swaps KV but the replay has no swap cost model")
-        both = {rid for rid, _ in batch.swap_out} & {rid for rid, _ in batch.swap_in}
-        if both:
-            raise ScheduleViolation(j, min(both), "swap-both", "swapped out and in in the same batch")
-        moved, blocks = [], self.limits.blocks
-        for direction, pairs in (("swap-out", batch.swap_out), ("swap-in", batch.swap_in)):
+        if batch.swap_out and batch.swap_in:
+            both = {rid for rid, _ in batch.swap_out}.intersection([rid for rid, _ in batch.swap_in])
+            if both:
+                raise ScheduleViolation(j, min(both), "swap-both", "swapped out and in in the same batch")
+        b = self.limits.block_size
+        moved = []
+        for out, pairs in ((True, batch.swap_out), (False, batch.swap_in)):
             total, seen = 0, set()
             for rid, n in pairs:
                 s = self._state(j, rid)
                 if rid in seen or rid in evicted:
-                    raise ScheduleViolation(j, rid, direction, "listed twice, or also evicted, in one batch")
+                    raise ScheduleViolation(j, rid, "swap-out" if out else "swap-in",
+                                            "listed twice, or also evicted, in one batch")
                 seen.add(rid)
+                direction = "swap-out" if out else "swap-in"
                 if s.hidden:
                     raise ScheduleViolation(j, rid, direction, "a hidden-form cache cannot be swapped")
-                room = s.gpu_tokens if direction == "swap-out" else s.cpu_tokens
+                before = s.m - s.cpu_tokens
+                room = before if out else s.cpu_tokens
                 if not 1 <= n <= room:
-                    where = "on the GPU" if direction == "swap-out" else "in host memory"
+                    where = "on the GPU" if out else "in host memory"
                     raise ScheduleViolation(j, rid, direction, f"moves {n} tokens; it has {room} {where}")
-                before = s.gpu_tokens
-                if direction == "swap-out":
+                if out:
                     self._plain.discard(rid)
                     s.cpu_tokens += n
                     s.swapped_out_tokens += n
+                    after = before - n
                 else:
                     s.cpu_tokens -= n
                     s.swapped_in_tokens += n
-                self.kv_tokens += blocks(s.gpu_tokens) - blocks(before)
-                self.holders += (s.gpu_tokens > 0) - (before > 0)
+                    after = before + n
+                self.kv_tokens += (after - before if b == 1 else -(-after // b) * b - -(-before // b) * b)
+                self.holders += (after > 0) - (before > 0)
                 total += n
             moved.append(total)
         return moved[0], moved[1]

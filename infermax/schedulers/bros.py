@@ -200,6 +200,7 @@ class BrosScheduler(Scheduler):
         self.max_batch = max(cap, 1)
         self.b_curr = min(options.base_batch, self.max_batch)
         self.last_budget_s = math.inf  # T_min^res of the last planned batch (inspection, tests)
+        self._victims: _VictimStream | None = None
 
     # --- queues -----------------------------------------------------------------------------
 
@@ -425,6 +426,7 @@ class BrosScheduler(Scheduler):
         mgr, opts, lim = self.mgr, self.options, self.limits
         if opts.check:
             self._check_against_states()
+        self._victims = None  # this iteration's RT victim stream, built when an allocation first fails
         ranked = self._ranked(now_s)
         head = next(ranked, None)  # the most urgent RT request (strict mode's budget), then the rest
         budget = self.budget((head,) if head is not None else (), now_s)
@@ -548,34 +550,12 @@ class BrosScheduler(Scheduler):
 
     def _holders_after(self, rank: tuple[float, float, int], now_s: float):
         """RT requests that held KV when the iteration started and rank after ``rank`` (slack, arrival, id),
-        most slack first, drawn lazily from ``_holder_groups`` (each read from its end; runs of equal slack
-        re-sorted, as in ``_ranked``). The RT loop selects in rank order, so no request ranked after the one
-        it is placing has gained KV in this iteration; those that lost it are skipped by ``_make_room``."""
-        streams = [self._group_stream_desc(target, group, now_s, rank) for target, group in self._holder_groups.items()]
-        ranks = streams[0] if len(streams) == 1 else merge(*streams, reverse=True)
-        return map(self.rt.__getitem__, map(itemgetter(2), ranks))
-
-    @staticmethod
-    def _group_stream_desc(target: float, group: list, now_s: float, rank: tuple):
-        """The (slack, arrival, id) of ``group``'s requests above ``rank``, descending."""
-        run: list = []
-        for ref, arrival, rid in reversed(group):
-            slack = target - (now_s - ref)
-            if run and slack != run[0][0]:
-                run.sort(reverse=True)
-                for item in run:
-                    if item <= rank:
-                        return
-                    yield item
-                run = []
-            if slack < rank[0]:
-                break
-            run.append((slack, arrival, rid))
-        run.sort(reverse=True)
-        for item in run:
-            if item <= rank:
-                return
-            yield item
+        most slack first, from the iteration's `_VictimStream` (built on the first call). The RT loop selects
+        in rank order, so no request ranked after the one it is placing has gained KV in this iteration;
+        those that lost it are skipped by ``_make_room``."""
+        if self._victims is None:
+            self._victims = _VictimStream(self._holder_groups, now_s)
+        return map(self.rt.__getitem__, map(itemgetter(2), self._victims.after(rank)))
 
     def _make_room(self, alloc, new_holder: bool, holders: int, victims, tried: bool = False):
         """Try ``alloc()``; on failure drop (swap out) ``victims`` (an iterable, drawn lazily) in order, skipping
@@ -615,3 +595,50 @@ class BrosScheduler(Scheduler):
     def describe_state(self) -> str:
         return (f"RT queued={len(self.rt)}, BE queued={len(self.be)}, slots used={self.mgr.used_slots()}/"
                 f"{self.capacity}, B_curr={self.b_curr}")
+
+
+def _group_stream_desc(target: float, group: list, now_s: float):
+    """The (slack, arrival, id) of ``group``'s requests (keys (ref, arrival, id), ascending), descending: read
+    from the end, runs of equal slack re-sorted (different reference times can round to one slack)."""
+    run: list = []
+    for ref, arrival, rid in reversed(group):
+        slack = target - (now_s - ref)
+        if run and slack != run[0][0]:
+            run.sort(reverse=True)
+            yield from run
+            run = []
+        run.append((slack, arrival, rid))
+    run.sort(reverse=True)
+    yield from run
+
+
+class _VictimStream:
+    """One iteration's RT victims: every RT KV holder as of the iteration's start as (slack, arrival, id), most
+    slack first, merged lazily from the per-target holder lists (`_group_stream_desc`), and shared by the
+    iteration's FindPreemptBlock calls. ``after(rank)`` yields the items above ``rank`` not taken by an earlier
+    call, each taken as it is yielded.
+
+    Why one stream serves every call: the RT loop places requests in rank order, so ranks only grow between
+    calls, and the stream is descending, so everything above its head has been taken. A taken item above the
+    current rank was dropped by the call that took it or had no GPU tokens then, and it cannot have gained
+    any since (only requests ranked before the one being placed were selected), so `_make_room` would skip it
+    now: leaving it out changes nothing. Each holder is read at most once per iteration instead of once per
+    call (with runs of equal slack, such as every request of one batch, re-read and re-sorted per call)."""
+
+    __slots__ = ("_it", "_head")
+    _NONE = object()
+
+    def __init__(self, groups: dict, now_s: float):
+        streams = [_group_stream_desc(target, group, now_s) for target, group in groups.items()]
+        self._it = streams[0] if len(streams) == 1 else merge(*streams, reverse=True)
+        self._head = self._NONE
+
+    def after(self, rank: tuple[float, float, int]):
+        while True:
+            head = self._head
+            if head is self._NONE:
+                head = self._head = next(self._it, None)
+            if head is None or head <= rank:
+                return
+            self._head = self._NONE
+            yield head
