@@ -18,11 +18,14 @@ NOW = 1e6  # large: ``NOW − ref`` rounds nearby reference times to one value, 
 REFS = [0.0, 1e-11, 3e-11, 0.5, 0.5 + 1e-11, 2.0, NOW - 0.1, NOW - 0.3]
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0.2, 0.4, 3.0]), st.sampled_from(REFS), st.sampled_from([0.0, 1.0, 2.0])),
-                min_size=1, max_size=25),
-       st.data())
-def test_lazy_rt_victims_match_sorting_every_holder(holders, data):
+# holders as (slack target, reference time, arrival); a holder's id is its index
+HOLDERS = st.lists(st.tuples(st.sampled_from([0.2, 0.4, 3.0]), st.sampled_from(REFS), st.sampled_from([0.0, 1.0, 2.0])),
+                   min_size=1, max_size=25)
+
+
+def _groups_and_full_sort(holders):
+    """The per-target holder lists (keys (ref, arrival, id), sorted) and every holder's (slack, arrival, id), sorted:
+    the straightforward order."""
     groups: dict[float, list] = {}
     flat = []
     for rid, (target, ref, arrival) in enumerate(holders):
@@ -30,7 +33,13 @@ def test_lazy_rt_victims_match_sorting_every_holder(holders, data):
         flat.append((target - (NOW - ref), arrival, rid))
     for group in groups.values():
         group.sort()
-    flat.sort()
+    return groups, sorted(flat)
+
+
+@settings(max_examples=400, deadline=None)
+@given(HOLDERS, st.data())
+def test_lazy_rt_victims_match_sorting_every_holder(holders, data):
+    groups, flat = _groups_and_full_sort(holders)
     # The requester's rank: one of the holders (it holds KV itself), or a point between them.
     rank = data.draw(st.one_of(st.sampled_from(flat),
                                st.tuples(st.sampled_from([f[0] for f in flat]), st.sampled_from([0.5, 1.0, 9.0]),
@@ -40,20 +49,11 @@ def test_lazy_rt_victims_match_sorting_every_holder(holders, data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0.2, 0.4, 3.0]), st.sampled_from(REFS), st.sampled_from([0.0, 1.0, 2.0])),
-                min_size=1, max_size=25),
-       st.data())
+@given(HOLDERS, st.data())
 def test_one_stream_serves_calls_with_growing_ranks(holders, data):
     """Calls with non-decreasing ranks, each taking a prefix of what it is offered: every call gets the items
     above its rank that no earlier call took, most slack first."""
-    groups: dict[float, list] = {}
-    flat = []
-    for rid, (target, ref, arrival) in enumerate(holders):
-        groups.setdefault(target, []).append((ref, arrival, rid))
-        flat.append((target - (NOW - ref), arrival, rid))
-    for group in groups.values():
-        group.sort()
-    flat.sort()
+    groups, flat = _groups_and_full_sort(holders)
     ranks = sorted(data.draw(st.lists(st.sampled_from([(-math.inf, 0.0, 0)] + flat), min_size=1, max_size=6)))
     stream, taken = _VictimStream(groups, NOW), set()
     for rank in ranks:
