@@ -1,6 +1,14 @@
 """Reference for the equivalence tests: the EcoServe scheduler as of commit fc1abe4, unchanged except
-for absolute imports (it re-sorts its queues every batch; ``infermax/schedulers/ecoserve.py`` must
-plan exactly the same batches).
+for absolute imports and one deliberate rule added later (it re-sorts its queues every batch;
+``infermax/schedulers/ecoserve.py`` must plan exactly the same batches).
+
+The added rule is the PT deadlock breaking's livelock guard of f32cc2a (``livelock_guard``, on by default):
+when a plan's deadlock breaking would evict the PT the previous one rescued without it having progressed,
+residents are evicted until a prompt completes or the chunks fill the token budget. fc1abe4's rule can
+livelock (``test_ecoserve_deadlock``, which turns the guard off), and where the guard fires the two rules
+plan different batches even when fc1abe4's would have got out (found by the equivalence test in session 8:
+at plan 403 of a 39-request workload the guard evicted three residents where fc1abe4 evicted one), so the
+reference carries the decision too.
 
 EcoServe (Shen & Sen, arXiv 2411.06364): decoupled prompt/generation tasks, time-synced GT groups,
 ordering, KV pipelining, predicted lengths. Implementation notes: ``shared/specs/ecoserve.md``.
@@ -147,7 +155,9 @@ class _Task:
 
 
 class EcoServeScheduler(Scheduler):
-    """EcoServe and its ablations (see the module docstring)."""
+    """EcoServe and its ablations (see the module docstring). ``livelock_guard``: f32cc2a's rule (False: fc1abe4's)."""
+
+    livelock_guard = True
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None,
                  options: EcoServeOptions | None = None, name: str = "ecoserve"):
@@ -166,6 +176,7 @@ class EcoServeScheduler(Scheduler):
         self.held: dict[int, list[int]] = {}  # release="group": finished members' ids per group
         self._next_group = 0
         self.group_completed = False
+        self._last_rescue: tuple[int, int] | None = None  # the livelock guard's memory
         self.iteration = 0
         self.stats = EcoServeStats()
 
@@ -339,13 +350,19 @@ class EcoServeScheduler(Scheduler):
 
     def _evict_one_resident(self, batch: ScheduledBatch, keep: int) -> bool:
         """Evict the lowest-priority waiting request that holds GPU KV (deadlock breaking)."""
+        t = self._resident_victim(batch, keep)
+        if t is None:
+            return False
+        self._evict(t, batch)
+        return True
+
+    def _resident_victim(self, batch: ScheduledBatch, keep: int) -> _Task | None:
         evicted = set(batch.evict) | {rid for rid, _ in batch.swap_out}
         for queue in (self.q_g, self.q_p):
             for t in reversed(queue):
                 if t.s.id != keep and t.s.gpu_tokens > 0 and t.s.id not in evicted:
-                    self._evict(t, batch)
-                    return True
-        return False
+                    return t
+        return None
 
     def _admit(self, batch: ScheduledBatch, now: float) -> None:
         """Step 2: GT admission (groups, split, pipelining), or one by one without ``sync``."""
@@ -462,14 +479,23 @@ class EcoServeScheduler(Scheduler):
         holders = sum(1 for t in self.tasks.values() if t.s.gpu_tokens > 0) - sum(
             1 for rid in set(batch.evict) if self.tasks[rid].s.gpu_tokens > 0)
         # A swapped-out request keeps its GPU part, so swaps do not change the holder count.
+        broken = until_done = False  # the livelock guard (see the class docstring)
         while True:
             picked = self._pick_prompts(cands, budget, holders)
-            if picked or self.running or batch.items:
+            if self.running or batch.items or (picked and not (
+                    until_done and sum(c for _, c in picked) < budget and all(c < t.s.remaining_prefill for t, c in picked))):
                 break
-            if not self._evict_one_resident(batch, keep=cands[0].s.id):  # deadlock breaking
+            victim = self._resident_victim(batch, keep=cands[0].s.id)  # deadlock breaking
+            if victim is None:
                 break
+            if self.livelock_guard and not broken and self._last_rescue == (victim.s.id, victim.s.m):
+                until_done = True
+            self._evict(victim, batch)
+            broken = True
             cands = [t for t in cands if t.s.id not in set(batch.evict)]
             holders -= 1
+        if broken and picked:
+            self._last_rescue = (picked[0][0].s.id, picked[0][0].s.m + picked[0][1])
         for t, c in picked:
             batch.items.append((t.s.id, c))
             self.ledger.set_resident(t.s.id, t.s.m + c)

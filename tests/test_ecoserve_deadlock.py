@@ -26,7 +26,9 @@ def test_pt_deadlock_breaking_does_not_livelock():
             (5.0, 60, 30, 34), (0.0, 24, 27, 15)]
     reqs = [Request(i, a, p, o, predicted_output_tokens=pred) for i, (a, p, o, pred) in enumerate(rows)]
     limits, cost, swap = Limits(C=117, M=140), AffineCost(0.01, 0.001), SwapCost(per_token_s=1e-4)
+    old_rule = RefScheduler(limits, cost)
+    old_rule.livelock_guard = False
     with pytest.raises(Exception, match="livelocked"):
-        simulate(reqs, RefScheduler(limits, cost), limits, cost, swap_cost=swap)
+        simulate(reqs, old_rule, limits, cost, swap_cost=swap)
     result = simulate(reqs, EcoServeScheduler(limits, cost), limits, cost, swap_cost=swap)
     assert (result.requests["generated_tokens"] == result.requests["output_tokens"]).all()

@@ -115,3 +115,31 @@ def test_group_release_deadlock_is_broken():
         assert DEADLOCK in str(exc)
     new, _ = _run(EcoServeScheduler, EcoServeOptions, reqs, limits, opts)
     assert (new.requests["generated_tokens"] == new.requests["output_tokens"]).all()
+
+
+class _Fc1abe4DeadlockRule(RefScheduler):
+    livelock_guard = False
+
+
+def test_plans_equal_the_reference_where_the_livelock_guard_fires():
+    """Found by the equivalence test (session 8): here the PT deadlock breaking's livelock guard (f32cc2a) fires, and
+    at plan 403 it evicts three residents where fc1abe4's rule evicted one. The reference carries the guard
+    (ecoserve_reference.py), so the plans agree; with the guard off they differ, so the case keeps exercising it."""
+    rows = [(0.0, 87, 58, None), (0.2, 176, 185, 303), (0.7, 99, 222, 64), (1.2, 100, 127, 1), (1.7, 147, 300, None),
+            (1.7, 100, 167, None), (1.7, 56, 144, None), (1.7, 111, 69, 235), (1.9, 216, 242, None), (1.95, 13, 8, None),
+            (2.15, 48, 5, None), (2.15, 298, 88, None), (2.15, 271, 2, None), (2.65, 267, 185, None),
+            (2.65, 203, 101, 316), (2.65, 2, 181, None), (2.6599999999999997, 147, 94, 187),
+            (3.1599999999999997, 213, 84, 372), (3.36, 5, 116, None), (3.4099999999999997, 51, 258, 292),
+            (4.91, 100, 208, None), (4.92, 17, 39, None), (4.93, 223, 243, None), (5.13, 72, 27, None),
+            (5.13, 1, 159, 162), (5.13, 228, 99, None), (5.63, 47, 246, None), (5.63, 144, 164, None),
+            (5.83, 4, 48, None), (5.83, 169, 125, None), (5.84, 26, 181, 30), (6.34, 196, 145, None),
+            (6.34, 108, 1, None), (6.84, 111, 52, None), (8.34, 65, 216, None), (8.34, 47, 68, 256),
+            (8.84, 148, 230, None), (8.84, 139, 147, 16), (8.84, 191, 171, None)]
+    reqs = [Request(i, a, p, o, predicted_output_tokens=pred) for i, (a, p, o, pred) in enumerate(rows)]
+    limits = Limits(C=241, M=502, Rmax=6)
+    opts = {"pipelining": False, "regroup": "pad", "release": "group", "admit_on": "free", "reserve": 0.03,
+            "predictor_seed": 1}
+    _same_plans((reqs, limits, opts))
+    new, _ = _run(EcoServeScheduler, EcoServeOptions, reqs, limits, opts)
+    old, _ = _run(_Fc1abe4DeadlockRule, RefOptions, reqs, limits, opts)
+    assert [b.evict for b in new.schedule.batches] != [b.evict for b in old.schedule.batches]

@@ -66,7 +66,7 @@ class _SlackBuckets:
             heapq.heappush(self._heaps[bucket], (t.deadline, t.s.id))
         return bucket
 
-    def _moved(self, t, old: int, new: int) -> None:
+    def _moved(self, t, new: int) -> None:
         raise NotImplementedError
 
     def refresh(self, now: float) -> None:
@@ -79,7 +79,7 @@ class _SlackBuckets:
                 if t is None or self._bucket[rid] != bucket:
                     continue  # left the queue or already moved
                 new = self._enter(t, now)
-                self._moved(t, bucket, new)
+                self._moved(t, new)
 
 
 class PromptQueue(_SlackBuckets):
@@ -149,7 +149,7 @@ class PromptQueue(_SlackBuckets):
         self._snapshot(t)
         self._index(t, self._bucket[t.s.id])
 
-    def _moved(self, t, old: int, new: int) -> None:
+    def _moved(self, t, new: int) -> None:
         self._unindex(t)
         self._snapshot(t)
         self._index(t, new)
@@ -291,7 +291,7 @@ class GTQueue(_SlackBuckets):
             self._unindex(t.s.id)
             self._index(t, self._bucket[t.s.id])
 
-    def _moved(self, t, old: int, new: int) -> None:
+    def _moved(self, t, new: int) -> None:
         self._unindex(t.s.id)
         self._index(t, new)
 
