@@ -436,7 +436,7 @@ class Replayer:
     def _swap(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> tuple[int, int]:
         """Apply the batch's swap-outs then swap-ins; return the tokens moved each way. (Called for every batch of
         a swapping scheduler such as BROS: the per-pair work is written out, with ``gpu_tokens`` inline.)"""
-        if self.swap_cost is None:
+        if (batch.swap_out or batch.swap_in) and self.swap_cost is None:
             raise ScheduleViolation(j, None, "swap-cost", "the batch swaps KV but the replay has no swap cost model")
         if batch.swap_out and batch.swap_in:
             both = {rid for rid, _ in batch.swap_out}.intersection([rid for rid, _ in batch.swap_in])
@@ -444,15 +444,13 @@ class Replayer:
                 raise ScheduleViolation(j, min(both), "swap-both", "swapped out and in in the same batch")
         b = self.limits.block_size
         moved = []
-        for out, pairs in ((True, batch.swap_out), (False, batch.swap_in)):
+        for direction, out, pairs in (("swap-out", True, batch.swap_out), ("swap-in", False, batch.swap_in)):
             total, seen = 0, set()
             for rid, n in pairs:
                 s = self._state(j, rid)
                 if rid in seen or rid in evicted:
-                    raise ScheduleViolation(j, rid, "swap-out" if out else "swap-in",
-                                            "listed twice, or also evicted, in one batch")
+                    raise ScheduleViolation(j, rid, direction, "listed twice, or also evicted, in one batch")
                 seen.add(rid)
-                direction = "swap-out" if out else "swap-in"
                 if s.hidden:
                     raise ScheduleViolation(j, rid, direction, "a hidden-form cache cannot be swapped")
                 before = s.m - s.cpu_tokens
