@@ -1,5 +1,6 @@
 """EcoServe's incremental queues plan exactly the batches of the scheduler as it was at fc1abe4, which
-re-sorted its queues and walked every waiting request each batch (kept as ``ecoserve_reference.py``).
+re-sorted its queues and walked every waiting request each batch (kept as ``ecoserve_reference.py``, with
+the deadlock breaking's livelock guard added since, a deliberate rule).
 
 Random workloads and options (every registered variant's component switches and every §6 choice),
 block sizes, Rmax and tight KV; arrivals spread so that slack buckets change while requests wait.
