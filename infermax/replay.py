@@ -632,9 +632,7 @@ class Replayer:
         the cohort (members rejoin after their next batch)."""
         if not self._cohort_ids:
             return
-        states = self.states
-        for rid in self._cohort_ids:
-            self._bring_up_to_date(states[rid])
+        self.sync()
         self._cohort, self._cohort_ids, self._cohort_key_sum = [], set(), 0
         self._cohort_max, self._finish_at = [], {}
         self._cohort_hist = [0] * self.limits.block_size

@@ -145,9 +145,7 @@ class PromptQueue(_SlackBuckets):
 
     def rekey(self, t) -> None:
         """``t``'s ``m`` or length changed (its batch was applied)."""
-        self._unindex(t)
-        self._snapshot(t)
-        self._index(t, self._bucket[t.s.id])
+        self._moved(t, self._bucket[t.s.id])
 
     def _moved(self, t, new: int) -> None:
         self._unindex(t)
@@ -288,8 +286,7 @@ class GTQueue(_SlackBuckets):
     def rekey(self, t) -> None:
         """``t``'s GPU-resident KV changed (a swap-out was applied)."""
         if self.indexed:
-            self._unindex(t.s.id)
-            self._index(t, self._bucket[t.s.id])
+            self._moved(t, self._bucket[t.s.id])
 
     def _moved(self, t, new: int) -> None:
         self._unindex(t.s.id)
