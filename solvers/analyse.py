@@ -20,7 +20,7 @@ from .backends import SolveOptions
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, objective_of, optimize
-from .policy import Policies, policy_violations
+from .policy import Policies, check_policies_feasible, policy_violations
 from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
 
 # "optimal" when the incumbent is within this relative distance of a valid lower bound. It must exceed the lower
@@ -75,6 +75,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
     check_fits(requests, limits)
+    check_policies_feasible(requests, limits, policies)
     details: dict = {}
     bound_s, details["lower_bound_method"] = lower_bound_or_zero(
         requests, limits, cost_model, objective, policies, time_left_s=deadline.left())

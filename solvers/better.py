@@ -22,7 +22,7 @@ from .formulation import TIME_UNIT
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import optimize
-from .policy import Policies
+from .policy import Policies, check_policies_feasible, policy_violations
 from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
 
 BOUND_RTOL = 1e-6  # a bound must clear the target by this much to answer "no"
@@ -73,6 +73,7 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
+    check_policies_feasible(requests, limits, policies)
     sim = simulate(requests, scheduler, limits, cost_model)
     base = objective.value(sim)
     target = (1 - margin) * base
@@ -81,9 +82,14 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     say(f"lower bound {lb_s:.6g} s, target {target:.6g} s ({lb_how})")
     sb = slot_bound(requests, cost_model.milp_terms(), objective, target)
     methods = {"lower_bound_s": lb_s, "lower_bound_method": lb_how}
+    every, obeys = "every schedule" + policies.scope(), True
+    if policies.names():  # the forced policies restrict the schedules searched, not the scheduler's own
+        obeys = methods["scheduler_obeys_policies"] = not policy_violations(sim.schedule, policies, cost_model)
+        if not obeys:
+            every += f" (which excludes {scheduler}'s own)"
     common = dict(scheduler=scheduler, scheduler_objective_s=base, target_s=target, slot_bound=sb.slots)
     if lb_s > target * (1 + BOUND_RTOL):
-        return BetterAnswer("no", f"every schedule has objective >= {lb_s:.6g} s > target {target:.6g} s "
+        return BetterAnswer("no", f"{every} has objective >= {lb_s:.6g} s > target {target:.6g} s "
                             f"({margin:.0%} below {scheduler}'s {base:.6g} s); {lb_how}", found_s=None, bound_s=lb_s,
                             slots=0, solver_status=None, bound_by="lower bound", gap=certified_gap(base, lb_s),
                             methods=methods, **common)
@@ -97,7 +103,8 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     methods.update(estimate.to_dict(), milp_refused=refusal)
     share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
     found = _search(requests, limits, cost_model, objective, policies, deadline.left() * share, say)
-    best_s, best_by, best_schedule = base, scheduler, None
+    # the incumbent is a schedule the forced policies allow: the scheduler's own only if it obeys them
+    best_s, best_by, best_schedule = (base, scheduler, None) if obeys else (math.inf, None, None)
     if found is not None:
         methods.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
         if found.schedule is not None and found.value_s < best_s:
@@ -109,22 +116,32 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
                             solver_status=None, schedule=best_schedule, found_by=best_by, bound_by="lower bound",
                             gap=certified_gap(best_s, lb_s), methods=methods, **common)
     if refusal is not None:
-        return BetterAnswer("unknown", f"{refusal}; the search's best is {best_s:.6g} s ({best_by}) and the lower "
-                            f"bound {lb_s:.6g} s: target {target:.6g} s lies between", found_s=best_s, bound_s=lb_s,
+        best = (f"the search's best is {best_s:.6g} s ({best_by}) and the lower bound {lb_s:.6g} s: target "
+                f"{target:.6g} s lies between" if best_by else f"the search found no schedule{policies.scope()}; the "
+                f"lower bound {lb_s:.6g} s is below target {target:.6g} s")
+        return BetterAnswer("unknown", f"{refusal}; {best}", found_s=_finite(best_s), bound_s=lb_s,
                             slots=slots, solver_status=None, schedule=best_schedule, found_by=best_by,
                             bound_by="lower bound", gap=certified_gap(best_s, lb_s), methods=methods, **common)
-    return _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline, sim, sb, slots,
-                           lb_s, best_s, best_by, best_schedule, methods, common, margin)
+    return _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline,
+                           sim.schedule if obeys else None, sb, slots, lb_s, best_s, best_by, best_schedule, methods,
+                           common, margin, every)
 
 
-def _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline, sim, sb, slots, lb_s,
-                    best_s, best_by, best_schedule, methods, common, margin) -> BetterAnswer:
+def _finite(value_s: float) -> float | None:
+    """An objective, or None for "no schedule" (inf)."""
+    return value_s if math.isfinite(value_s) else None
+
+
+def _better_by_milp(requests, limits, cost_model, objective, policies, options, deadline, own, sb, slots, lb_s,
+                    best_s, best_by, best_schedule, methods, common, margin, every) -> BetterAnswer:
+    """The exact MILP's verdict; ``own``: the scheduler's schedule when the forced policies allow it (a warm start),
+    else None."""
     scheduler, base, target = common["scheduler"], common["scheduler_objective_s"], common["target_s"]
     # the solver's time limit comes from the deadline, after the model is built (`optimize`)
     options = replace(options, stop_if_incumbent_below=target * TIME_UNIT,
                       stop_if_bound_above=target * TIME_UNIT * (1 + BOUND_RTOL))
     warm = best_schedule if best_schedule is not None and len(best_schedule.batches) <= slots else (
-        sim.schedule if len(sim.schedule.batches) <= slots else None)
+        own if own is not None and len(own.batches) <= slots else None)
     res = optimize(requests, limits, cost_model, objective, policies, slots=slots, warm_start=warm, options=options,
                    budget_s=target, objective_cut_s=lb_s or None, deadline=deadline)
     status = res.solve.status if res.solve else None
@@ -141,18 +158,20 @@ def _better_by_milp(requests, limits, cost_model, objective, policies, options, 
     proven = res.status == "infeasible" or res.bound_s > target * (1 + BOUND_RTOL)
     found = None if res.value_s is None else res.value_s
     if proven and sb.slots is not None:
-        why = (f"no schedule reaches target {target:.6g} s (the model with that budget is infeasible)"
-               if res.status == "infeasible" else f"every schedule has objective >= {res.bound_s:.6g} s > target {target:.6g} s")
+        why = (f"no schedule{policies.scope()} reaches target {target:.6g} s (the model with that budget is infeasible)"
+               if res.status == "infeasible" else f"{every} has objective >= {res.bound_s:.6g} s > target {target:.6g} s")
         return BetterAnswer("no", f"{why} "
                             f"({margin:.0%} below {scheduler}'s {base:.6g} s); slots {slots} cover every schedule that "
                             f"good ({sb.reason})", found_s=found, bound_s=res.bound_s, bound_by="MILP",
                             gap=gap, methods=methods, **common)
     if proven:
-        return BetterAnswer("unknown", f"no schedule of at most {slots} batches reaches {target:.6g} s, but the batch "
+        return BetterAnswer("unknown", f"no schedule{policies.scope()} of at most {slots} batches reaches {target:.6g} s, but the batch "
                             f"count cannot be bounded for this objective ({sb.reason})", found_s=found, bound_s=bound,
                             bound_by="lower bound", gap=gap, methods=methods, **common)
     inc = "none" if res.value_s is None else f"{res.value_s:.6g} s"
     return BetterAnswer("unknown", f"solver stopped ({status}) with incumbent {inc} and bound {bound:.6g} s; "
-                        f"target {target:.6g} s lies between", found_s=best_s, bound_s=bound, schedule=best_schedule,
+                        f"target {target:.6g} s lies {'between' if math.isfinite(best_s) else 'above the bound'}",
+                        found_s=_finite(best_s), bound_s=bound,
+                        schedule=best_schedule,
                         found_by=best_by, bound_by="lower bound" if bound == lb_s else "MILP", gap=gap,
                         methods=methods, **common)

@@ -28,7 +28,7 @@ from infermax.request import Request
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES, vanishes_with_gate
 from .objective import Objective
 from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_convex_envelope, step_lower
-from .policy import Policies
+from .policy import Policies, check_policies_feasible
 from .queue_bound import INTERCEPT_SHARES, fine_classes, srpt_finish_times
 from .scale import refuse_prefix_caching
 
@@ -830,6 +830,7 @@ class LowerBounder:
         gives a valid, possibly weaker bound; callers under a time limit pass a share of what is left."""
         if not requests:
             raise ValueError("the workload has no requests")
+        check_policies_feasible(requests, limits, policies)  # a bound over no schedule at all would mean nothing
         self.requests, self.limits, self.policies, self.hidden = list(requests), limits, policies, hidden_cache
         self.terms = cost_model.milp_terms()
         self.progress = progress

@@ -21,7 +21,7 @@ from .bounds import SlotBound, slot_bound
 from .formulation import TIME_UNIT, Formulation, Strengthening
 from .objective import Objective
 from .scale import Deadline, refuse_prefix_caching
-from .policy import Policies
+from .policy import Policies, check_policies_feasible
 
 REPLAY_RTOL = 1e-6
 
@@ -115,6 +115,7 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
     options = options or SolveOptions()
     refuse_prefix_caching(limits)
     check_fits(requests, limits)
+    check_policies_feasible(requests, limits, policies)
     warm_info = None
     if warm_start is not None:
         warm_value = objective_of(warm_start, cost_model, objective)

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infermax.limits import Limits
 from infermax.replay import Replayer
+from infermax.request import Request
 from infermax.schedule import Schedule
+
+_WITHOUT = {"no_hybrid": "hybrid batches", "no_chunked_prefill": "chunked prefills", "eviction_free": "evictions"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,29 @@ class Policies:
 
     def names(self) -> list[str]:
         return [n for n in ("no_hybrid", "no_chunked_prefill", "eviction_free") if getattr(self, n)]
+
+    def scope(self) -> str:
+        """"every schedule" + this: the schedules the forced policies leave (empty when none is forced)."""
+        names = [_WITHOUT[n] for n in self.names()]
+        if not names:
+            return ""
+        return " without " + (names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1])
+
+
+def check_policies_feasible(requests: list[Request], limits: Limits, policies: Policies) -> None:
+    """Raise ValueError when no schedule obeys the forced policies. Only ``no_chunked_prefill`` can exclude every
+    schedule: each prompt must then be prefilled in one batch, so it must fit ``min(C, P)`` (a refill after an
+    eviction is longer, but a schedule need not evict). Hybrid-free and eviction-free schedules exist whenever any
+    schedule does (one request at a time, each alone within the limits: `check_fits`)."""
+    if not policies.no_chunked_prefill:
+        return
+    cap = min(limits.C, limits.prefill_budget)
+    for r in requests:
+        if r.prompt_tokens > cap:
+            raise ValueError(
+                f"request {r.id}: its {r.prompt_tokens}-token prompt exceeds min(C, P) = {cap}, and no chunked prefill "
+                f"requires every prefill to complete in one batch: no schedule obeys the forced policies; raise C/P or "
+                f"allow chunked prefills")
 
 
 def policy_violations(schedule: Schedule, policies: Policies, cost_model) -> list[str]:

@@ -12,8 +12,14 @@ from typer.testing import CliRunner
 
 from infermax.cli import app
 from infermax.costmodel import load_cost_model
+from infermax.engine import simulate
+from infermax.limits import Limits
 from infermax.replay import replay
+from infermax.request import Request
 from solvers import Objective, Policies, policy_violations
+from solvers.analyse import analyse
+from solvers.better import better
+from solvers.policy import check_policies_feasible
 from solvers.lower_bound import LowerBounder
 from solvers.search import search
 from tests.test_lower_bound import workloads  # random small instances: online/offline, blocks, Rmax, P
@@ -122,3 +128,49 @@ def test_the_solver_gets_what_is_left_after_the_model_is_built(monkeypatch):
                                    options=SolveOptions(time_limit_s=30.0), deadline=deadline)
     assert res.status == "optimal"
     assert len(given_limits) == 1 and 1.0 <= given_limits[0] < 30.0
+
+
+@pytest.mark.parametrize("command", ["better", "optimize"])
+def test_forced_policies_that_exclude_every_schedule_are_refused(command):
+    """Without chunked prefills a 200-token prompt cannot be prefilled under P = 64: there is no schedule to bound or
+    search (before, `better` answered "no" with a "bound" of 0.53 s above vllm-v1's own 0.18 s)."""
+    args = [command, "--I", "200", "--O", "1", "--B", "5", "--P", "64", "--M", "3000", "--no-chunked-prefill",
+            "--time-limit", "10", "--json"] + (["-s", "vllm-v1", "--margin", "0.05"] if command == "better" else [])
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert "no schedule obeys the forced policies" in res.output and "min(C, P) = 64" in res.output
+    ok = runner.invoke(app, [a if a != "64" else "256" for a in args])  # P = 256: every prompt fits one batch
+    assert ok.exit_code == 0, ok.output
+
+
+def test_forced_policies_refused_by_the_python_api_too():
+    reqs = [Request(0, 0.0, 200, 2), Request(1, 0.0, 10, 2)]
+    limits = Limits(C=4096, P=64, M=3000)
+    policies = Policies(no_chunked_prefill=True)
+    for call in (lambda: check_policies_feasible(reqs, limits, policies),
+                 lambda: LowerBounder(reqs, limits, COST, policies),
+                 lambda: analyse(reqs, limits, COST, Objective(makespan=1), policies, time_limit_s=5),
+                 lambda: better(reqs, limits, COST, "sarathi", 0.05, Objective(makespan=1), policies, time_limit_s=5)):
+        with pytest.raises(ValueError, match="request 0: its 200-token prompt exceeds min"):
+            call()
+    check_policies_feasible(reqs, limits, Policies(no_hybrid=True, eviction_free=True))  # always some schedule
+    assert Policies().scope() == "" and Policies(eviction_free=True).scope() == " without evictions"
+    assert Policies(True, True, True).scope() == " without hybrid batches, chunked prefills or evictions"
+
+
+def test_better_keeps_the_scheduler_out_of_the_incumbents_when_it_breaks_a_forced_policy():
+    """vLLM evicts on this instance (M = 100 for 8 requests of 16 + 16 tokens): asked for an eviction-free schedule,
+    `better` must not report vLLM's own objective as the best schedule it knows (before: "the search's best is
+    0.195926 s (vllm)", a schedule with evictions)."""
+    reqs = [Request(i, 0.0, 16, 16) for i in range(8)]
+    limits = Limits(C=4096, M=100)
+    policies = Policies(eviction_free=True)
+    assert policy_violations(simulate(reqs, "vllm", limits, COST).schedule, policies, COST)  # the premise
+    ans = better(reqs, limits, COST, "vllm", 0.01, Objective(makespan=1), policies, time_limit_s=10)
+    assert ans.methods["scheduler_obeys_policies"] is False
+    assert ans.found_by != "vllm"
+    if ans.schedule is not None:
+        assert not policy_violations(ans.schedule, policies, COST)
+        assert replay(ans.schedule, COST).summary["makespan_s"] == pytest.approx(ans.found_s, rel=1e-9)
+    if ans.found_s is not None:
+        assert ans.found_s >= ans.bound_s * (1 - TOL)
