@@ -91,8 +91,8 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     if lb_s > target * (1 + BOUND_RTOL):
         return BetterAnswer("no", f"{every} has objective >= {lb_s:.6g} s > target {target:.6g} s "
                             f"({margin:.0%} below {scheduler}'s {base:.6g} s); {lb_how}", found_s=None, bound_s=lb_s,
-                            slots=0, solver_status=None, bound_by="lower bound", gap=certified_gap(base, lb_s),
-                            methods=methods, **common)
+                            slots=0, solver_status=None, bound_by="lower bound",
+                            gap=certified_gap(base if obeys else None, lb_s), methods=methods, **common)
     if sb.slots is not None and sb.slots < 1:
         return BetterAnswer("no", f"no schedule can reach {target:.6g} s: even one batch exceeds it ({sb.reason})",
                             found_s=None, bound_s=math.inf, slots=0, solver_status=None, bound_by="slot bound",
@@ -165,13 +165,11 @@ def _better_by_milp(requests, limits, cost_model, objective, policies, options, 
                             f"good ({sb.reason})", found_s=found, bound_s=res.bound_s, bound_by="MILP",
                             gap=gap, methods=methods, **common)
     if proven:
-        return BetterAnswer("unknown", f"no schedule{policies.scope()} of at most {slots} batches reaches {target:.6g} s, but the batch "
-                            f"count cannot be bounded for this objective ({sb.reason})", found_s=found, bound_s=bound,
-                            bound_by="lower bound", gap=gap, methods=methods, **common)
+        return BetterAnswer("unknown", f"no schedule{policies.scope()} of at most {slots} batches reaches {target:.6g} "
+                            f"s, but the batch count cannot be bounded for this objective ({sb.reason})", found_s=found,
+                            bound_s=bound, bound_by="lower bound", gap=gap, methods=methods, **common)
     inc = "none" if res.value_s is None else f"{res.value_s:.6g} s"
     return BetterAnswer("unknown", f"solver stopped ({status}) with incumbent {inc} and bound {bound:.6g} s; "
                         f"target {target:.6g} s lies {'between' if math.isfinite(best_s) else 'above the bound'}",
-                        found_s=_finite(best_s), bound_s=bound,
-                        schedule=best_schedule,
-                        found_by=best_by, bound_by="lower bound" if bound == lb_s else "MILP", gap=gap,
-                        methods=methods, **common)
+                        found_s=_finite(best_s), bound_s=bound, schedule=best_schedule, found_by=best_by,
+                        bound_by="lower bound" if bound == lb_s else "MILP", gap=gap, methods=methods, **common)
