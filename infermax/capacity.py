@@ -37,7 +37,8 @@ def attainment_at(config: RunConfig, rate: float, seeds: Sequence[int]) -> float
     for seed in seeds:
         summary = replace(config, rate=rate, seed=seed).simulate().summary
         if "slo_attainment" not in summary:
-            raise ValueError("the workload has no latency targets: set slo (a dataset preset) or slo_ttft_s/slo_tbt_s")
+            raise ValueError("the workload has no latency targets: set slo, a dataset preset (--slo), or slo_ttft_s / "
+                             "slo_tbt_s (--slo-ttft / --slo-tbt)")
         total += summary["slo_attainment"]
     return total / len(seeds)
 

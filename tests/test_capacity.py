@@ -101,3 +101,7 @@ def test_capacity_command():
     assert bad.exit_code == 2 and "no latency targets" in bad.output
     bad = runner.invoke(app, ["capacity", "--B", "5", "--slo", "sharegpt", "--arrival", "offline"])
     assert bad.exit_code == 2 and "Poisson or Gamma" in bad.output
+    for flags, said in ((["--rel-tol", "0"], "--rel-tol must be in (0, 1)"),
+                        (["--start-rate", "5", "--max-rate", "2"], "need 0 < --start-rate <= --max-rate")):
+        bad = runner.invoke(app, ["capacity", "--B", "5", "--slo", "sharegpt", *flags])
+        assert bad.exit_code == 2 and said in bad.output, bad.output  # named by their flags, before any simulation

@@ -43,6 +43,10 @@ def capacity(
     options = {k: v for k, v in locals().items() if k in (
         "model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mix", "dataset", "input_dist", "output_dist",
         "arrival", "cv", "C", "P", "M", "gpu_mem_util", "Rmax", "block_size", "slo")}
+    if not 0 < rel_tol < 1:
+        fail(f"--rel-tol must be in (0, 1), got {rel_tol:g}")
+    if not 0 < start_rate <= max_rate:
+        fail(f"need 0 < --start-rate <= --max-rate, got {start_rate:g} and {max_rate:g}")
     try:
         config = run_config(scheduler, rate=start_rate, slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, **options)
         limits = config.limits()
