@@ -211,5 +211,9 @@ def plot_from_spec(table_path: str | Path, plots: list[dict], out_dir: str | Pat
     for i, options in enumerate(plots):
         if "file" not in options:
             raise ValueError(f"plot {i}: needs 'file' (e.g. \"fig5.png\")")
-        written.append(save(draw(table, options), Path(out_dir) / options["file"]))
+        try:
+            figure = draw(table, options)
+        except ValueError as exc:
+            raise ValueError(f"plot {i} ({options['file']}): {exc}") from None
+        written.append(save(figure, Path(out_dir) / options["file"]))
     return written

@@ -245,3 +245,15 @@ def test_cli_runs_and_draws_the_specs_figures(tmp_path):
     assert "small: 6 points (0 already done, 6 computed, 0 errors)" in result.output
     figure = tmp_path / "results" / "small" / "figures" / "tps.svg"
     assert figure.read_text().lstrip().startswith("<?xml") and "<svg" in figure.read_text()
+
+
+def test_a_plot_of_a_metric_no_point_has_fails_cleanly_after_storing_the_results(tmp_path):
+    """A [[plot]] naming a column the table lacks was a traceback after the sweep; it is now an error naming the plot,
+    and the results are stored (a rerun computes nothing)."""
+    spec = write(tmp_path, SMALL + '\n[[plot]]\nkind = "lines"\nfile = "x.svg"\nmetrics = ["tps", "nosuch"]\nx = "I"\n')
+    result = runner.invoke(app, ["sweep", str(spec), "--no-progress", "--jobs", "1"])
+    assert result.exit_code == 2, result.output
+    assert "plot 0 (x.svg): no column(s) nosuch in the table" in result.output and "Traceback" not in result.output
+    assert (tmp_path / "results" / "small" / "results.parquet").is_file()
+    again = runner.invoke(app, ["sweep", str(spec), "--no-progress", "--jobs", "1", "--no-plots"])
+    assert again.exit_code == 0 and "6 already done, 0 computed" in again.output

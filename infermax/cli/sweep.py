@@ -62,5 +62,10 @@ def sweep(
         matplotlib.use("Agg")
         from ..plot import plot_from_spec
 
-        for path in plot_from_spec(report.table, parsed.plots, figures):
+        try:
+            paths = plot_from_spec(report.table, parsed.plots, figures)
+        except ValueError as exc:  # e.g. a metric no point reported: the results are stored, only the figure failed
+            fail(f"{exc}\nthe results are stored in {report.table}; fix the [[plot]] table and rerun (finished points "
+                 f"are kept), or draw it with `infermax plot`")
+        for path in paths:
             console.print(f"figure {os.fspath(path)}", highlight=False)
