@@ -4,6 +4,7 @@ JSON alone on stdout, and every reported schedule replays to its reported object
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -174,3 +175,32 @@ def test_better_keeps_the_scheduler_out_of_the_incumbents_when_it_breaks_a_force
         assert replay(ans.schedule, COST).summary["makespan_s"] == pytest.approx(ans.found_s, rel=1e-9)
     if ans.found_s is not None:
         assert ans.found_s >= ans.bound_s * (1 - TOL)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(1, 96), st.sampled_from(["sarathi", "sarathi-ef"]),
+       st.sampled_from([Policies(), Policies(eviction_free=True), Policies(no_hybrid=True),
+                        Policies(no_chunked_prefill=True)]),
+       st.sampled_from([Objective(makespan=1), Objective(latency=1)]))
+def test_better_answers_keep_their_promises(case, P, scheduler, policies, objective):
+    """Whatever the question: "yes" comes with a replayed schedule at or below the target that obeys the forced
+    policies, "no" with a bound above the target, the bound never exceeds a schedule the policies allow, and a
+    question no schedule can obey is refused (P is drawn anywhere in 1..96, so prompts may exceed it)."""
+    reqs, limits = case
+    limits = replace(limits, P=min(P, limits.C))
+    if policies.no_chunked_prefill and any(r.prompt_tokens > min(limits.C, limits.prefill_budget) for r in reqs):
+        with pytest.raises(ValueError, match="no schedule obeys the forced policies"):
+            better(reqs, limits, COST, scheduler, 0.05, objective, policies, time_limit_s=2)
+        return
+    ans = better(reqs, limits, COST, scheduler, 0.05, objective, policies, time_limit_s=2)
+    obeys = ans.methods.get("scheduler_obeys_policies", True)
+    if ans.answer == "yes":
+        assert ans.found_s <= ans.target_s and ans.schedule is not None
+        assert not policy_violations(ans.schedule, policies, COST)
+        assert objective.value(replay(ans.schedule, COST)) == pytest.approx(ans.found_s, rel=1e-9)
+    if ans.answer == "no":
+        assert ans.bound_s > ans.target_s
+    for allowed in ([ans.found_s] if ans.found_s is not None else []) + ([ans.scheduler_objective_s] if obeys else []):
+        assert ans.methods["lower_bound_s"] <= allowed * (1 + TOL) + 1e-12
+    if not obeys:
+        assert ans.found_by != scheduler
