@@ -64,8 +64,10 @@ def _search(requests, limits, cost_model, objective, policies, time_limit_s, pro
 
 def better(requests, limits, cost_model, scheduler: str, margin: float, objective: Objective = Objective(makespan=1),
            policies: Policies = Policies(), options: SolveOptions | None = None, time_limit_s: float | None = None,
-           progress=None, memory_budget_bytes: int | None = None) -> BetterAnswer:
+           progress=None, memory_budget_bytes: int | None = None, swap_cost=None) -> BetterAnswer:
     """Search for a schedule with objective <= (1 − margin) × the scheduler's on the same workload and limits.
+    ``swap_cost`` times the scheduler's KV swaps (`simulate`; BROS swaps, and without it cannot be compared): a swap
+    only lengthens a batch, so the bound, which charges swaps nothing, stays valid.
 
     ``time_limit_s`` (default: the solver options' limit) covers everything: the scheduler's own simulation,
     bound, search, model building and solving."""
@@ -74,7 +76,7 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
     check_policies_feasible(requests, limits, policies)
-    sim = simulate(requests, scheduler, limits, cost_model)
+    sim = simulate(requests, scheduler, limits, cost_model, swap_cost=swap_cost)
     base = objective.value(sim)
     target = (1 - margin) * base
     lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies,

@@ -204,3 +204,14 @@ def test_better_answers_keep_their_promises(case, P, scheduler, policies, object
         assert ans.methods["lower_bound_s"] <= allowed * (1 + TOL) + 1e-12
     if not obeys:
         assert ans.found_by != scheduler
+
+
+def test_better_compares_with_a_scheduler_that_swaps():
+    """BROS swaps KV when M is short; `better -s bros` failed with "no swap cost model" until the CLI passed the
+    system's swap model to the scheduler's simulation. A swap only lengthens a batch, so the bound stays below."""
+    res = runner.invoke(app, ["better", "-s", "bros", "--margin", "0.05", "--I", "3", "--O", "30", "--B", "20", "--M",
+                              "40", "--time-limit", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    ans = json.loads(res.stdout)
+    assert ans["answer"] in ("yes", "no", "unknown")
+    assert 0 < ans["lower_bound_s"] <= ans["scheduler_objective_s"] * (1 + TOL)

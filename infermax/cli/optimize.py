@@ -142,7 +142,7 @@ def better(
         scheduler, locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
     say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
     ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts, time_limit_s=time_limit,
-                           progress=say))
+                           progress=say, swap_cost=config.swap_cost()))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         if ans.schedule is not None:
