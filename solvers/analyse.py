@@ -105,13 +105,15 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     budget = best_s if math.isfinite(best_s) else None
     K, sb, refusal = plan_milp(warm, budget)
     share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
-    from .search import search
+    from .search import search_within
 
-    found = search(requests, limits, cost_model, objective, time_limit_s=deadline.left() * share, policies=policies,
-                   progress=say)
-    details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
-    if found.schedule is not None and found.value_s < best_s:
-        best_s, best_by, best = found.value_s, f"search: {found.method}", found.schedule
+    found = search_within(requests, limits, cost_model, objective, deadline.left() * share, policies, say)
+    if found is None:
+        details["search_skipped"] = "no time left after the lower bound"
+    else:
+        details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
+        if found.schedule is not None and found.value_s < best_s:
+            best_s, best_by, best = found.value_s, f"search: {found.method}", found.schedule
     bounded = slots is None and sb is not None and sb.slots is not None  # K came from the slot bound of `budget`
     if best is not None and (K is None or (bounded and best_s < budget)):
         # no warm start, or the search beat it: the better schedule's objective bounds the slots (as many or fewer)

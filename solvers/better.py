@@ -53,15 +53,6 @@ class BetterAnswer:
         return out
 
 
-def _search(requests, limits, cost_model, objective, policies, time_limit_s, progress):
-    from .search import search
-
-    if time_limit_s <= 0:
-        return None
-    return search(requests, limits, cost_model, objective, time_limit_s=time_limit_s, policies=policies,
-                  progress=progress)
-
-
 def better(requests, limits, cost_model, scheduler: str, margin: float, objective: Objective = Objective(makespan=1),
            policies: Policies = Policies(), options: SolveOptions | None = None, time_limit_s: float | None = None,
            progress=None, memory_budget_bytes: int | None = None, swap_cost=None) -> BetterAnswer:
@@ -104,7 +95,9 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     refusal = milp_refusal(estimate, deadline.left(), memory_budget_bytes)
     methods.update(estimate.to_dict(), milp_refused=refusal)
     share = SEARCH_SHARE_WITH_MILP if refusal is None else 1.0
-    found = _search(requests, limits, cost_model, objective, policies, deadline.left() * share, say)
+    from .search import search_within
+
+    found = search_within(requests, limits, cost_model, objective, deadline.left() * share, policies, say)
     # the incumbent is a schedule the forced policies allow: the scheduler's own only if it obeys them
     best_s, best_by, best_schedule = (base, scheduler, None) if obeys else (math.inf, None, None)
     if found is not None:

@@ -93,6 +93,15 @@ class _State:
     values: list = field(default_factory=list)  # (value, candidate) of every successful evaluation
 
 
+def search_within(requests, limits, cost_model, objective: Objective, time_limit_s: float, policies: Policies,
+                  progress: Callable[[str], None] | None = None) -> "SearchResult | None":
+    """`search` for a caller under a deadline: None when no time is left (the bound may have used it all)."""
+    if time_limit_s <= 0:
+        return None
+    return search(requests, limits, cost_model, objective, time_limit_s=time_limit_s, policies=policies,
+                  progress=progress)
+
+
 def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: float,
            policies: Policies = Policies(), progress: Callable[[str], None] | None = None,
            seed: int = 0) -> SearchResult:

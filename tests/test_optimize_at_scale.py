@@ -215,3 +215,14 @@ def test_better_compares_with_a_scheduler_that_swaps():
     ans = json.loads(res.stdout)
     assert ans["answer"] in ("yes", "no", "unknown")
     assert 0 < ans["lower_bound_s"] <= ans["scheduler_objective_s"] * (1 + TOL)
+
+
+def test_optimize_answers_when_the_bound_uses_up_the_time_limit():
+    """A time limit the lower bound alone exceeds: the search is skipped (it used to be called with 0 s left and
+    raise "time_limit_s must be > 0"), and the warm start and the bound are still reported."""
+    reqs = [Request(i, 0.01 * i, 33, 2) for i in range(12)]
+    res = analyse(reqs, Limits(C=4096, M=3000), COST, Objective(makespan=1), time_limit_s=1e-6)
+    assert res.details["search_skipped"] == "no time left after the lower bound"
+    assert res.incumbent_s is not None and 0 < res.bound_s <= res.incumbent_s * (1 + TOL)
+    ans = better(reqs, Limits(C=4096, M=3000), COST, "vllm", 0.05, Objective(makespan=1), time_limit_s=1e-6)
+    assert ans.answer in ("no", "unknown")
