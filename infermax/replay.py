@@ -669,6 +669,12 @@ class Replayer:
                 f"{s.generated}/{s.req.output_tokens} tokens")
 
 
+def recorded_swap_cost(schedule: Schedule) -> SwapCost | None:
+    """The swap cost model the schedule's ``meta["swap_cost"]`` records (the engine records the one it simulated
+    with), or None."""
+    return SwapCost(**schedule.meta["swap_cost"]) if "swap_cost" in schedule.meta else None
+
+
 def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = None,
            swap_cost: SwapCost | None = None):
     """Validate a Schedule and recompute all metrics; returns a `SimResult`.
@@ -677,8 +683,8 @@ def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = No
     records the one it simulated with)."""
     from .metrics import SimResult
 
-    if swap_cost is None and "swap_cost" in schedule.meta:
-        swap_cost = SwapCost(**schedule.meta["swap_cost"])
+    if swap_cost is None:
+        swap_cost = recorded_swap_cost(schedule)
     rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost, lazy_decoders=True)
     for batch in schedule.batches:
         rp.apply(batch)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infermax.limits import Limits
-from infermax.replay import Replayer
+from infermax.replay import Replayer, recorded_swap_cost
 from infermax.request import Request
 from infermax.schedule import Schedule
 
@@ -55,8 +55,9 @@ def check_policies_feasible(requests: list[Request], limits: Limits, policies: P
 
 
 def policy_violations(schedule: Schedule, policies: Policies, cost_model) -> list[str]:
-    """Replay ``schedule`` and list every batch that breaks a forced policy (empty: it obeys them)."""
-    rp = Replayer(schedule.requests, schedule.limits, cost_model)
+    """Replay ``schedule`` (its swaps timed by the swap model it records) and list every batch that breaks a forced
+    policy (empty: it obeys them)."""
+    rp = Replayer(schedule.requests, schedule.limits, cost_model, recorded_swap_cost(schedule))
     problems = []
     for j, batch in enumerate(schedule.batches):
         if policies.eviction_free and batch.evict:

@@ -215,6 +215,11 @@ def test_better_compares_with_a_scheduler_that_swaps():
     ans = json.loads(res.stdout)
     assert ans["answer"] in ("yes", "no", "unknown")
     assert 0 < ans["lower_bound_s"] <= ans["scheduler_objective_s"] * (1 + TOL)
+    # with a forced policy BROS obeys (it never chunks), its schedule, swaps included, is replayed to check it
+    res = runner.invoke(app, ["better", "-s", "bros", "--margin", "0.05", "--I", "3", "--O", "30", "--B", "20", "--M",
+                              "40", "--time-limit", "5", "--json", "--no-chunked-prefill"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["scheduler_obeys_policies"] is True
 
 
 def test_optimize_answers_when_the_bound_uses_up_the_time_limit():
