@@ -370,6 +370,10 @@ JOINT_PAIRWISE = True
 # The per-request LPs of the queued-completions bound (online arrivals) together take at most this long by
 # default; requests not reached keep their coarse-grid work (`LowerBounder._classes`).
 QUEUE_TIME_LIMIT_S = 10.0
+# Under a caller's time limit (`lower_bound_or_zero`), the bound's optional ingredients stop past this share of the
+# time left: 60 online Azure requests took 6.7 s for the sum of latencies (24 release times × a grid of busy LPs) and
+# 10.9 s for latency + TTFT under `--time-limit 2`; the search and the MILP need the rest.
+BOUND_SHARE_OF_TIME_LEFT = 0.5
 # Features that are sums over a batch's items (so a batch's value is the sum of its items' values).
 _ADDITIVE = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "n_prefill_seqs",
              "n_decode_seqs", "decode_kv_tokens") + tuple(f"prefill_ctx_cap{k}" for k in PREFILL_CTX_CAPS)
@@ -822,8 +826,14 @@ class LowerBounder:
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, policies: Policies = Policies(),
                  hidden_cache: bool = False, progress=None, pairwise_budget_s: float = PAIRWISE_TIME_LIMIT_S,
-                 queue_budget_s: float = QUEUE_TIME_LIMIT_S, mip_budget_s: float = BINNED_MIP_TIME_LIMIT_S):
-        """``pairwise_budget_s``: the time the pairwise-completions QPs may take together (offline instances);
+                 queue_budget_s: float = QUEUE_TIME_LIMIT_S, mip_budget_s: float = BINNED_MIP_TIME_LIMIT_S,
+                 deadline_s: float | None = None):
+        """``deadline_s`` (``time.perf_counter()`` time, None: none): past it, the optional ingredients are skipped
+        (release times after the first, rank grid points after the first, the arrival suffixes of the makespan, the
+        grouped, pipelined and pairwise completion bounds), so the bound comes back sooner, valid and possibly weaker;
+        what every bound needs (the whole demand's busy time, one grid point of the first release, the per-request
+        work within its own budget) still runs.
+        ``pairwise_budget_s``: the time the pairwise-completions QPs may take together (offline instances);
         ``queue_budget_s``: the time the queued-completions bound may spend on per-request LPs (online
         instances); ``mip_budget_s``: the time of the makespan's binned MILP (`_price_per_bin`; the plain one gets
         at most `MIP_TIME_LIMIT_S` of it). A shorter budget
@@ -843,6 +853,15 @@ class LowerBounder:
         self._alone_cache: dict = {}
         self._splits: list | None = None
         self.pairwise_budget_s, self.queue_budget_s, self.mip_budget_s = pairwise_budget_s, queue_budget_s, mip_budget_s
+        self.deadline_s = deadline_s
+        self.cut_by_deadline: list[str] = []  # the ingredients skipped past the deadline
+
+    def _past_deadline(self, ingredient: str) -> bool:
+        """Whether ``ingredient`` must be skipped (noted in ``cut_by_deadline``)."""
+        if self.deadline_s is None or time.perf_counter() < self.deadline_s:
+            return False
+        self.cut_by_deadline.append(ingredient)
+        return True
 
     def busy_s(self, d: Demand, integer_counts: bool = False, binned_terms: bool = False,
                time_limit_s: float | None = None) -> float:
@@ -890,6 +909,8 @@ class LowerBounder:
             order = np.argsort(self.arrivals, kind="stable")
             cuts = np.unique(np.linspace(0, len(order) - 1, num=min(len(order), 48)).astype(int))[1:]
             for c in cuts:
+                if self._past_deadline("makespan arrival suffixes"):
+                    break
                 T = self.arrivals[order[c]]
                 later = [self.requests[i] for i in order if self.arrivals[i] >= T]
                 v = T - self.t0 + self.busy_s(DemandArrays.of(later, self.limits).total())
@@ -916,14 +937,21 @@ class LowerBounder:
         releases = np.unique(sorted_arrivals[np.unique(np.linspace(0, n - 1, num=min(n, 24)).astype(int))])
         points = 0
         for T in releases:
+            if T != releases[0] and self._past_deadline("release times after the first"):
+                break
             before = int(np.searchsorted(sorted_arrivals, T, side="left"))  # n_T
             late = arrays if before == 0 else arrays.subset(order[before:])
             grid = _k_grid(n - before)
-            values = np.array([T + self.busy_s(late.smallest(m)) for m in grid])
-            points += len(grid)
-            # completion k >= before + m gets T + busy(m') for the largest grid m' <= k − before
+            values = []
+            for m in grid:  # past the deadline the larger m keep the last value: busy(m') <= busy(m) for m' <= m
+                if values and self._past_deadline("rank grid points"):
+                    break
+                values.append(T + self.busy_s(late.smallest(m)))
+            values = np.array(values)
+            points += len(values)
+            # completion k >= before + m gets T + busy(m') for the largest computed grid m' <= k − before
             ks = np.arange(before + 1, n + 1)
-            idx = np.searchsorted(np.asarray(grid), ks - before, side="right") - 1
+            idx = np.minimum(np.searchsorted(np.asarray(grid), ks - before, side="right") - 1, len(values) - 1)
             lower[before:] = np.maximum(lower[before:], values[idx])
             if self.progress:
                 self.progress(int(T), n)
@@ -935,18 +963,19 @@ class LowerBounder:
                 parts["queued_sum_s"] = float(queued.sum()) - float(self.arrivals.sum())
                 lower = np.maximum(lower, queued)
         total = float(lower.sum())
-        splits = self._additive_splits()
+        splits = [] if self._past_deadline("grouped, pipelined and pairwise completions") else self._additive_splits()
         grouped = _largest(self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits)
         if grouped is not None:
             parts["grouped_sum_s"] = grouped - float(self.arrivals.sum())
             total = max(total, grouped)
-        if not first_token_only:
-            pipelined = _largest(self._pipelined_completion_sum(arrays, lower, sp) for sp in splits)
+        if not first_token_only and splits:
+            pipelined = _largest(self._pipelined_completion_sum(arrays, lower, sp) for sp in splits
+                                 if not self._past_deadline("pipelined and pairwise completions"))
             if pipelined is not None:
                 parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
                 total = max(total, pipelined)
             pairwise = _largest(self._pairwise_completion_sum(arrays, sp, self.pairwise_budget_s / len(splits))
-                                for sp in splits)
+                                for sp in splits if not self._past_deadline("pairwise completions"))
             if pairwise is not None:
                 parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
                 total = max(total, pairwise)
@@ -1208,6 +1237,8 @@ class LowerBounder:
             lb = {"makespan": self.makespan_s, "latency": self.latency_sum_s, "ttft": self.mean_ttft_s}[name]()
             total += w * lb.value_s
             parts[f"{name}_lower_bound_s"] = lb.value_s
+        if self.cut_by_deadline:
+            parts["cut_by_deadline"] = sorted(set(self.cut_by_deadline))
         return LowerBound(str(objective), total, parts, time.perf_counter() - t)
 
 
@@ -1222,13 +1253,17 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
                         time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
     allow one (`BoundUnavailable`). ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued
-    bound's LPs and the makespan's binned MILP get at most a quarter of it."""
+    bound's LPs and the makespan's binned MILP get at most a quarter of it, and past half of it the optional
+    ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which)."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
                                                                       0.25 * max(time_left_s, 0.0))
+        deadline = None if time_left_s is None else time.perf_counter() + BOUND_SHARE_OF_TIME_LEFT * max(time_left_s, 0.0)
         lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
-                          queue_budget_s=budget, mip_budget_s=max(mip, 0.1)).of(objective)
-        return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s)"
+                          queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline).of(objective)
+        cut = lb.parts.get("cut_by_deadline")
+        return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s" + (f"; skipped for time: {', '.join(cut)})"
+                                                                           if cut else ")")
     except BoundUnavailable as exc:
         return 0.0, f"no aggregate bound: {exc}"

@@ -416,3 +416,20 @@ def test_binned_bound_proves_the_search_schedule_optimal_at_b16():
     lb = lower_bound(reqs, limits, cost, Objective(makespan=1)).value_s
     assert lb <= makespan * (1 + TOL)
     assert makespan <= lb * (1 + OPTIMAL_RTOL)
+
+
+@pytest.mark.parametrize("objective", [Objective(makespan=1), Objective(latency=1), Objective(ttft=1),
+                                       Objective(latency=1, ttft=2)], ids=str)
+def test_a_bound_cut_short_by_its_deadline_is_still_below_the_full_bound_and_every_schedule(objective):
+    """Past the deadline the optional ingredients are skipped (the method says which): the bound can only drop, and
+    stays below what a scheduler reaches. The instance is online, so every ingredient has something to skip."""
+    from solvers.lower_bound import lower_bound_or_zero
+
+    reqs = [Request(i, 0.02 * (i % 7) + 0.01 * i, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
+    limits = Limits(C=64, M=400)
+    full, how_full = lower_bound_or_zero(reqs, limits, COST, objective)
+    cut, how_cut = lower_bound_or_zero(reqs, limits, COST, objective, time_left_s=1e-9)  # the deadline has passed
+    assert "skipped for time" in how_cut and "skipped" not in how_full
+    assert 0 < cut <= full * (1 + 1e-9)
+    sim = simulate(reqs, "sarathi", limits, COST)
+    assert cut <= objective.value(sim) * (1 + 1e-9)
