@@ -43,6 +43,22 @@ def test_out_dir_and_validate_roundtrip(tmp_path):
     assert json.loads(res.output) == original
 
 
+def test_validate_times_a_schedule_with_the_cost_model_it_records(tmp_path):
+    """A schedule simulated on the H100 profile was replayed on the default A100 one, 67% slower, without a word; it
+    now replays on its own model unless another is given, and then says that the two differ."""
+    out = tmp_path / "run"
+    res = invoke("simulate", "--I", "64", "--O", "8", "--B", "4", "--gpu", "h100", "--json", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    original = json.loads(res.output)
+    same = invoke("validate", str(out / "schedule.json"), "--json")
+    assert same.exit_code == 0 and json.loads(same.output) == original
+    other = CliRunner().invoke(app, ["validate", str(out / "schedule.json"), "--gpu", "a100"])
+    assert other.exit_code == 0, other.output
+    assert "note: the schedule was timed with piecewise:h100/llama-2-7b/tp1" in other.output
+    again = invoke("validate", str(out / "schedule.json"), "--gpu", "a100", "--json")
+    assert json.loads(again.output)["makespan_s"] != pytest.approx(original["makespan_s"], rel=1e-3)
+
+
 def test_validate_rejects_a_tampered_schedule(tmp_path):
     out = tmp_path / "run"
     assert invoke("simulate", "--I", "8", "--O", "4", "--B", "2", "--json", "--out", str(out)).exit_code == 0

@@ -10,7 +10,7 @@ import typer
 from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt, PrefixCachingOpt,
                      ProgressOpt, RateOpt, RmaxOpt, SchedulerOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
-                     report, run_config, PrefixesOpt, PrefixShareOpt, ShotsOpt, SystemTokensOpt, ThinkTimeOpt, TurnsOpt,
+                     report, run_config, PrefixesOpt, PrefixShareOpt, ShotsOpt, SystemTokensOpt, ThinkTimeOpt, TurnsOpt, err_console,
                      WorkloadOpt)
 
 
@@ -50,21 +50,35 @@ def simulate(
 @app.command()
 def validate(
     schedule: Path = typer.Argument(..., help="Schedule JSON (as written by `simulate --out`)."),
-    model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
+    model: Optional[str] = typer.Option(None, help="Model; with none of --model/--gpu/--tp/--cost-model/"
+                                        "--cost-model-file, the cost model the schedule records (else llama-2-7b)."),
+    gpu: Optional[str] = typer.Option(None, help="GPU (default: the schedule's, else a100)."),
+    tp: Optional[int] = typer.Option(None, min=1, help="Tensor-parallel degree (default: the schedule's, else 1)."),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model", help="Cost-model family (default: the "
+                                             "schedule's, else auto)."),
     costmodel: CostModelPathOpt = None,
     out: Optional[Path] = typer.Option(None, help="Write the recomputed metrics here."),
     as_json: JsonOpt = False,
 ) -> None:
-    """Replay a Schedule: check every rule of the semantics and limits, recompute all metrics."""
+    """Replay a Schedule: check every rule of the semantics and limits, recompute all metrics. The batches are timed
+    by the cost model the schedule records (`simulate --out` writes its configuration) unless one is given."""
     from ..costmodel import load_cost_model
     from ..replay import ScheduleViolation, replay
     from ..schedule import Schedule
 
     try:
         sched = Schedule.load(schedule)
-        cost = load_cost_model(gpu, model, tp, path=costmodel, kind=cost_model)
+        given = any(v is not None for v in (model, gpu, tp, cost_model, costmodel))
+        recorded = {} if given else (sched.meta.get("config") or {})
+        path = costmodel if given else recorded.get("costmodel_path")
+        cost = load_cost_model(gpu or recorded.get("gpu") or "a100", model or recorded.get("model") or "llama-2-7b",
+                               tp or recorded.get("tp") or 1, path=path,
+                               kind=cost_model or recorded.get("cost_model") or "auto")
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
+    was = sched.meta.get("cost_model")
+    if was and was != cost.name and not as_json:  # re-timing on another model is allowed; say so
+        err_console.print(f"note: the schedule was timed with {was}; these metrics use {cost.name}", highlight=False)
     try:
         result = replay(sched, cost)
     except ScheduleViolation as exc:
