@@ -970,7 +970,7 @@ class LowerBounder:
             total = max(total, grouped)
         if not first_token_only and splits:
             pipelined = _largest(self._pipelined_completion_sum(arrays, lower, sp) for sp in splits
-                                 if not self._past_deadline("pipelined and pairwise completions"))
+                                 if not self._past_deadline("pipelined completions"))
             if pipelined is not None:
                 parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
                 total = max(total, pipelined)

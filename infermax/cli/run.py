@@ -62,18 +62,17 @@ def validate(
 ) -> None:
     """Replay a Schedule: check every rule of the semantics and limits, recompute all metrics. The batches are timed
     by the cost model the schedule records (`simulate --out` writes its configuration) unless one is given."""
-    from ..costmodel import load_cost_model
+    from ..config import RunConfig
     from ..replay import ScheduleViolation, replay
     from ..schedule import Schedule
 
     try:
         sched = Schedule.load(schedule)
-        given = any(v is not None for v in (model, gpu, tp, cost_model, costmodel))
-        recorded = {} if given else (sched.meta.get("config") or {})
-        path = costmodel if given else recorded.get("costmodel_path")
-        cost = load_cost_model(gpu or recorded.get("gpu") or "a100", model or recorded.get("model") or "llama-2-7b",
-                               tp or recorded.get("tp") or 1, path=path,
-                               kind=cost_model or recorded.get("cost_model") or "auto")
+        given = {k: v for k, v in (("model", model), ("gpu", gpu), ("tp", tp), ("cost_model", cost_model),
+                                   ("costmodel_path", costmodel)) if v is not None}
+        recorded = {k: v for k, v in (sched.meta.get("config") or {}).items()
+                    if k in ("model", "gpu", "tp", "cost_model", "costmodel_path")}
+        cost = RunConfig(**(given or recorded)).cost()  # RunConfig's defaults fill what neither names
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     was = sched.meta.get("cost_model")
