@@ -91,6 +91,10 @@ def simulate(
             if next_arrival > first:
                 scheduler.add_arrivals(arrivals[first:next_arrival])
             batch = scheduler.next_batch(now)
+            if not batch.items and (batch.evict or batch.swap_out or batch.swap_in):
+                # an idle step applies nothing: evictions or swaps planned with it would be silently lost
+                raise SchedulerError(f"scheduler '{scheduler.name}' planned evictions or swaps with an empty batch "
+                                     f"at t={now:.6g}s; they need a batch to run with")
             if not batch.items:
                 if next_arrival < len(arrivals):
                     now = waited_until = arrivals[next_arrival].req.arrival_s

@@ -171,25 +171,33 @@ class _ProfileScheduler(Scheduler):
         return I, prefill_kv
 
     def _try_admit_long(self, s: RequestState, I: int, O: int, prefill_left: int, holders: int):
-        lim = self.limits
         if self.long is not None or prefill_left < 1:
             return None
+        first = min(I, prefill_left)
+        if not self._hold_long(s, I, O, I - first, holders):
+            return None
+        return first, 0
+
+    def _hold_long(self, s: RequestState, I: int, O: int, left_after_first: int, holders: int) -> bool:
+        """Put the long prompt ``s`` (``I`` tokens to hold once prefilled, ``O`` tokens to generate) in chunked
+        prefill from `step`: its envelope (module docstring) goes into the profile if it fits. This batch takes
+        its first chunk; ``left_after_first`` prompt tokens remain after it; ``holders`` requests decode beside it."""
+        lim = self.limits
         q_min = min(lim.prefill_budget, lim.C - holders)  # its chunk while ``holders`` requests decode
         q_max = min(lim.prefill_budget, lim.C)
         if q_min < 1:
-            return None
-        first = min(I, prefill_left)
+            return False
         t0 = self.step
-        t_early = t0 + math.ceil((I - first) / q_max)
-        t_late = t0 + math.ceil((I - first) / q_min)
+        t_early = t0 + math.ceil(left_after_first / q_max)
+        t_late = t0 + math.ceil(left_after_first / q_min)
         env = np.minimum(np.maximum(np.arange(t0, t_late + O) - t_early, 0) + I, I + O - 1)
         if lim.block_size > 1:
             env = -(-env // lim.block_size) * lim.block_size
         if not self.profile.fits(t0, env, lim.M):
-            return None
+            return False
         self.profile.add(t0, env)
         self.long = {"id": s.id, "t0": t0, "env": env, "I": I, "O": O}
-        return first, 0
+        return True
 
     def _candidates(self):
         """Waiting requests to try this batch, in order."""
@@ -337,8 +345,9 @@ class FirstTokenScheduler(ClairvoyantScheduler):
     in a chunked prefill first, then shortest prompt first (with ``srpt``: all of them by prompt tokens left,
     so a short prompt that arrives preempts a long one in chunked prefill, as SRPT does on one machine; the
     Azure slice at P = 512: mean TTFT 0.2036 s against 0.2302 s), each prefilled whole unless its prompt exceeds
-    ``min(C, P)`` (then chunked over consecutive batches) or the batch would be empty, within ``C``/``P``; when ``M`` or ``Rmax`` is short, running requests are evicted (largest KV first)
-    to make room. Mean TTFT only counts first tokens, so the optimum for it may well recompute;
+    ``min(C, P)`` (then chunked over consecutive batches) or the batch would be empty, within ``C``/``P``; when ``M`` or
+    ``Rmax`` is short, running requests are evicted (largest KV first) to make room, and when only prompts in chunked
+    prefill hold what the first candidate needs, they are (most tokens left first: SRPT's preemption, by recompute). Mean TTFT only counts first tokens, so the optimum for it may well recompute;
     the latency of everyone else is not its concern. With ``defer_decodes``, while some request of the
     workload (`expect`) has yet to arrive, a batch with no prompt to serve is not run at all: the GPU idles until
     the next arrival instead of starting decodes that a newcomer would wait behind (every decode can wait until the
@@ -451,18 +460,29 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         holders = len(self.running) + len(self.prefilling)
         items, evict, started, done = [], [], [], []
         for s in candidates:
+            if any(v is s for v in evict):
+                continue  # preempted below for an earlier candidate
             left = s.input_tokens - s.m
             c = min(left, budget)
             if c < 1 or (c < left and left <= full and items):
                 break
             new_holder = s.m == 0
             need = lim.blocks(s.m + c) - lim.blocks(s.m)
-            while victims and (kv + need > lim.M or (new_holder and lim.Rmax is not None and holders >= lim.Rmax)):
+
+            def blocked() -> bool:
+                return kv + need > lim.M or (new_holder and lim.Rmax is not None and holders >= lim.Rmax)
+
+            if not items and blocked() and not victims:
+                # Only prompts in chunked prefill hold what the first candidate needs: the one with the most tokens
+                # left goes first (SRPT preempts it; recompute), so the batch is never empty.
+                victims = sorted((p for p in self.prefilling if p is not s),
+                                 key=lambda p: (p.input_tokens - p.m, p.id))
+            while victims and blocked():
                 v = victims.pop()
                 evict.append(v)
                 kv -= lim.blocks(v.m)
                 holders -= 1
-            if kv + need > lim.M or (new_holder and lim.Rmax is not None and holders >= lim.Rmax):
+            if blocked():
                 break
             items.append((s.id, c))
             kv += need
@@ -472,7 +492,7 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         if not items:
             raise InfeasibleRequestError(f"{self.name}: no prompt chunk fits M = {lim.M} beside the prompts in "
                                          "chunked prefill")
-        moved = {s.id for s in done + started}
+        moved = {s.id for s in done + started + evict}
         self.prefilling = [s for s in self.prefilling if s.id not in moved] + started
         self.waiting = [s for s in self.waiting if s.id not in moved]
         self._new.extend(done)  # their first token comes in this batch: they decode from the next one on
@@ -482,20 +502,37 @@ class FirstTokenScheduler(ClairvoyantScheduler):
         return ScheduledBatch(items=items, evict=[v.id for v in evict])
 
     def _rebuild(self) -> tuple[list[RequestState], list[RequestState]]:
+        """The profile from the running requests (their exact remaining trajectories), step 0 = the next batch:
+        (kept, evicted). Decoding requests are kept in admission order while they fit ``M`` and leave a token of
+        ``C`` (the latest admitted are evicted first); then a long prompt the Clairvoyant rule had in chunked
+        prefill gets a fresh envelope over what is left of its prompt (the old one was relative to the old
+        profile), or is evicted when that does not fit. So the batch is never empty while anyone is kept: an idle
+        step could not carry the evictions (the engine refuses that)."""
         lim = self.limits
         self.profile = KVProfile()
         self.step = 0
         self._t0 = {}
-        self.long = None  # a long prompt still in chunked prefill is evicted below (its envelope is gone)
+        self.long = None
         keep, evict = [], []
-        for s in self.running:  # admission order: the latest admitted are evicted first
+        for s in self.running:
+            if s.m < s.input_tokens:
+                continue  # the long prompt, placed after the decodes below
             traj = self._traj(s.m + 1, s.req.output_tokens - s.generated)
-            if s.m >= s.input_tokens and len(keep) + 1 < lim.C and self.profile.fits(0, traj, lim.M):
+            if len(keep) + 1 < lim.C and self.profile.fits(0, traj, lim.M):
                 self.profile.add(0, traj)
                 self._t0[s.id] = -s.generated
                 keep.append(s)
             else:
                 evict.append(s)
+        for s in self.running:
+            if s.m < s.input_tokens:
+                left = s.input_tokens - s.m
+                first = min(left, lim.prefill_budget, lim.C - len(keep))  # its chunk in the next batch
+                O = s.req.output_tokens - s.generated
+                if first >= 1 and self._hold_long(s, s.input_tokens, O, left - first, len(keep)):
+                    keep.append(s)
+                else:
+                    evict.append(s)
         return keep, evict
 
     def _candidates(self):

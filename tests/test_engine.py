@@ -48,6 +48,18 @@ def test_a_livelock_is_reported_not_run_forever(affine):
         simulate(reqs, Scripted(plan), Limits(M=100), affine)
 
 
+def test_evictions_planned_with_an_empty_batch_are_refused_not_dropped(affine):
+    # r0 prefills, then the plan evicts it with no batch to run while r1 is still to arrive: the engine
+    # idles until r1, and an idle step applies nothing, so the eviction would be lost and the scheduler's
+    # view of who holds KV would part from the replayer's.
+    def plan(arrived, j):
+        return ScheduledBatch(items=[(0, 4)]) if j == 0 else ScheduledBatch(evict=[0])
+
+    reqs = [Request(0, 0.0, 4, 3), Request(1, 5.0, 4, 1)]
+    with pytest.raises(SchedulerError, match="evictions or swaps with an empty batch"):
+        simulate(reqs, Scripted(plan), Limits(M=100), affine)
+
+
 def test_an_invalid_plan_names_the_rule(affine):
     with pytest.raises(SchedulerError, match=r"\[C\]"):
         simulate([Request(0, 0.0, 8, 1)], Scripted(lambda arrived, j: ScheduledBatch(items=[(0, 8)])),

@@ -145,6 +145,31 @@ def test_first_token_scheduler_by_hand():
     assert res.requests.set_index("id").ttft_s.max() == pytest.approx(2 * (0.01 + 4 * 0.001))
 
 
+@pytest.mark.parametrize("flags, limits, arrivals_prompts_outputs", [
+    # SRPT with lookahead, Rmax = 1: r0's first chunk is cut to end when r1 (one token) arrives, and r0, in chunked
+    # prefill, holds the only slot; r1 can only start if r0 is preempted (recompute), not fail the run.
+    (dict(srpt=True, defer_decodes=True, lookahead=True), Limits(C=76, M=83, Rmax=1), [(2.01, 12, 1), (2.03, 1, 1)]),
+    # The Clairvoyant rule has r1's re-prefill (a long prompt, chunks of 3) half done when r2 arrives; after r2's
+    # first token the rebuilt profile must keep r1 in prefill rather than evict it with nothing else to run.
+    (dict(), Limits(C=3, P=3, M=84, block_size=4), [(0.0, 39, 3), (0.01, 39, 3), (0.51, 1, 1)]),
+    (dict(srpt=True), Limits(C=6, M=80, block_size=16), [(7.51, 48, 9), (7.51, 9, 21), (8.01, 1, 1)]),
+])
+def test_first_token_scheduler_cases_found_by_fuzzing(flags, limits, arrivals_prompts_outputs):
+    # Each failed before (InfeasibleRequestError, or an empty batch carrying the only eviction, which the engine
+    # dropped: the run then ended with a request unfinished or, with later arrivals, a batch over M).
+    reqs = [Request(i, a, I, O) for i, (a, I, O) in enumerate(arrivals_prompts_outputs)]
+    cost = COST if flags.get("lookahead") else None
+    res = simulate(reqs, FirstTokenScheduler(limits, cost, **flags), limits, COST)
+    assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+    assert (res.batches.kv_tokens_peak <= limits.M).all()
+    stepped = simulate(reqs, FirstTokenScheduler(limits, cost, **flags), limits, COST, fast_forward=False)
+    assert [(b.items, b.evict) for b in stepped.schedule.batches] == [(b.items, b.evict) for b in res.schedule.batches]
+    if flags.get("lookahead"):  # r1 preempts r0's chunked prefill the moment it arrives, and r0 starts over
+        second = res.schedule.batches[1]
+        assert second.items == [(1, 1)] and second.evict == [0]
+        assert res.requests.set_index("id").ttft_s[1] == pytest.approx(0.01 + 0.001)
+
+
 def test_first_token_srpt_lets_a_short_prompt_cut_in():
     # r0 (I=8) starts a chunked prefill at 0 (C=4: 4 of its 8 tokens); r1 (I=2) arrives during that batch.
     # By default the started prompt goes on (batch 1 finishes r0's prefill, r1 waits for batch 2); with srpt
