@@ -104,12 +104,22 @@ class RefBlockManager:
         last = self.last_block(rid, BE)
         return total + (self.empty_slots(last) if last is not None else 0)
 
-    def alloc_be(self, rid: int, n: int) -> bool:
-        """Give BE request ``rid`` ``n`` slots from empty slots; all or nothing (False: not enough)."""
-        if n > self.be_capacity(rid):
+    def alloc_be(self, rid: int, n: int, own_blocks: bool = False) -> bool:
+        """Give BE request ``rid`` ``n`` slots from empty slots; all or nothing (False: not enough). ``own_blocks``
+        (added with BROS decision 16, not in fc1abe4): after its last block, its earlier blocks' empty slots, latest
+        first."""
+        earlier = [b for b in reversed(self.blocks.get(rid, [])[:-1])
+                   if self.be_owner[b] == rid and self.empty_slots(b)] if own_blocks else []
+        if n > self.be_capacity(rid) + sum(self.empty_slots(b) for b in earlier):
             return False
         left = n
         blk = self.last_block(rid, BE)
+        for b in ([blk] if blk is not None else []) + earlier:
+            k = min(left, self.empty_slots(b))
+            self.be_n[b] += k
+            left -= k
+            self._file(b)
+        blk = None
         while left:
             if blk is None or self.empty_slots(blk) == 0:
                 blk = self._most_empty_without_be()
@@ -455,6 +465,8 @@ class RefBrosScheduler(Scheduler):
                     holders += ok and new_holder
                 else:  # guard: an otherwise empty batch drops BE requests ranked after it (BE-only deadlock)
                     ok, holders = self._make_room(alloc, new_holder, holders, candidates[:k:-1])
+                    if not ok and not new_holder:  # every BE holder ranked after it dropped: its own earlier blocks
+                        ok = mgr.alloc_be(s.id, swap_in + c, own_blocks=True)
                 if not ok:
                     batch.add(s, c, swap_in, -1)
                     break

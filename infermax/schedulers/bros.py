@@ -481,6 +481,8 @@ class BrosScheduler(Scheduler):
                 else:  # guard: an otherwise empty batch drops BE requests ranked after it (BE-only deadlock)
                     ok, holders = self._make_room(alloc, new_holder, holders,
                                                   self._be_ranked_after(key, excluded))
+                    if not ok and not new_holder:  # every BE holder ranked after it dropped: its own earlier blocks
+                        ok = mgr.alloc_be(s.id, swap_in + c, own_blocks=True)
                 if not ok:
                     batch.add(s, c, swap_in, -1)
                     break

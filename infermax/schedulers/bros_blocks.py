@@ -385,20 +385,29 @@ class BiBlockManager:
         last = self.last_block(rid, BE)
         return total + (self.empty_slots(last) if last is not None else 0)
 
-    def alloc_be(self, rid: int, n: int) -> bool:
-        """Give BE request ``rid`` ``n`` slots from empty slots; all or nothing (False: not enough)."""
+    def alloc_be(self, rid: int, n: int, own_blocks: bool = False) -> bool:
+        """Give BE request ``rid`` ``n`` slots from empty slots; all or nothing (False: not enough).
+
+        ``own_blocks``: after its last block, also the empty slots of its earlier blocks, latest first (an RT
+        peer that overwrote BE slots there and then finished leaves them empty, and no other rule reaches them:
+        the block still has this BE owner). Only BROS's guard for an otherwise empty batch asks for them (design.md,
+        BROS decision 16)."""
         if rid in self.dropped:
             raise BlockError(f"BE request {rid} was dropped in this iteration and cannot get slots in it")
-        if n > self.be_capacity(rid):
+        earlier = self._earlier_be_blocks_with_room(rid) if own_blocks else []
+        if n > self.be_capacity(rid) + sum(map(self.empty_slots, earlier)):
             return False
         left = n
         blk = self.last_block(rid, BE)
-        if blk is not None and self.empty_slots(blk):
-            k = min(left, self.empty_slots(blk))
-            self._ben[blk] += k
-            left -= k
-            self._add_gpu(rid, k)
-            self._file(blk)
+        for blk in ([blk] if blk is not None else []) + earlier:
+            if not left:
+                break
+            if self.empty_slots(blk):
+                k = min(left, self.empty_slots(blk))
+                self._ben[blk] += k
+                left -= k
+                self._add_gpu(rid, k)
+                self._file(blk)
         if left:
             left -= self._take_free(rid, BE, left)[1]
         while left:
@@ -410,6 +419,15 @@ class BiBlockManager:
             self._add_gpu(rid, k)
             self._file(blk)
         return True
+
+    def _earlier_be_blocks_with_room(self, rid: int) -> list[int]:
+        """The BE side of ``rid``'s blocks before its last one that have empty slots, latest first."""
+        own = self._own.get(rid)
+        if not own:
+            return []
+        blocks = np.concatenate(own)[:-1][::-1]
+        keep = (self._beo[blocks] == rid) & (self.block_size - self._rtn[blocks] - self._ben[blocks] > 0)
+        return blocks[keep].tolist()
 
     def _most_empty_rt_only(self) -> int:
         for e in range(self.block_size - 1, 0, -1):
