@@ -13,12 +13,13 @@ prefill-first, recompute, C = 4096), ``roundrobin`` (alternating RT/BE iteration
 C = 4096); ``Rmax`` = 256 for all (vLLM's max_num_seqs; BROS's B_curr cap). KV swaps: PCIe 4
 x16 at 0.8 efficiency (`SwapCost.for_system`).
 
-Run: ``python experiments/bros.py`` (writes bros_results.json and bros_results.png, and prints the
-Markdown tables).
+Run: ``python experiments/bros.py`` prints the Markdown tables and writes nothing; ``--out DIR`` also writes
+``DIR/bros_results.json`` and ``DIR/bros_results.png`` (``--out experiments`` regenerates the committed ones).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -41,7 +42,6 @@ SYSTEMS = ("bros", "vllm", "roundrobin")
 DURATION_S = 120.0
 BE_BATCH = 256
 SEEDS = (0, 1, 2)
-OUT = Path(__file__).with_name("bros_results.json")
 METRICS = ("rt_norm_latency_s", "ttft_attainment", "tpot_attainment", "tpot_gap_attainment", "be_rps", "be_tps",
            "be_requests", "swapped_out_tokens", "evictions")
 
@@ -134,14 +134,21 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="directory for bros_results.json and bros_results.png (default: write "
+                    "nothing; `--out experiments` regenerates the committed results)")
+    args = ap.parse_args()
     cost = load_cost_model("a100", "llama-2-7b", 1, kind="linear")
     M = kv_capacity_tokens(get_model("llama-2-7b"), get_gpu("a100"), 0.9, 1)
     swap = SwapCost.for_system("a100", "llama-2-7b", 1)
     points = [(d, r, s, seed) for d in DATASETS for r in RATES for s in SYSTEMS for seed in SEEDS]
     rows = [run_point(d, r, s, seed, cost, M, swap) for d, r, s, seed in track(points, description="bros study")]
-    OUT.write_text(json.dumps({"M": M, "duration_s": DURATION_S, "be_batch": BE_BATCH, "seeds": SEEDS, "rows": rows},
-                              indent=1))
-    plot(rows, OUT.with_suffix(".png"))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        out = args.out / "bros_results.json"
+        out.write_text(json.dumps({"M": M, "duration_s": DURATION_S, "be_batch": BE_BATCH, "seeds": SEEDS,
+                                   "rows": rows}, indent=1))
+        plot(rows, out.with_suffix(".png"))
     sys.stdout.write(table(rows) + "\n\n" + paper_comparison(rows) + "\n")
 
 
