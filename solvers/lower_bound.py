@@ -540,7 +540,12 @@ def _add_schedule_rows(lp: _LP, v: _Aggregates, d: Demand, limits: Limits, polic
         lp.add({N: 1, K: -limits.C}, "<=", 0)
         lp.add({Pt: 1, Kp: -pcap}, "<=", 0)
         lp.add({D: 1, Kd: -per_batch_decodes}, "<=", 0)
-        lp.add({K: 1}, ">=", max(d.longest_chain, d.longest_output))
+        # Capped at one batch per prompt token and decode item: never binding for a real set of requests (a
+        # request's chain ceil(I/P) + O − 1 is at most I + O − 1), but `DemandArrays.smallest` takes each quantity's
+        # minimum over the requests separately, so its chain can come from a longer prompt than its token count;
+        # uncapped, an eviction-free LP (no refill tokens) was then infeasible (an infinite "bound") and a free
+        # one had to buy refills, so the LP was not monotone in the prompt tokens.
+        lp.add({K: 1}, ">=", min(max(d.longest_chain, d.longest_output), d.prompt_tokens + d.decode_items))
         if limits.Rmax is not None:
             lp.add({K: limits.Rmax}, ">=", d.generated)  # every generating item holds KV in its batch
     if use("area"):
