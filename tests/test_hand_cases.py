@@ -131,3 +131,35 @@ def test_rank_schedulers_order_by_key(affine, name, expected_first):
     reqs = [Request(0, 0.0, 8, 1), Request(1, 0.0, 2, 3)]
     res = simulate(reqs, name, Limits(M=100), affine)
     assert batches_of(res)[0] == (expected_first, [])
+
+
+def test_a_candidate_that_evicts_itself_lets_the_ones_before_it_retry(affine):
+    # Rank_O, C = P = 2, M = 6. r0 (I=1, O=3) prefills and decodes once (KV 2); r1 (I=5, O=1) arrives at 3,
+    # ranks first and prefills 2 + 2 tokens (KV 6 = M). At t = 10 r1's last prompt token does not fit and, as a
+    # prefill, it may not evict; r0's decode does not fit either and, ranked last, evicts itself. That frees 2
+    # tokens, so r1 is tried again in the same batch. (Before, the batch carried only the eviction: the engine
+    # ran nothing, and with no arrival left the run stopped with NoProgressError.)
+    reqs = [Request(0, 0.0, 1, 3), Request(1, 3.0, 5, 1)]
+    res = simulate(reqs, "rank-o", Limits(C=2, P=2, M=6), affine)
+    assert batches_of(res) == [
+        ([(0, 1)], []), ([(0, 1)], []),  # r0: prompt, 2nd token
+        ([(1, 2)], []), ([(1, 2)], []),  # r1 ranks first (O = 1) and fills C
+        ([(1, 1)], [0]),                 # r0 evicts itself, r1 finishes
+        ([(0, 2)], []), ([(0, 1)], []),  # r0 refills I + g = 3 tokens in chunks of P = 2, then its 3rd token
+    ]
+    assert times(res)[-1] == (15.0, 17.0)
+
+
+def test_running_prefills_that_fill_memory_may_evict_rather_than_deadlock(affine):
+    # Rank_O (only decodes may evict), C = P = 2, M = 6. r0 (I=5, O=2) prefills 2 + 2 tokens; r1 (I=3, O=1)
+    # arrives at 5, ranks first and prefills 2 (KV 6 = M). Both need one more token and both are in prefill: no one
+    # may evict, and the batch would be empty for ever (NoProgressError before). One more pass lets running prefills
+    # evict: r1 evicts r0 (ranked after it) and finishes; r0 starts over.
+    reqs = [Request(0, 0.0, 5, 2), Request(1, 5.0, 3, 1)]
+    res = simulate(reqs, "rank-o", Limits(C=2, P=2, M=6), affine)
+    assert batches_of(res) == [
+        ([(0, 2)], []), ([(0, 2)], []), ([(1, 2)], []),
+        ([(1, 1)], [0]),
+        ([(0, 2)], []), ([(0, 2)], []), ([(0, 1)], []), ([(0, 1)], []),
+    ]
+    assert res.requests.set_index("id").loc[0, "evictions"] == 1

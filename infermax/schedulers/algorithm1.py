@@ -93,6 +93,10 @@ class Algorithm1Scheduler(Scheduler):
     repeat after an eviction.
     """
 
+    # Decision 11 of docs/design.md ("Algorithm 1 template"): a plan with no item is made again after evictions,
+    # or with running prefills allowed to evict in a deadlock. Round robin turns the other class's way instead.
+    replan_after_evictions = True
+
     def __init__(self, limits: Limits, policy: Algorithm1Policy, cost_model: CostModel | None = None,
                  name: str = "algorithm1"):
         super().__init__(limits, cost_model)
@@ -111,6 +115,7 @@ class Algorithm1Scheduler(Scheduler):
         self._prefilling: list[RequestState] = []  # running requests in prefill phase, by priority
         self._kv_used = 0  # Σ blocks(m) over the running requests (not kept for eviction-free variants)
         self._planned: tuple | None = None  # (batch, admitted states, KV used after it) of the last plan
+        self._breaking_deadlock = False  # a pass in which running prefills may evict too (`next_batch`)
         # Decoders' state is read only where `sync_states` / `cached_tokens` / `cohort_block_openers` is
         # used (below). The FCFS groupings plan from the decode list, which the replayer's lazy cohort
         # matches; a ranking (or a subclass's own grouping) reads every candidate each batch, so it
@@ -149,96 +154,111 @@ class Algorithm1Scheduler(Scheduler):
         admitted: list[RequestState] = []  # the first eviction (only victims and later groups could meet them)
         batch_is_prefill = None
 
-        for candidates, stop_on_failure in groups:
-            if candidates is self._decoding and not evict:
-                # Every candidate decodes and none is taken. CheckHybridBatching skips all of them in a
-                # non-hybrid prefill batch; otherwise all pass CanAllocate iff the group's tokens fit C
-                # and its KV fits M (needs are ≥ 0, so every prefix fits too), as the loop below finds.
-                if not pol.hybrid and batch_is_prefill:
-                    continue
-                n = len(candidates)
-                if n <= tokens_left:
-                    if pol.eviction_free:
-                        need = 0
-                    elif unit_blocks:
-                        need = n
-                    else:  # a decode from m to m + 1 opens a block when m % b == 0
-                        b = lim.block_size
-                        openers = self.cohort_block_openers(self._decode_items)
-                        if openers is None:
-                            self.sync_states()
-                            openers = sum(1 for s in candidates if not s.m % b)
-                        need = b * openers
-                    if need <= kv_free:
-                        items += self._decode_items
-                        tokens_left -= n
-                        kv_free -= need
-                        if n and batch_is_prefill is None:
-                            batch_is_prefill = False
+        while True:  # a pass over the groups; another only after a pass that evicted and planned nothing
+            evicted_before = len(evict)
+            for candidates, stop_on_failure in groups:
+                if candidates is self._decoding and not evict:
+                    # Every candidate decodes and none is taken. CheckHybridBatching skips all of them in a
+                    # non-hybrid prefill batch; otherwise all pass CanAllocate iff the group's tokens fit C
+                    # and its KV fits M (needs are ≥ 0, so every prefix fits too), as the loop below finds.
+                    if not pol.hybrid and batch_is_prefill:
                         continue
-            elif (not pol.hybrid and batch_is_prefill is False
-                  and (candidates is self.waiting or candidates is self._prefilling)):
-                continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
-            if self._may_hold_decoders(candidates):
-                self.sync_states()  # running decoders' m is read below (and victims are running requests)
-            for s in candidates:
-                if s.id in taken:
-                    continue
-                m = s.m
-                is_prefill = m < s.input_tokens
-                if not pol.hybrid and items and is_prefill != batch_is_prefill:
-                    continue  # CheckHybridBatching
-                if not is_prefill and tokens_left >= 1:
-                    # A decode's CanAllocate inline (the common case): one token, never a new holder.
-                    need = 0 if pol.eviction_free else (1 if unit_blocks else blocks(m + 1) - blocks(m))
-                    if need <= kv_free:
-                        items.append((s.id, 1))
-                        taken.add(s.id)
-                        tokens_left -= 1
-                        kv_free -= need
-                        if batch_is_prefill is None:
-                            batch_is_prefill = False
+                    n = len(candidates)
+                    if n <= tokens_left:
+                        if pol.eviction_free:
+                            need = 0
+                        elif unit_blocks:
+                            need = n
+                        else:  # a decode from m to m + 1 opens a block when m % b == 0
+                            b = lim.block_size
+                            openers = self.cohort_block_openers(self._decode_items)
+                            if openers is None:
+                                self.sync_states()
+                                openers = sum(1 for s in candidates if not s.m % b)
+                            need = b * openers
+                        if need <= kv_free:
+                            items += self._decode_items
+                            tokens_left -= n
+                            kv_free -= need
+                            if n and batch_is_prefill is None:
+                                batch_is_prefill = False
+                            continue
+                elif (not pol.hybrid and batch_is_prefill is False
+                      and (candidates is self.waiting or candidates is self._prefilling)):
+                    continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
+                if self._may_hold_decoders(candidates):
+                    self.sync_states()  # running decoders' m is read below (and victims are running requests)
+                for s in candidates:
+                    if s.id in taken:
                         continue
-                while True:  # CanAllocate, evicting on M failures where allowed
-                    failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free, holders)
-                    if failure is None:
-                        items.append((s.id, c))
-                        taken.add(s.id)
-                        tokens_left -= c
-                        if is_prefill:
-                            prefill_left -= c
-                        if s.m == 0:  # only waiting requests hold no KV
-                            holders += 1
-                            admitted.append(s)
-                        kv_free -= need
-                        if batch_is_prefill is None:
-                            batch_is_prefill = is_prefill
-                        break
-                    if failure != "M" or not self._may_evict(s, is_prefill):
-                        break
-                    if position is None:
-                        if priority is None:
-                            priority = self._decoding + self._prefilling
-                        position = {r.id: i for i, r in enumerate(priority)}
-                        victim_ptr = len(priority) - 1
-                        taken.update(rid for rid, _ in items)
-                    victim = None
-                    while victim_ptr > position[s.id]:
-                        v = priority[victim_ptr]
-                        victim_ptr -= 1
-                        if v.id not in taken:
-                            victim = v
+                    m = s.m
+                    is_prefill = m < s.input_tokens
+                    if not pol.hybrid and items and is_prefill != batch_is_prefill:
+                        continue  # CheckHybridBatching
+                    if not is_prefill and tokens_left >= 1:
+                        # A decode's CanAllocate inline (the common case): one token, never a new holder.
+                        need = 0 if pol.eviction_free else (1 if unit_blocks else blocks(m + 1) - blocks(m))
+                        if need <= kv_free:
+                            items.append((s.id, 1))
+                            taken.add(s.id)
+                            tokens_left -= 1
+                            kv_free -= need
+                            if batch_is_prefill is None:
+                                batch_is_prefill = False
+                            continue
+                    while True:  # CanAllocate, evicting on M failures where allowed
+                        failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free, holders)
+                        if failure is None:
+                            items.append((s.id, c))
+                            taken.add(s.id)
+                            tokens_left -= c
+                            if is_prefill:
+                                prefill_left -= c
+                            if s.m == 0:  # only waiting requests hold no KV
+                                holders += 1
+                                admitted.append(s)
+                            kv_free -= need
+                            if batch_is_prefill is None:
+                                batch_is_prefill = is_prefill
                             break
-                    target = victim or s
-                    evict.append(target.id)
-                    taken.add(target.id)
-                    kv_free += blocks(target.m)
-                    holders -= 1
-                    if victim is None:
-                        failure = None  # the candidate evicted itself; go on with the next one
+                        if failure != "M" or not self._may_evict(s, is_prefill):
+                            break
+                        if position is None:
+                            if priority is None:
+                                priority = self._decoding + self._prefilling
+                            position = {r.id: i for i, r in enumerate(priority)}
+                            victim_ptr = len(priority) - 1
+                            taken.update(rid for rid, _ in items)
+                        victim = None
+                        while victim_ptr > position[s.id]:
+                            v = priority[victim_ptr]
+                            victim_ptr -= 1
+                            if v.id not in taken:
+                                victim = v
+                                break
+                        target = victim or s
+                        evict.append(target.id)
+                        taken.add(target.id)
+                        kv_free += blocks(target.m)
+                        holders -= 1
+                        if victim is None:
+                            failure = None  # the candidate evicted itself; go on with the next one
+                            break
+                    if failure is not None and stop_on_failure:
                         break
-                if failure is not None and stop_on_failure:
+            if items or not self.replan_after_evictions:
+                break
+            if len(evict) == evicted_before:
+                if evict or self._breaking_deadlock or not self.running or pol.evict_for != "running_decode":
                     break
+                # Deadlock: the running requests' prefills fill M and none of them may evict (only decodes
+                # may). One more pass in which they may, as with evict_for="running"; it runs only where the
+                # batch would be empty with KV held, so every run that progressed before plans as it did.
+                self._breaking_deadlock = True
+            # Otherwise the pass freed KV by evicting (a candidate may have evicted itself) but planned no item:
+            # the candidates that failed before the evictions are tried again, since a batch carrying only
+            # evictions cannot run (the engine refuses it). Each such pass evicts someone, so this ends.
+        self._breaking_deadlock = False
         batch = ScheduledBatch(items=items, evict=evict)
         self._planned = (batch, admitted, lim.M - kv_free)
         return batch
@@ -289,7 +309,7 @@ class Algorithm1Scheduler(Scheduler):
         mode = self.policy.evict_for
         if mode == "none" or s.id not in self._running_ids:
             return False
-        return mode == "running" or not is_prefill
+        return mode == "running" or not is_prefill or self._breaking_deadlock
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
         """Evicted requests go to the front of ``Rw``, admitted ones join ``Rr``, finished ones leave it.
