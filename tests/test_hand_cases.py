@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import AffineCost
 
 from infermax.engine import simulate
 from infermax.limits import Limits
@@ -163,3 +164,15 @@ def test_running_prefills_that_fill_memory_may_evict_rather_than_deadlock(affine
         ([(0, 2)], []), ([(0, 2)], []), ([(0, 1)], []), ([(0, 1)], []),
     ]
     assert res.requests.set_index("id").loc[0, "evictions"] == 1
+
+
+def test_a_deadlock_after_a_self_eviction_is_broken_too(affine):
+    # Rank_O, C = 32, P = 16, M = 38 (shrunk from a random case). r9's decode evicts itself first, which frees too
+    # little for the prefills' chunks (a chunk shrinks for C and P, not for M); the prefills then evict in turn.
+    rs = [(0.01, 23, 12), (0.02, 11, 3), (0.02, 3, 22), (0.03, 11, 4), (3.03, 18, 15), (3.53, 6, 12), (4.03, 29, 9),
+          (4.03, 26, 5), (4.04, 25, 1), (4.05, 4, 23)]
+    reqs = [Request(i, a, I, O) for i, (a, I, O) in enumerate(rs)]
+    res = simulate(reqs, "rank-o", Limits(C=32, P=16, M=38), AffineCost(0.01, 0.001))
+    assert (res.requests.generated_tokens == res.requests.output_tokens).all()
+    assert all(b.items for b in res.schedule.batches)
+    assert (res.batches.kv_tokens_peak <= 38).all()

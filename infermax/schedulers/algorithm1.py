@@ -207,7 +207,8 @@ class Algorithm1Scheduler(Scheduler):
                                 batch_is_prefill = False
                             continue
                     while True:  # CanAllocate, evicting on M failures where allowed
-                        failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free, holders)
+                        failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free,
+                                                              holders)
                         if failure is None:
                             items.append((s.id, c))
                             taken.add(s.id)
@@ -249,7 +250,7 @@ class Algorithm1Scheduler(Scheduler):
             if items or not self.replan_after_evictions:
                 break
             if len(evict) == evicted_before:
-                if evict or self._breaking_deadlock or not self.running or pol.evict_for != "running_decode":
+                if self._breaking_deadlock or not self.running or pol.evict_for != "running_decode":
                     break
                 # Deadlock: the running requests' prefills fill M and none of them may evict (only decodes
                 # may). One more pass in which they may, as with evict_for="running"; it runs only where the
@@ -259,6 +260,8 @@ class Algorithm1Scheduler(Scheduler):
             # the candidates that failed before the evictions are tried again, since a batch carrying only
             # evictions cannot run (the engine refuses it). Each such pass evicts someone, so this ends.
         self._breaking_deadlock = False
+        if not items and evict:  # still nothing to run: plan nothing (no one is evicted; the engine idles or stops)
+            evict = []
         batch = ScheduledBatch(items=items, evict=evict)
         self._planned = (batch, admitted, lim.M - kv_free)
         return batch
