@@ -247,24 +247,31 @@ class Algorithm1Scheduler(Scheduler):
                             break
                     if failure is not None and stop_on_failure:
                         break
-            if items or not self.replan_after_evictions:
+            if not self._plan_again(items, len(evict) > evicted_before):
                 break
-            if len(evict) == evicted_before:
-                if self._breaking_deadlock or not self.running or pol.evict_for != "running_decode":
-                    break
-                # Deadlock: the running requests' prefills fill M and none of them may evict (only decodes
-                # may). One more pass in which they may, as with evict_for="running"; it runs only where the
-                # batch would be empty with KV held, so every run that progressed before plans as it did.
-                self._breaking_deadlock = True
-            # Otherwise the pass freed KV by evicting (a candidate may have evicted itself) but planned no item:
-            # the candidates that failed before the evictions are tried again, since a batch carrying only
-            # evictions cannot run (the engine refuses it). Each such pass evicts someone, so this ends.
         self._breaking_deadlock = False
         if not items and evict:  # still nothing to run: plan nothing (no one is evicted; the engine idles or stops)
             evict = []
         batch = ScheduledBatch(items=items, evict=evict)
         self._planned = (batch, admitted, lim.M - kv_free)
         return batch
+
+    def _plan_again(self, items: list, evicted: bool) -> bool:
+        """After a pass over the groups: whether to make another (docs/design.md, Algorithm 1 decision 11). Only
+        when the pass planned no item, since a batch carrying only evictions cannot run (the engine refuses it):
+        if the pass ``evicted`` (a candidate may have evicted itself), the KV it freed may let the candidates that
+        failed before it in; otherwise, with KV held and only decodes allowed to evict, the running prefills are
+        deadlocked in ``M``, and one more pass lets them evict (as ``evict_for="running"`` does). Each pass after
+        the first evicts someone or is the single deadlock pass, so this ends. Every such state used to end the
+        run with `NoProgressError`, so runs that finished plan as before."""
+        if items or not self.replan_after_evictions:
+            return False
+        if evicted:
+            return True
+        if self._breaking_deadlock or not self.running or self.policy.evict_for != "running_decode":
+            return False
+        self._breaking_deadlock = True
+        return True
 
     def _may_hold_decoders(self, candidates) -> bool:
         """Whether a group may list running decoders, whose state the lazy cohort lets lag (a group of waiting
