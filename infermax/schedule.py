@@ -91,8 +91,9 @@ class Schedule:
 
     @classmethod
     def from_json(cls, data: dict, source: str = "schedule") -> "Schedule":
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{source}: not an InferMax schedule (format {data.get('format')!r}, expected {FORMAT!r})")
+        fmt = data.get("format") if isinstance(data, dict) else None
+        if fmt != FORMAT:
+            raise ValueError(f"{source}: not an InferMax schedule (format {fmt!r}, expected {FORMAT!r})")
         try:
             limits = Limits(**data["limits"])
             requests = [_request_from_json(row) for row in data["requests"]]
@@ -108,9 +109,17 @@ class Schedule:
                 )
                 for b in data["batches"]
             ]
+            meta = data.get("meta", {})
+            if not isinstance(meta, dict):
+                raise TypeError(f"meta must be an object, got {type(meta).__name__}")
+            seen: set[int] = set()
+            for r in requests:
+                if r.id in seen:
+                    raise ValueError(f"duplicate request id {r.id}")
+                seen.add(r.id)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{source}: malformed schedule: {exc}") from exc
-        return cls(requests, limits, batches, dict(data.get("meta", {})))
+        return cls(requests, limits, batches, dict(meta))
 
     @classmethod
     def load(cls, path: str | Path) -> "Schedule":

@@ -70,6 +70,32 @@ def test_validate_rejects_a_tampered_schedule(tmp_path):
     assert "batch 1" in res.output and "[decode]" in res.output
 
 
+@pytest.mark.parametrize("tamper,message", [
+    (lambda d: d.update(meta=3), "meta must be an object"),
+    (lambda d: d["meta"].update(config=[1]), "meta.config must be an object"),
+    (lambda d: d["requests"].append(list(d["requests"][0])), "duplicate request id 0"),
+    (lambda d: d.update(format=None), "not an InferMax schedule"),
+], ids=["meta", "config", "duplicate-id", "format"])
+def test_validate_refuses_a_malformed_schedule_without_a_traceback(tmp_path, tamper, message):
+    # Found by fuzzing `validate` with mutated schedule files: each of these ended in a Python traceback (TypeError,
+    # AttributeError, or the replayer's ValueError for a duplicate id).
+    out = tmp_path / "run"
+    assert invoke("simulate", "--I", "8", "--O", "4", "--B", "2", "--json", "--out", str(out)).exit_code == 0
+    data = json.loads((out / "schedule.json").read_text())
+    tamper(data)
+    (out / "schedule.json").write_text(json.dumps(data))
+    res = invoke("validate", str(out / "schedule.json"))
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_validate_refuses_json_that_is_not_an_object(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    res = invoke("validate", str(path))
+    assert res.exit_code == 2 and "not an InferMax schedule" in res.output
+
+
 def test_trace_replay_with_time_scaling():
     res = invoke("simulate", "--scheduler", "sarathi", "--trace", "azure-conv", "--trace-limit", "20",
                  "--time-scale", "0.5", "--json")

@@ -70,8 +70,11 @@ def validate(
         sched = Schedule.load(schedule)
         given = {k: v for k, v in (("model", model), ("gpu", gpu), ("tp", tp), ("cost_model", cost_model),
                                    ("costmodel_path", costmodel)) if v is not None}
-        recorded = {k: v for k, v in (sched.meta.get("config") or {}).items()
-                    if k in ("model", "gpu", "tp", "cost_model", "costmodel_path")}
+        config = sched.meta.get("config") or {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{schedule}: malformed schedule: meta.config must be an object, got "
+                             f"{type(config).__name__}")
+        recorded = {k: v for k, v in config.items() if k in ("model", "gpu", "tp", "cost_model", "costmodel_path")}
         cost = RunConfig(**(given or recorded)).cost()  # RunConfig's defaults fill what neither names
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
