@@ -89,6 +89,24 @@ def test_validate_refuses_a_malformed_schedule_without_a_traceback(tmp_path, tam
     assert message in res.output and "Traceback" not in res.output
 
 
+def test_optimize_and_better_write_schedules_that_validate_on_their_own_cost_model(tmp_path):
+    # Found by fuzzing optimize/better --out then validate: the schedules carried no configuration, so `validate`
+    # re-timed a schedule found on the linear model with the default piecewise one (0.0359 s reported, 0.0615 s).
+    opt = invoke("optimize", "--I", "107", "--O", "6", "--B", "1", "--cost-model", "linear", "--objective", "latency",
+                 "--time-limit", "3", "--json", "--out", str(tmp_path / "opt"))
+    assert opt.exit_code == 0, opt.output
+    replayed = invoke("validate", str(tmp_path / "opt" / "schedule.json"), "--json")
+    assert json.loads(replayed.output)["mean_latency_s"] == pytest.approx(json.loads(opt.output)["objective_s"],
+                                                                         rel=1e-9)
+    ans = invoke("better", "-s", "bros", "--margin", "0.05", "--I", "3", "--O", "30", "--B", "20", "--M", "40",
+                 "--cost-model", "linear", "--time-limit", "4", "--json", "--out", str(tmp_path / "better"))
+    assert ans.exit_code == 0, ans.output
+    found = json.loads(ans.output)["found_s"]
+    assert found is not None and (tmp_path / "better" / "schedule.json").is_file()
+    replayed = invoke("validate", str(tmp_path / "better" / "schedule.json"), "--json")
+    assert json.loads(replayed.output)["makespan_s"] == pytest.approx(found, rel=1e-9)
+
+
 def test_validate_refuses_json_that_is_not_an_object(tmp_path):
     path = tmp_path / "list.json"
     path.write_text("[1, 2]")
