@@ -347,8 +347,9 @@ class FirstTokenScheduler(ClairvoyantScheduler):
     Azure slice at P = 512: mean TTFT 0.2036 s against 0.2302 s), each prefilled whole unless its prompt exceeds
     ``min(C, P)`` (then chunked over consecutive batches) or the batch would be empty, within ``C``/``P``; when ``M`` or
     ``Rmax`` is short, running requests are evicted (largest KV first) to make room, and when only prompts in chunked
-    prefill hold what the first candidate needs, they are (most tokens left first: SRPT's preemption, by recompute). Mean TTFT only counts first tokens, so the optimum for it may well recompute;
-    the latency of everyone else is not its concern. With ``defer_decodes``, while some request of the
+    prefill hold what the first candidate needs, they are (most tokens left first: SRPT's preemption, by recompute).
+    Mean TTFT only counts first tokens, so the optimum for it may well recompute; the latency of everyone else is not
+    its concern. With ``defer_decodes``, while some request of the
     workload (`expect`) has yet to arrive, a batch with no prompt to serve is not run at all: the GPU idles until
     the next arrival instead of starting decodes that a newcomer would wait behind (every decode can wait until the
     last first token; Azure slice, SRPT order: mean TTFT 0.2036 s at P = 512 against 0.1783 s deferred at
@@ -361,7 +362,8 @@ class FirstTokenScheduler(ClairvoyantScheduler):
     the rest (evicted requests re-prefill ``Icur`` and have ``O − g`` tokens left). Its profile is only
     valid while decodes run every step, so after prefill-only batches it is rebuilt from the running
     requests (their exact remaining trajectories, ``blocks(m + 1 + k)``), evicting, in the first batch
-    back, those that do not fit ``M`` or ``C`` (latest-admitted first).
+    back, those that do not fit ``M`` or ``C`` (latest-admitted first); a long prompt the forward rule had in
+    chunked prefill gets a fresh envelope over what is left of it (`_rebuild`).
     """
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, *, rank: str = "small_area",
