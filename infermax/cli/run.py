@@ -47,6 +47,10 @@ def simulate(
     report(result, out, as_json, config_header(config, result.schedule.limits))
 
 
+# The RunConfig fields that choose a cost model: `validate` takes them from its options, else from the schedule.
+_COST_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel_path")
+
+
 @app.command()
 def validate(
     schedule: Path = typer.Argument(..., help="Schedule JSON (as written by `simulate --out`)."),
@@ -68,13 +72,12 @@ def validate(
 
     try:
         sched = Schedule.load(schedule)
-        given = {k: v for k, v in (("model", model), ("gpu", gpu), ("tp", tp), ("cost_model", cost_model),
-                                   ("costmodel_path", costmodel)) if v is not None}
+        given = {k: v for k, v in zip(_COST_KEYS, (model, gpu, tp, cost_model, costmodel)) if v is not None}
         config = sched.meta.get("config") or {}
         if not isinstance(config, dict):
             raise ValueError(f"{schedule}: malformed schedule: meta.config must be an object, got "
                              f"{type(config).__name__}")
-        recorded = {k: v for k, v in config.items() if k in ("model", "gpu", "tp", "cost_model", "costmodel_path")}
+        recorded = {k: v for k, v in config.items() if k in _COST_KEYS}
         cost = RunConfig(**(given or recorded)).cost()  # RunConfig's defaults fill what neither names
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))

@@ -35,9 +35,9 @@ RR_POLICY = Algorithm1Policy("rank", hybrid=True, chunked_prefill=False, evict_f
 
 class RoundRobinScheduler(Algorithm1Scheduler):
     """Alternating RT-only and BE-only iterations; see the module docstring. A class's plan with no item passes
-    the turn to the other class (not Algorithm 1's re-planning, `replan_after_evictions`); if that plan has no
-    item either, its evictions are dropped and the batch is empty (the engine idles until the next arrival), as
-    the engine itself did before it refused eviction-only batches, so every round-robin run plans as before."""
+    the turn to the other class (not Algorithm 1's re-planning, `replan_after_evictions`); Algorithm 1 drops the
+    evictions of a plan with no item, as the engine did before it refused eviction-only batches, so every
+    round-robin run plans as before."""
 
     replan_after_evictions = False
 
@@ -87,14 +87,13 @@ class RoundRobinScheduler(Algorithm1Scheduler):
         if self._idle_class(self.turn_be):
             self.turn_be = not self.turn_be
             self.served_be = self.turn_be
-            batch = super().next_batch(now_s)
-            return batch if batch.items else ScheduledBatch()
+            return super().next_batch(now_s)
         batch = super().next_batch(now_s)
         if not batch.items:  # nothing of this class can run: serve the other class
             self.turn_be = not self.turn_be
             batch = super().next_batch(now_s)
         self.served_be = self.turn_be
-        return batch if batch.items else ScheduledBatch()
+        return batch
 
     def batch_done(self, batch: ScheduledBatch, finished) -> None:
         planned = self._planned
