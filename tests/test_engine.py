@@ -74,3 +74,19 @@ def test_idle_gaps_are_skipped_and_arrivals_respected(affine):
     # Each request runs alone: prefill (1+3 s) then decode (1+1 s), starting at its arrival.
     assert r.latency_s.tolist() == [6.0] * 4
     assert res.summary["makespan_s"] == 30.0 + 6.0
+
+
+def test_a_run_past_its_deadline_stops_and_says_where(affine):
+    """A deadline already past stops the run at the first look at the clock (after `DEADLINE_CHECK_EVERY` batches),
+    naming how far it got; a deadline it never reaches changes nothing."""
+    import time
+
+    from infermax.engine import DEADLINE_CHECK_EVERY, SimulationTimeout
+
+    reqs = [Request(0, 0.0, 16, 3 * DEADLINE_CHECK_EVERY), Request(1, 0.0, 8, 5)]  # one batch per decode step
+    with pytest.raises(SimulationTimeout, match=rf"after {DEADLINE_CHECK_EVERY - 1:,} batches, with 1 of 2"):
+        simulate(reqs, "vllm", Limits(M=10_000), affine, fast_forward=False, deadline_s=time.perf_counter() - 1.0)
+    free = simulate(reqs, "vllm", Limits(M=10_000), affine)
+    timed = simulate(reqs, "vllm", Limits(M=10_000), affine, deadline_s=time.perf_counter() + 3600.0)
+    assert timed.schedule.to_json() == free.schedule.to_json()
+    assert timed.summary == free.summary

@@ -231,3 +231,31 @@ def test_optimize_answers_when_the_bound_uses_up_the_time_limit():
     assert res.incumbent_s is not None and 0 < res.bound_s <= res.incumbent_s * (1 + TOL)
     ans = better(reqs, Limits(C=4096, M=3000), COST, "vllm", 0.05, Objective(makespan=1), time_limit_s=1e-6)
     assert ans.answer in ("no", "unknown")
+
+
+def test_simulations_stop_at_the_time_limit():
+    """Simulations run under the command's deadline. At B = 20,000, I = O = 2,000 (Sarathi alone takes 23 s there),
+    `better --time-limit 40` used to run 194 s and `optimize --time-limit 10` 48 s, their own and the search's
+    simulations running on past the limit. Here with a limit far below what one simulation needs: `better` says its
+    scheduler's own run (which sets the target) did not finish, `analyse` answers with the bound and names the
+    warm start it cut, and the search records the candidate it stopped and returns no schedule."""
+    from infermax.engine import SimulationTimeout
+    from infermax.workload import fixed
+
+    reqs, lim = fixed(512, 512, 3000), Limits(C=4096)
+    with pytest.raises(SimulationTimeout, match="sarathi's own simulation, which sets the target, did not finish"):
+        better(reqs, lim, COST, "sarathi", 0.1, Objective(latency=1), time_limit_s=0.05)
+    res = analyse(reqs, lim, COST, Objective(latency=1), time_limit_s=0.05)
+    assert "stopped at its deadline" in res.details["warm_start_error"]
+    assert res.incumbent_s is None and res.bound_s > 0
+    found = search(reqs, lim, COST, Objective(latency=1), time_limit_s=0.05)
+    assert found.schedule is None
+    assert any("SimulationTimeout" in c.get("error", "") for c in found.candidates)
+
+
+def test_better_cli_reports_a_simulation_cut_by_the_time_limit():
+    result = CliRunner().invoke(app, ["better", "-s", "sarathi", "--I", "512", "--O", "512", "--B", "3000",
+                                      "--objective", "latency", "--time-limit", "0.05"])
+    assert result.exit_code == 1
+    assert "did not finish within the time limit of 0.05 s" in result.output and "raise the time limit" in result.output
+    assert "Traceback" not in result.output

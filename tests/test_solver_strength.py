@@ -118,3 +118,40 @@ def test_slot_bound_counts_token_steps_by_hand():
     r = [Request(0, 0, 1, 2), Request(1, 0, 1, 2)]
     assert slot_bound(r, terms, Objective(makespan=1), 4.0).slots == 2
     assert slot_bound(r, terms, Objective(makespan=1), 4.2).slots == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(tau0=st.floats(0.01, 2.0), alpha=st.floats(0.0, 0.5), tokens=st.integers(1, 400),
+       steps=st.dictionaries(st.integers(1, 300), st.floats(0.0, 3.0), max_size=4), k=st.integers(1, 300),
+       budget=st.floats(0.0, 400.0))
+def test_slot_bound_search_matches_a_scan_of_every_count(tau0, alpha, tokens, steps, k, budget):
+    """`_last_within` (bisection over the convex n·(tau0 + h̆(N/n))) finds what a scan of every n = 1..k finds:
+    the largest n within the budget, or none."""
+    from solvers.bounds import _last_within, token_hull
+
+    hull = token_hull(alpha, steps, tokens)
+
+    def g(n):
+        return n * (tau0 + hull(tokens / n))
+
+    fits = [n for n in range(1, k + 1) if g(n) <= budget]
+    assert _last_within(g, k, budget) == (fits[-1] if fits else None)
+
+
+def test_slot_bound_with_a_budget_of_billions_of_batches():
+    """The sum-of-latencies budget of a long trace allows about a billion batches by the first test, and the
+    token-count steps then cut that without enumerating the counts (a scan of every count ran out of memory on the
+    whole Azure conversation trace). Batch >= 1 ms + 10 s·[n > 1], four prompts of 10^9 tokens (N = 4·10^9): h̆ is the
+    chord from (1, 0) to (N, 10 s), so K batches take at least g(K) = K·1 ms + 10 s·(N − K)/(N − 1); the bound is the
+    largest K with g(K) within the budget (and its 1e-9 relative slack), 999,992,500."""
+    terms = (CostTerm("base", "n_tokens", (AffinePiece(0.001, {"n_tokens_gt1": 10.0}),)),)
+    requests = [Request(i, 0.0, 10 ** 9, 1) for i in range(4)]
+    n = 4 * 10 ** 9
+    bound = slot_bound(requests, terms, Objective(latency=1), 1e6)
+    assert "token-count steps" in bound.reason
+
+    def g(k):
+        return k * 0.001 + 10.0 * (n - k) / (n - 1)
+
+    assert g(bound.slots) <= 1e6 * (1 + 1e-9) < g(bound.slots + 1)
+    assert 10 ** 9 - 10 ** 4 < bound.slots < 10 ** 9
