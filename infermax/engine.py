@@ -10,6 +10,7 @@ batches, +2 us/batch on tiny ones), so SimPy buys nothing here but a dependency.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Sequence
@@ -21,6 +22,15 @@ from .metrics import SimResult
 from .replay import Replayer, ScheduleViolation
 from .request import Request
 from .schedulers import NoProgressError, Scheduler, SchedulerError, make_scheduler
+
+
+# Loop iterations between two looks at the clock under a deadline (a look costs about as much as a small batch's
+# bookkeeping; a batch of the slowest scheduler takes well under a millisecond, so a deadline is overrun by < 0.2 s).
+DEADLINE_CHECK_EVERY = 256
+
+
+class SimulationTimeout(RuntimeError):
+    """A simulation given a deadline (`simulate`'s ``deadline_s``) did not finish by it; nothing is returned."""
 
 
 def check_fits(requests: Sequence[Request], limits: Limits) -> None:
@@ -43,6 +53,7 @@ def simulate(
     fast_forward: bool = True,
     swap_cost: SwapCost | None = None,
     closed_loop_until_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> SimResult:
     """Run ``requests`` through ``scheduler``; every batch is validated and timed by the replayer.
 
@@ -54,6 +65,8 @@ def simulate(
     Requests with a ``closed_loop_group`` are submitted group by group (`ClosedLoop`); a group whose
     release time would exceed ``closed_loop_until_s`` is never submitted and is not in the result
     (``meta["unreleased_requests"]`` counts them).
+    ``deadline_s`` (a `time.perf_counter` time): past it the run stops with `SimulationTimeout` (looked at every
+    `DEADLINE_CHECK_EVERY` batches), so that a command's time limit also covers the simulations it runs.
     """
     if not requests:
         raise ValueError("the workload has no requests")
@@ -82,9 +95,15 @@ def simulate(
     waited_until: float | None = None
     total_tokens = sum(r.prompt_tokens + r.output_tokens for r in requests)
     batches_without_token = 0
+    steps = 0
     bar = _Tracker(sum(r.output_tokens for r in requests)) if progress else nullcontext(None)
     with bar as tracker:
         while rp.unfinished:
+            steps += 1
+            if deadline_s is not None and not steps % DEADLINE_CHECK_EVERY and time.perf_counter() > deadline_s:
+                raise SimulationTimeout(
+                    f"scheduler '{scheduler.name}' stopped at its deadline after {len(rp.batch_rows):,} batches, with "
+                    f"{rp.unfinished:,} of {len(rp.states):,} requests unfinished at t={now:.6g}s")
             first = next_arrival
             while next_arrival < len(arrivals) and arrivals[next_arrival].req.arrival_s <= now:
                 next_arrival += 1

@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from infermax.engine import check_fits, simulate
+from infermax.engine import SimulationTimeout, check_fits, simulate
 from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
-from .optimize import OptimizeResult, choose_slots, objective_of, optimize
+from .optimize import OptimizeResult, choose_slots, optimize
 from .policy import Policies, check_policies_feasible, policy_violations
 from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
 
@@ -84,12 +84,13 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     best_s, best_by, best = math.inf, None, None
     warm = None
     if warm_start:
-        try:
-            warm = simulate(requests, warm_start, limits, cost_model).schedule
-        except (InfeasibleRequestError, SchedulerError) as exc:  # e.g. vLLM cannot batch a prompt longer than C
-            details["warm_start_error"] = str(exc)
+        try:  # its objective from the simulation's own replayer, as `better` takes the scheduler's
+            sim = simulate(requests, warm_start, limits, cost_model, deadline_s=deadline.at())
+            warm = sim.schedule
+        except (InfeasibleRequestError, SchedulerError, SimulationTimeout) as exc:  # e.g. vLLM cannot batch a prompt
+            details["warm_start_error"] = str(exc)  # longer than C, or its run outlasts the time limit
         if warm is not None and not policy_violations(warm, policies, cost_model):
-            best_s, best_by, best = objective_of(warm, cost_model, objective), warm_start, warm
+            best_s, best_by, best = objective.value(sim), warm_start, warm
             say(f"{warm_start}: {best_s:.6g} s")
 
     def plan_milp(known: Schedule | None, budget: float | None):

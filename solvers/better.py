@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from infermax.engine import simulate
+from infermax.engine import SimulationTimeout, simulate
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
@@ -67,7 +67,11 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
     check_policies_feasible(requests, limits, policies)
-    sim = simulate(requests, scheduler, limits, cost_model, swap_cost=swap_cost)
+    try:
+        sim = simulate(requests, scheduler, limits, cost_model, swap_cost=swap_cost, deadline_s=deadline.at())
+    except SimulationTimeout as exc:  # without the scheduler's objective there is no target to answer for
+        raise SimulationTimeout(f"{scheduler}'s own simulation, which sets the target, did not finish within the time "
+                                f"limit of {deadline.limit_s:g} s ({exc}); raise the time limit") from None
     base = objective.value(sim)
     target = (1 - margin) * base
     lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies,

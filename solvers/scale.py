@@ -93,6 +93,10 @@ class Deadline:
     def left(self) -> float:
         return max(0.0, self.limit_s - self.elapsed())
 
+    def at(self) -> float:
+        """The ``time.perf_counter()`` time at which the limit is reached (for `simulate`'s ``deadline_s``)."""
+        return self.start + self.limit_s
+
 
 def refuse_prefix_caching(limits) -> None:
     """The MILP, the lower bounds and the search model no prefix caching (a hit makes a prefill cheaper

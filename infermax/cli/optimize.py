@@ -61,10 +61,13 @@ def _display(summary: dict) -> dict:
 
 def _run(fn):
     from solvers import SolutionRejected, SolverFailed, SolverUnavailable
+    from infermax.engine import SimulationTimeout
     from infermax.schedulers import InfeasibleRequestError, SchedulerError
 
     try:
         return fn()
+    except SimulationTimeout as exc:
+        fail(str(exc), code=1)
     except SolverUnavailable as exc:
         fail(str(exc))
     except SolutionRejected as exc:
