@@ -940,6 +940,10 @@ class LowerBounder:
         order = np.argsort(self.arrivals, kind="stable")
         sorted_arrivals = self.arrivals[order]
         releases = np.unique(sorted_arrivals[np.unique(np.linspace(0, n - 1, num=min(n, 24)).astype(int))])
+        # The queued bound first: it has its own budget (`queue_budget_s`), and the release grid below runs until the
+        # deadline, so in this order the two together stay within it (the other way round, the queued bound's budget
+        # came on top: 9.6 s against 7.5 s for the whole Azure conversation trace's mean TTFT, same bound, under a 7.5 s deadline).
+        queued = self._queued_finish_times(arrays, first_token_only) if len(releases) > 1 else None
         points = 0
         for T in releases:
             if T != releases[0] and self._past_deadline("release times after the first"):
@@ -962,14 +966,13 @@ class LowerBounder:
                 self.progress(int(T), n)
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
                  "order_statistic_sum_s": float(lower.sum()) - float(self.arrivals.sum())}
-        if len(releases) > 1:
-            queued = self._queued_finish_times(arrays, first_token_only)
-            if queued is not None:
-                parts["queued_sum_s"] = float(queued.sum()) - float(self.arrivals.sum())
-                lower = np.maximum(lower, queued)
+        if queued is not None:
+            parts["queued_sum_s"] = float(queued.sum()) - float(self.arrivals.sum())
+            lower = np.maximum(lower, queued)
         total = float(lower.sum())
         splits = [] if self._past_deadline("grouped, pipelined and pairwise completions") else self._additive_splits()
-        grouped = _largest(self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits)
+        grouped = _largest(self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits
+                           if not self._past_deadline("grouped completions"))
         if grouped is not None:
             parts["grouped_sum_s"] = grouped - float(self.arrivals.sum())
             total = max(total, grouped)
@@ -1192,12 +1195,13 @@ class LowerBounder:
         best = math.inf
         prev = np.full(G + 1, math.inf)
         prev[0] = 0.0
+        later = np.tril_indices(G, -1)  # (j, i) with j after i
         for g in range(1, G + 1):
             beta = np.maximum(ch[grid], g - 1 + ch[1])
             h = np.maximum(low, base + a0 * beta + (a_c - a0) * g)  # per member of a group ending in interval i
             # cur[i] = min_{j < i} prev[j] + (ends[i] − ends[j])·h[i − 1]
             cand = prev[:-1, None] + (size_end[None, :] - ends[:-1, None]) * h[None, :]
-            cand[np.tril_indices(G, -1)] = math.inf  # j must precede i
+            cand[later] = math.inf  # j must precede i
             cur = np.full(G + 1, math.inf)
             cur[1:] = cand.min(axis=0)
             best = min(best, cur[G])
