@@ -21,6 +21,8 @@ GRID=${GRID:-full}
 TRACE_ARGS=(--trace azure-conv --trace-limit 100 --time-scale 0.1 --M 40000)
 FIXED_ARGS=(--B 64 --I 512 --O 128)
 DEV_ARGS=(--dtype bf16)
+# Schedules from `infermax optimize --out DIR` to replay too (DIR/schedule.json, space-separated).
+OPT_SCHEDULES=${OPT_SCHEDULES:-}
 PROFILES=profiles
 
 if [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small workloads, nothing written to the repository
@@ -40,30 +42,61 @@ mkdir -p "$RUNS"
 echo "device: $GPU"
 SECONDS=0
 
-for model in $MODELS; do
+declare -A FOLDER FITPID
+profile_model() {  # $1 = model; sets FOLDER[$1]
+  local model=$1 pgpu=$GPU
   # The bundled profiles/h100/llama-2-7b is Vidur's (imported); never overwrite a profile we did not measure:
   # ours then goes to profiles/<gpu>-pytorch/<model>/.
-  PGPU=$GPU
-  existing="$PROFILES/$GPU/$model/tp1/measurements.csv"
-  if [ -f "$existing" ] && ! grep -q "infermax profile" "$existing"; then PGPU="$GPU-pytorch"; fi
-  python -m infermax profile --model "$model" --tp 1 "${DEV_ARGS[@]}" --grid "$GRID" --out "$PROFILES/$PGPU/$model" \
-    --gpu "$PGPU" --no-progress
-  python -m infermax fit "$PROFILES/$PGPU/$model"
-  echo "[$SECONDS s] profiled and fitted $model into $PROFILES/$PGPU/$model/tp1"
+  local existing="$PROFILES/$GPU/$model/tp1/measurements.csv"
+  if [ -f "$existing" ] && ! grep -q "infermax profile" "$existing"; then pgpu="$GPU-pytorch"; fi
+  FOLDER[$model]="$PROFILES/$pgpu/$model"
+  python -m infermax profile --model "$model" --tp 1 "${DEV_ARGS[@]}" --grid "$GRID" --out "${FOLDER[$model]}" \
+    --gpu "$pgpu" --no-progress
+  echo "[$SECONDS s] profiled $model into ${FOLDER[$model]}/tp1"
+}
+
+replay_model() {  # $1 = model: simulate vLLM and Sarathi on both workloads, then replay those and $OPT_SCHEDULES
+  local model=$1
   # The fitted family with the lower held-out error (profile.json's auto), by file: RunConfig resolves --gpu only
   # for registered GPUs, and <gpu>-pytorch is not one.
-  COST="$PROFILES/$PGPU/$model/tp1/infermax_$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['auto'])" \
-    "$PROFILES/$PGPU/$model/tp1/profile.json").json"
+  local cost="${FOLDER[$model]}/tp1/infermax_$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['auto'])" \
+    "${FOLDER[$model]}/tp1/profile.json").json"
+  local sched work out args
   for sched in vllm sarathi; do
     for work in fixed azure; do
       if [ "$work" = fixed ]; then args=("${FIXED_ARGS[@]}"); else args=("${TRACE_ARGS[@]}"); fi
       out="$RUNS/$model/$sched-$work"
-      python -m infermax simulate -s "$sched" --cost-model-file "$COST" --model "$model" "${args[@]}" --out "$out/sim" --no-progress --json > /dev/null
-      python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$COST" --model "$model" "${DEV_ARGS[@]}" \
-        --out "$out/replay" --no-progress
-      echo "[$SECONDS s] replayed $model $sched $work"
+      python -m infermax simulate -s "$sched" --cost-model-file "$cost" --model "$model" "${args[@]}" --out "$out/sim" \
+        --no-progress --json > /dev/null
     done
   done
+  mkdir -p "$RUNS/$model"
+  for path in $OPT_SCHEDULES; do  # schedules written by `infermax optimize --out` (on any cost model)
+    out="$RUNS/$model/optimize-$(basename "$(dirname "$path")")"
+    mkdir -p "$out/sim"; cp "$path" "$out/sim/schedule.json"
+  done
+  for out in "$RUNS/$model"/*/; do
+    python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$cost" --model "$model" "${DEV_ARGS[@]}" \
+      --out "$out/replay" --no-progress || echo "FAILED: gpu-replay $out"
+    echo "[$SECONDS s] replayed $model $(basename "$out")"
+  done
+}
+
+# The GPU profiles every model first; each fit (CPU only, about a minute) runs in the background meanwhile, so
+# it is ready by the time that model's schedules are simulated and replayed.
+for model in $MODELS; do
+  profile_model "$model"
+  (OMP_NUM_THREADS=4 python -m infermax fit "${FOLDER[$model]}" > "$RUNS/fit-$model.log" 2>&1) &
+  FITPID[$model]=$!
+done
+for model in $MODELS; do
+  if wait "${FITPID[$model]}"; then
+    echo "[$SECONDS s] fitted $model"
+    replay_model "$model"
+  else
+    echo "FAILED: infermax fit ${FOLDER[$model]} (see $RUNS/fit-$model.log)"
+    cat "$RUNS/fit-$model.log"
+  fi
 done
 
 python - "$RUNS" <<'EOF'

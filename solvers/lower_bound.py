@@ -942,7 +942,8 @@ class LowerBounder:
         releases = np.unique(sorted_arrivals[np.unique(np.linspace(0, n - 1, num=min(n, 24)).astype(int))])
         # The queued bound first: it has its own budget (`queue_budget_s`), and the release grid below runs until the
         # deadline, so in this order the two together stay within it (the other way round, the queued bound's budget
-        # came on top: 9.6 s against 7.5 s for the whole Azure conversation trace's mean TTFT, same bound, under a 7.5 s deadline).
+        # came on top: 9.6 s instead of 7.5 s for the whole Azure conversation trace's mean TTFT, same bound, under a
+        # 7.5 s deadline).
         queued = self._queued_finish_times(arrays, first_token_only) if len(releases) > 1 else None
         points = 0
         for T in releases:
