@@ -21,8 +21,9 @@ GRID=${GRID:-full}
 TRACE_ARGS=(--trace azure-conv --trace-limit 100 --time-scale 0.1 --M 40000)
 FIXED_ARGS=(--B 64 --I 512 --O 128)
 DEV_ARGS=(--dtype bf16)
-# Schedules from `infermax optimize --out DIR` to replay too (DIR/schedule.json, space-separated).
-OPT_SCHEDULES=${OPT_SCHEDULES:-}
+# Schedules from `infermax optimize` replayed too (space-separated files; benchmarks/gpu_schedules/README.md says how
+# they were made): made ahead on this repository's H100 model, since the GPU image lacks HiGHS.
+OPT_SCHEDULES=${OPT_SCHEDULES:-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json benchmarks/gpu_schedules/optimize-I512-O128-B64.json"}
 PROFILES=profiles
 
 if [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small workloads, nothing written to the repository
@@ -30,6 +31,7 @@ if [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small worklo
   DEV_ARGS=(--dtype fp32 --device cpu --tiny)
   FIXED_ARGS=(--B 8 --I 64 --O 8 --C 256)
   TRACE_ARGS=(--B 8 --input-dist uniform:16:200 --output-dist uniform:2:16 --arrival poisson --rate 50 --C 256)
+  OPT_SCHEDULES=benchmarks/gpu_schedules/optimize-I64-O4-B8.json  # the other exceeds the tiny model's 512 positions
   export INFERMAX_PROFILES=$(mktemp -d)
   PROFILES=$INFERMAX_PROFILES
   RUNS=$PROFILES/runs
@@ -71,14 +73,22 @@ replay_model() {  # $1 = model: simulate vLLM and Sarathi on both workloads, the
     done
   done
   mkdir -p "$RUNS/$model"
-  for path in $OPT_SCHEDULES; do  # schedules written by `infermax optimize --out` (on any cost model)
-    out="$RUNS/$model/optimize-$(basename "$(dirname "$path")")"
+  for path in $OPT_SCHEDULES; do
+    out="$RUNS/$model/$(basename "$path" .json)"
     mkdir -p "$out/sim"; cp "$path" "$out/sim/schedule.json"
   done
   for out in "$RUNS/$model"/*/; do
-    python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$cost" --model "$model" "${DEV_ARGS[@]}" \
-      --out "$out/replay" --no-progress || echo "FAILED: gpu-replay $out"
-    echo "[$SECONDS s] replayed $model $(basename "$out")"
+    out=${out%/}
+    if python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$cost" --model "$model" \
+        "${DEV_ARGS[@]}" --out "$out/replay" --no-progress > "$out/replay.log" 2>&1; then
+      for family in linear piecewise; do  # the one measured run scored against both fits (no GPU needed)
+        python -m infermax gpu-replay "$out/sim/schedule.json" --measured "$out/replay" --model "$model" \
+          --cost-model-file "${FOLDER[$model]}/tp1/infermax_$family.json" --out "$out/score-$family" > /dev/null
+      done
+      echo "[$SECONDS s] replayed $model $(basename "$out")"
+    else
+      echo "FAILED: gpu-replay $out (see $out/replay.log)"; tail -5 "$out/replay.log"
+    fi
   done
 }
 
@@ -99,18 +109,21 @@ for model in $MODELS; do
   fi
 done
 
+for model in $MODELS; do sed -n '/held-out/,$p' "$RUNS/fit-$model.log" | head -40 || true; done
 python - "$RUNS" <<'EOF'
 import json, sys
 from pathlib import Path
 
-print("\n| model | scheduler | workload | batches | per-batch MAPE | prefill / decode / mixed MAPE | e2e latency error | per-request latency MAPE | makespan error |")
-print("|---|---|---|---|---|---|---|---|---|")
-for path in sorted(Path(sys.argv[1]).glob("*/*/replay/summary.json")):
+print("\n| model | schedule | workload | cost model | batches | per-batch MAPE | prefill / decode / mixed MAPE | "
+      "e2e latency error | per-request latency MAPE | makespan error |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for path in sorted(Path(sys.argv[1]).glob("*/*/score-*/summary.json")):
     s = json.loads(path.read_text())
-    model, (sched, work) = path.parts[-4], path.parts[-3].split("-", 1)
+    model, (sched, work), family = path.parts[-4], path.parts[-3].split("-", 1), path.parts[-2][len("score-"):]
     by_kind = s["per_batch_mape_pct_by_kind"]
     kinds = " / ".join(f"{by_kind[k]:.1f}%" if k in by_kind else "-" for k in ("prefill", "decode", "mixed"))
-    print(f"| {model} | {sched} | {work} | {s['batches']} | {s['per_batch_mape_pct']:.1f}% | {kinds} | "
-          f"{s['e2e_latency_error_pct']:+.1f}% | {s['per_request_latency_mape_pct']:.1f}% | {s['makespan_error_pct']:+.1f}% |")
+    print(f"| {model} | {sched} | {work} | {family} | {s['batches']} | {s['per_batch_mape_pct']:.1f}% | {kinds} | "
+          f"{s['e2e_latency_error_pct']:+.1f}% | {s['per_request_latency_mape_pct']:.1f}% | "
+          f"{s['makespan_error_pct']:+.1f}% |")
 EOF
 echo "total: $SECONDS s"

@@ -43,9 +43,15 @@ def gpu_replay(
     costmodel: CostModelPathOpt = None, dtype: str = DtypeOpt, tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
     warmup: int = typer.Option(8, help="Batches run once untimed before the timed run.", callback=at_least(0)),
     out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here."),
+    measured: Optional[Path] = typer.Option(
+        None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "
+                   "(that folder) against this cost model. Needs no GPU or PyTorch."),
     progress: ProgressOpt = True,
 ) -> None:
-    """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction."""
+    """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction.
+
+    With --measured, score an earlier run of SCHEDULE against another cost model instead (e.g. the linear and the
+    piecewise fit of one profile, from a single GPU run)."""
     from ..costmodel import load_cost_model
     from ..replay import ScheduleViolation
     from ..schedule import Schedule
@@ -53,12 +59,17 @@ def gpu_replay(
     if tp != 1:
         fail("gpu-replay runs one device: --tp 1 only (the cost model's --tp must match the replayed run)")
     try:
-        from ..profiling.execute import gpu_replay as run_replay
-
         sched = Schedule.load(schedule)
         cost = load_cost_model(gpu, model, tp, path=costmodel, kind=cost_model)
-        check = run_replay(sched, model, cost, device=device, dtype=dtype, tiny=tiny, warmup_batches=warmup,
-                           progress=progress)
+        if measured is not None:
+            from ..profiling.scoring import load_measured, rescore
+
+            check = rescore(sched, cost, *load_measured(measured))
+        else:
+            from ..profiling.execute import gpu_replay as run_replay
+
+            check = run_replay(sched, model, cost, device=device, dtype=dtype, tiny=tiny, warmup_batches=warmup,
+                               progress=progress)
     except ScheduleViolation as exc:
         fail(f"invalid schedule: {exc}", code=1)
     except (ValueError, FileNotFoundError) as exc:

@@ -15,18 +15,15 @@ in place of the cost model, so arrivals and idle waits are honoured exactly as i
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
-from ..costmodel.base import BatchFeatures, CostModel
-from ..replay import Replayer, replay
+from ..costmodel.base import CostModel
+from ..replay import Replayer
 from ..schedule import Schedule
 from . import layers as L
+from .scoring import Recorder, ReplayCheck, compare
 from .timer import Stopwatch
 
 torch = L.torch
@@ -116,33 +113,6 @@ class Transformer:
         return L.linear(L.rms_norm(last, self.emb.final_norm), self.emb.lm_head)
 
 
-class _Recorder:
-    """A cost model that records each batch's features and the wrapped model's prediction."""
-
-    def __init__(self, inner: CostModel):
-        self.inner, self.name = inner, inner.name
-        self.features: list[BatchFeatures] = []
-        self.predicted_s: list[float] = []
-
-    def batch_time_s(self, features: BatchFeatures) -> float:
-        t = self.inner.batch_time_s(features)
-        self.features.append(features)
-        self.predicted_s.append(t)
-        return t
-
-
-class _Measured:
-    """A cost model that returns the measured batch times in order (to time the measured run's timeline)."""
-
-    name = "measured"
-
-    def __init__(self, times_s: list[float]):
-        self._times = iter(times_s)
-
-    def batch_time_s(self, features: BatchFeatures) -> float:
-        return next(self._times)
-
-
 def prompt_tokens(request_id: int, length: int, vocab: int, seed: int = 0) -> list[int]:
     """The random prompt of a request (a fixed function of its id and the seed)."""
     rng = np.random.default_rng([seed, request_id])
@@ -192,7 +162,7 @@ class Executor:
 
     def run(self, cost_model: CostModel, batches: int | None = None, progress=None):
         """Execute the first ``batches`` batches (all by default); returns (measured seconds, recorder)."""
-        rec = _Recorder(cost_model)
+        rec = Recorder(cost_model)
         rp = Replayer(self.schedule.requests, self.schedule.limits, rec)
         watch = Stopwatch(self.model.device)
         measured = []
@@ -229,58 +199,6 @@ def pool_rows_for(schedule: Schedule, shapes: L.Shapes, device, dtype, memory_fr
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     row_bytes = 2 * shapes.num_layers * shapes.kv_dim * torch.tensor([], dtype=dtype).element_size()
     return max(1, min(need, int(free * memory_fraction) // row_bytes))
-
-
-@dataclass
-class ReplayCheck:
-    """Measured against predicted: per-batch table, per-request table and summary."""
-
-    batches: pd.DataFrame
-    requests: pd.DataFrame
-    summary: dict
-
-    def save(self, out: str | Path) -> Path:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.batches.to_csv(out / "batches.csv", index=False, float_format="%.6g")
-        self.requests.to_csv(out / "requests.csv", index=False, float_format="%.6g")
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        return out
-
-
-def _pct_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    return 100.0 * np.abs(predicted - measured) / measured
-
-
-def compare(schedule: Schedule, cost_model: CostModel, measured_s: list[float], rec: _Recorder, info: dict) -> ReplayCheck:
-    """Tables and summary of a run: per-batch MAPE; simulated vs measured latency per request."""
-    feats = pd.DataFrame([asdict(f) for f in rec.features])
-    pred, meas = np.array(rec.predicted_s), np.array(measured_s)
-    kind = np.where(feats["n_prefill_seqs"] == 0, "decode", np.where(feats["n_decode_seqs"] == 0, "prefill", "mixed"))
-    batches = pd.concat([pd.DataFrame({"batch": np.arange(len(meas)), "kind": kind, "measured_s": meas,
-                                       "predicted_s": pred, "error_pct": 100.0 * (pred - meas) / meas}), feats], axis=1)
-    simulated, real = replay(schedule, cost_model), replay(schedule, _Measured(measured_s))
-    req = simulated.requests[["id", "arrival_s", "prompt_tokens", "output_tokens"]].copy()
-    for name, res in (("simulated", simulated), ("measured", real)):
-        req[f"{name}_latency_s"] = res.requests["latency_s"].to_numpy()
-        req[f"{name}_ttft_s"] = res.requests["ttft_s"].to_numpy()
-    sim_lat, real_lat = req["simulated_latency_s"].to_numpy(), req["measured_latency_s"].to_numpy()
-    errors = _pct_errors(pred, meas)
-    summary = {
-        **info, "batches": int(len(meas)), "cost_model": cost_model.name,
-        "per_batch_mape_pct": float(errors.mean()),
-        "per_batch_mape_pct_by_kind": {k: float(errors[kind == k].mean()) for k in ("prefill", "decode", "mixed")
-                                       if (kind == k).any()},
-        "busy_time_s": {"measured": float(meas.sum()), "predicted": float(pred.sum())},
-        "busy_time_error_pct": float(100.0 * (pred.sum() - meas.sum()) / meas.sum()),
-        "mean_latency_s": {"measured": float(real_lat.mean()), "simulated": float(sim_lat.mean())},
-        "e2e_latency_error_pct": float(100.0 * (sim_lat.mean() - real_lat.mean()) / real_lat.mean()),
-        "per_request_latency_mape_pct": float(_pct_errors(sim_lat, real_lat).mean()),
-        "makespan_s": {"measured": real.summary["makespan_s"], "simulated": simulated.summary["makespan_s"]},
-    }
-    summary["makespan_error_pct"] = float(100.0 * (summary["makespan_s"]["simulated"] - summary["makespan_s"]["measured"])
-                                          / summary["makespan_s"]["measured"]) if summary["makespan_s"]["measured"] else math.nan
-    return ReplayCheck(batches, req, summary)
 
 
 def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",

@@ -1,0 +1,85 @@
+"""Scoring a measured run against a cost model (infermax/profiling/scoring.py, `gpu-replay --measured`); no GPU and
+no PyTorch needed: the "measured" times here are made from a cost model, so the expected errors follow by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from infermax.cli import app
+from infermax.costmodel import load_cost_model
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.profiling.scoring import load_measured, rescore
+from infermax.replay import replay
+from infermax.workload import fixed, with_arrivals
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def schedule():
+    requests = with_arrivals(fixed(96, 12, 10), "poisson", rate_per_s=20.0, seed=1)
+    return simulate(requests, "sarathi", Limits(C=128, M=2_000), load_cost_model("a100", "llama-2-7b")).schedule
+
+
+def _batch_times(schedule, cost_model) -> np.ndarray:
+    return replay(schedule, cost_model).batches["duration_s"].to_numpy()
+
+
+def test_scaled_measurements_give_the_hand_computed_errors(schedule):
+    linear = load_cost_model("a100", "llama-2-7b", kind="linear")
+    measured = list(1.1 * _batch_times(schedule, linear))  # every batch measured 10% slower than predicted
+    check = rescore(schedule, linear, measured, {"device": "hand"})
+    s = check.summary
+    assert s["device"] == "hand" and s["batches"] == len(schedule.batches)
+    assert s["per_batch_mape_pct"] == pytest.approx(100 * 0.1 / 1.1)  # |pred - 1.1 pred| / (1.1 pred)
+    assert s["busy_time_error_pct"] == pytest.approx(-100 * 0.1 / 1.1)
+    assert (check.batches["error_pct"] < 0).all()
+    # Online arrivals: the measured timeline waits for arrivals the same way, so latencies are not simply 1.1x.
+    assert check.requests["measured_latency_s"].ge(check.requests["simulated_latency_s"] - 1e-12).all()
+
+
+def test_predictions_are_the_cost_models_own_batch_times(schedule):
+    linear = load_cost_model("a100", "llama-2-7b", kind="linear")
+    piecewise = load_cost_model("a100", "llama-2-7b", kind="piecewise")
+    measured = list(_batch_times(schedule, linear))
+    check = rescore(schedule, piecewise, measured)
+    assert np.allclose(check.batches["predicted_s"], _batch_times(schedule, piecewise), rtol=1e-12)
+    exact = rescore(schedule, linear, measured)
+    assert exact.summary["per_batch_mape_pct"] == pytest.approx(0, abs=1e-9)
+    assert exact.summary["e2e_latency_error_pct"] == pytest.approx(0, abs=1e-9)
+
+
+def test_wrong_length_or_bad_times_are_refused(schedule):
+    linear = load_cost_model("a100", "llama-2-7b", kind="linear")
+    with pytest.raises(ValueError, match="not a measurement of this schedule"):
+        rescore(schedule, linear, [0.01] * (len(schedule.batches) + 1))
+    with pytest.raises(ValueError, match="positive and finite"):
+        rescore(schedule, linear, [0.0] * len(schedule.batches))
+
+
+def test_cli_scores_a_saved_run_against_another_model(schedule, tmp_path):
+    linear = load_cost_model("a100", "llama-2-7b", kind="linear")
+    run = tmp_path / "run"
+    rescore(schedule, linear, list(1.25 * _batch_times(schedule, linear)), {"device": "H-test", "torch": "x"}).save(run)
+    path = schedule.save(tmp_path / "schedule.json")
+    assert load_measured(run)[1] == {"device": "H-test", "torch": "x"}
+    out = tmp_path / "linear"
+    result = runner.invoke(app, ["gpu-replay", str(path), "--measured", str(run), "--gpu", "a100",
+                                 "--cost-model", "linear", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"] == "H-test" and summary["per_batch_mape_pct"] == pytest.approx(20.0, rel=1e-4)
+    # A run of another schedule (one batch fewer) and a folder that is no run: exit 2 with the reason.
+    short = tmp_path / "short"
+    short.mkdir()
+    pd.read_csv(run / "batches.csv").iloc[:-1].to_csv(short / "batches.csv", index=False)
+    result = runner.invoke(app, ["gpu-replay", str(path), "--measured", str(short), "--no-progress"])
+    assert result.exit_code == 2 and "not a measurement of this schedule" in result.output
+    result = runner.invoke(app, ["gpu-replay", str(path), "--measured", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 2 and "not a `gpu-replay --out` folder" in result.output
