@@ -5,7 +5,8 @@ paper's linear model, C = 4,096, M = 100K):
 
 1. the mean-latency bound with the order statistics alone and with the queued-completions bound, for the
    per-request work on the coarse grid only and on fine grids of step 1/8 … 1/64 (`solvers/queue_bound.py`;
-   no time budget, so every grid point is solved), and the mean-TTFT bound;
+   no time budget, so every grid point is solved; mean busy times left out), then with every ingredient (mean
+   busy times too, `solvers/busy_time_bound.py`), and the mean-TTFT bound;
 2. mean TTFT of first-token-first, started prompts first against SRPT order, for several prefill budgets P.
 
 and Sarathi's mean latency and TTFT for scale. Prints markdown tables; writes nothing.
@@ -49,6 +50,8 @@ def main() -> None:
           f"mean TTFT {sarathi['mean_ttft_s']:.4f} s\n")
 
     print("| bound | mean latency (s) | wall s |\n|---|---:|---:|")
+    with_busy = lower_bound.LowerBounder._mean_busy_completion_sum  # the queued rows without mean busy times
+    lower_bound.LowerBounder._mean_busy_completion_sum = lambda self, arrays, split: None
     for label, ratio, budget in [("coarse grid only", 1 + 1 / 64, 0.0)] + [
             (f"fine grid, step 1/{k}", 1 + 1 / k, 1e9) for k in (8, 16, 32, 64)]:
         lower_bound.fine_classes = lambda p, o, r=ratio: fine_classes(p, o, r, exact_up_to=0)
@@ -64,6 +67,10 @@ def main() -> None:
     print(f"| queued, default classes (each request's own (I, O) up to {EXACT_CLASSES_MAX:,} distinct, else step 1/64), "
           f"default budget ({lower_bound.QUEUE_TIME_LIMIT_S:.0f} s of LPs) | {lb.value_s / n:.3f} "
           f"| {time.perf_counter() - t:.1f} |")
+    lower_bound.LowerBounder._mean_busy_completion_sum = with_busy
+    t = time.perf_counter()
+    lb = lower_bound.LowerBounder(reqs, limits, cost).latency_sum_s()
+    print(f"| the same + mean busy times (every ingredient) | {lb.value_s / n:.3f} | {time.perf_counter() - t:.1f} |")
     t = time.perf_counter()
     ttft = lower_bound.LowerBounder(reqs, limits, cost).mean_ttft_s()
     print(f"\nmean-TTFT bound (default budget): {ttft.value_s:.4f} s (order statistics alone "

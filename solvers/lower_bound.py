@@ -26,6 +26,7 @@ from infermax.limits import Limits
 from infermax.request import Request
 
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES, vanishes_with_gate
+from .busy_time_bound import chain_sums, kept_work_and_gap, spt_mean_busy_times
 from .objective import Objective
 from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies, check_policies_feasible
@@ -988,6 +989,11 @@ class LowerBounder:
             if pairwise is not None:
                 parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
                 total = max(total, pairwise)
+            busy = _largest(self._mean_busy_completion_sum(arrays, sp) for sp in splits
+                            if not self._past_deadline("mean busy times"))
+            if busy is not None:
+                parts["mean_busy_sum_s"] = busy - float(self.arrivals.sum())
+                total = max(total, busy)
         return total - float(self.arrivals.sum()), parts
 
     def _queued_finish_times(self, arrays: DemandArrays, first_token_only: bool) -> np.ndarray | None:
@@ -1016,6 +1022,40 @@ class LowerBounder:
                     share = share + l_item * arrays.generated / lim.Rmax
                 finish = srpt_finish_times(self.arrivals, work + gate * share)
                 best = finish if best is None else np.maximum(best, finish)
+        return None if best is None else best * (1 - LP_SAFETY_RTOL)
+
+    def _mean_busy_completion_sum(self, arrays: DemandArrays, split) -> float | None:
+        """Σ_r f_r >= Σ_r (M_r + G_r) (docs/design.md, "Mean busy times"; `busy_time_bound`): the least total mean
+        busy time of the requests' kept work on one machine of rate 1 (preemptive SPT) plus each request's least
+        distance from that mean to its last token, for the given `additive_split`, the largest over the ways of
+        sharing the intercept. Each request keeps the work of its (I, O) rounded down as in `fine_classes` (keeping
+        less work is still valid). None when the deadline passes first."""
+        a0, _, marginal = split
+        lim = self.limits
+        classes, which = fine_classes(arrays.prompt, arrays.generated)
+        refills = not self.policies.eviction_free
+        chains, first = [], np.empty(len(classes))
+        for c, (i, o) in enumerate(classes):
+            if c % 64 == 0 and self._past_deadline("mean busy times"):
+                return None
+            chains.append(chain_sums(int(i), int(o), a0, marginal, refills))
+            first[c] = self._work_alone_s(int(i), 1, marginal)
+        prompt = classes[:, 0]
+        prompt_blocks = -(-prompt // lim.block_size) * lim.block_size  # blocks(I), in tokens
+        kv_factor = (0.5 if self.hidden else 1.0) / lim.M
+        best = None
+        for l_kv, l_tok, l_item in INTERCEPT_SHARES:
+            if l_item and lim.Rmax is None:
+                continue
+            item = l_item / lim.Rmax if l_item else 0.0
+            # the first token's items: the last chunk holds blocks(I), the chunks hold I tokens, one generates
+            first_share = l_kv * kv_factor * prompt_blocks + l_tok * prompt / lim.C + item
+            k, gap = kept_work_and_gap(chains, first, first_share, a0, l_kv * kv_factor, l_tok / lim.C + item)
+            k, gap = k[which], gap[which]
+            total = float((spt_mean_busy_times(self.arrivals, k) + gap).sum())
+            best = total if best is None else max(best, total)
+            if self._past_deadline("mean busy times"):
+                break
         return None if best is None else best * (1 - LP_SAFETY_RTOL)
 
     def _fine_work_s(self, arrays: DemandArrays, first_token_only: bool, marginal: tuple, deadline: float

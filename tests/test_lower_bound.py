@@ -315,7 +315,10 @@ def test_grouped_completion_bound_below_brute_force(case, objective, cost):
     offline = len({r.arrival_s for r in requests}) == 1
     assert ("pairwise_sum_s" in lb.parts) == (objective.latency > 0 and offline)
     assert pairwise <= best * (1 + TOL), f"pairwise bound {pairwise} above the brute-force optimum {best}"
-    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined, pairwise), rel=1e-12)
+    busy = lb.parts.get("mean_busy_sum_s", 0.0)
+    assert ("mean_busy_sum_s" in lb.parts) == (objective.latency > 0)
+    assert busy <= best * (1 + TOL), f"mean-busy-time bound {busy} above the brute-force optimum {best}"
+    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined, pairwise, busy), rel=1e-12)
     assert lb.value_s <= best * (1 + TOL)
 
 
