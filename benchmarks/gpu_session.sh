@@ -46,6 +46,21 @@ for probe in "import sys; print(sys.version)" \
   step "probe: $probe"
   timeout -k 5 90 python -c "$probe" >> "$OUT/env.txt" 2>&1 || step "probe failed or timed out (rc $?)"
 done
+# The combination that hung on 2026-11-27, and what gpu-replay imports, each under a limit; if the combination hangs,
+# try it with one OpenMP thread (two OpenMP runtimes in one process are a known cause of import deadlocks) and keep
+# that setting for the rest of the call if it helps.
+combo="import torch, numpy, pandas, scipy, sklearn, typer, rich, matplotlib; print('combined imports', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+step "probe: the 2026-11-27 combination"
+if ! timeout -k 5 90 python -c "$combo" >> "$OUT/env.txt" 2>&1; then
+  step "combination failed or timed out; again with OMP_NUM_THREADS=1"
+  if OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -k 5 90 python -c "$combo" >> "$OUT/env.txt" 2>&1; then
+    export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+    step "one OpenMP thread works: kept for the rest of the call"
+  fi
+fi
+step "probe: gpu-replay's imports"
+timeout -k 5 90 python -c "import infermax.cli, infermax.profiling.execute, infermax.costmodel.fitting; print('replay imports')" \
+  >> "$OUT/env.txt" 2>&1 || step "probe failed or timed out (rc $?)"
 cat "$OUT/env.txt"
 
 step "gpu_check.sh (limit ${MAIN_S}s)"
