@@ -15,7 +15,8 @@ Order of evaluation (cheap and promising first; docs/design.md, "Schedule search
    for the sum of latencies of mixed lengths shortest-first waves (forward admission with ``Rmax`` =
    B/2, B/4, B/8, and with a cap on the running requests' I + O), and, when the objective weighs TTFT,
    first-token-first (prefills every request's prompt as early as the limits allow, evicting) at a few
-   prefill budgets;
+   prefill budgets; for the sum of latencies of mixed lengths, before these, Algorithm 1's ranking group
+   ordered by each request's own work (`WorkRankedScheduler`, eviction-free, a few ``Rmax``);
 3. the other registered Algorithm-1 schedulers, then points of the template's space: Sarathi P=C with other ``P``, admission caps ``Rmax``
    around the number of requests whose peaks fit ``M``, ranking keys with and without eviction; then
    vLLM-ef and vLLM with ``P`` at each of the cost model's token-count steps (`_step_aligned`);
@@ -46,7 +47,7 @@ from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available
 from .objective import Objective
 from .policy import Policies, policy_violations
 from .search_policies import (ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler, PrefillFirstScheduler,
-                              latest_start_plan, prefill_partition)
+                              WorkRankedScheduler, latest_start_plan, marginal_work_s, prefill_partition)
 
 REPLAY_RTOL = 1e-9
 
@@ -69,7 +70,7 @@ class SearchResult:
 @dataclass
 class Candidate:
     name: str
-    family: str  # registered | template | plan | clairvoyant
+    family: str  # registered | template | plan | clairvoyant | first-token | work-ranked | ...
     params: dict
     build: Callable[[], tuple]  # -> (scheduler instance or registered name, limits to simulate with)
     registered: bool = False
@@ -201,6 +202,29 @@ def _first_token(limits: Limits, hybrid: bool, P: int | None = None, srpt: bool 
                                                   srpt=srpt, defer_decodes=defer, lookahead=lookahead), lim))
 
 
+def _work_ranked(limits: Limits, pol: Algorithm1Policy, work_s: dict[int, float], rmax: int | None) -> Candidate:
+    """`WorkRankedScheduler` (least own work first) with ``pol``'s admission rules and an optional ``Rmax`` cap."""
+    label = "work-ranked" + (f" Rmax={rmax}" if rmax else "")
+    lim = limits if rmax is None else replace(limits, Rmax=rmax if limits.Rmax is None else min(rmax, limits.Rmax))
+    return Candidate(label, "work-ranked", {"Rmax": rmax, "policy": "rank-i-ef"},
+                     lambda: (WorkRankedScheduler(lim, pol, work_s, name=label), lim))
+
+
+def _work_ranked_family(requests, limits: Limits, cost_model, policies_of: dict, policies: Policies) -> list[Candidate]:
+    """For the sum of latencies of mixed lengths: `_work_ranked` with the eviction-free policy of rank-i-ef, uncapped
+    and with ``Rmax`` at 0.9 and 0.75 of the requests that fit ``M`` (the Azure slice of the optimality study:
+    27.38 s mean latency at Rmax 64 of 73 that fit, 27.53 s uncapped, 28.15 s at 48; rank-i-ef 28.92 s)."""
+    pol = policies_of.get("rank-i-ef")
+    if pol is None or not _policy_allows(pol, policies):
+        return []
+    work = marginal_work_s(requests, cost_model, limits)
+    if work is None:
+        return []
+    n_fit = _fit_count(requests, limits)
+    caps = [None] + sorted({max(1, int(n_fit * f)) for f in (0.9, 0.75)}, reverse=True)
+    return [_work_ranked(limits, pol, work, cap) for cap in caps]
+
+
 def _fit_count(requests, limits: Limits) -> int:
     """How many requests of mean peak ``I + O − 1`` fit ``M`` at once."""
     mean_peak = sum(r.peak_kv_tokens for r in requests) / len(requests)
@@ -234,6 +258,8 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
     first = ["vllm-ef", "sarathi-pc-ef"] + (["rank-i-ef", "rank-o-ef"] if latency_like else [])
     first = [n for n in first if n in alg1]
     out: list[Candidate] = [_registered(n) for n in first]
+    if objective.latency > 0 and not identical:
+        out += _work_ranked_family(requests, limits, cost_model, policies_of, policies)
     if ours_ok:  # clairvoyant schedulers, those aimed at the objective first
         budget = min(limits.C, limits.prefill_budget)
         plans = [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
@@ -467,6 +493,13 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
         if p.get("work_cap"):
             for w2 in (int(p["work_cap"] * 0.7), int(p["work_cap"] * 1.4)):
                 out.append(_clairvoyant(lim, p["hybrid"], p["rank"], m, p["Rmax"], w2))
+    elif cand.family == "work-ranked":
+        pol = _algorithm1_policy(p["policy"])
+        work = marginal_work_s(st.requests, st.cost_model, lim)
+        r = p["Rmax"] or _fit_count(st.requests, lim)
+        for r2 in {int(r * 0.85), int(r * 1.15)}:
+            if r2 >= 1 and pol is not None and work is not None:
+                out.append(_work_ranked(lim, pol, work, r2))
     else:
         name = p.get("policy", p.get("scheduler"))
         pol = _algorithm1_policy(name)

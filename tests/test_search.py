@@ -448,3 +448,23 @@ def test_prefill_first_meets_the_bound_at_b32():
     lb = lower_bound(reqs, limits, cost, Objective(makespan=1)).value_s
     assert lb <= makespan * (1 + 1e-9)
     assert makespan <= lb * (1 + OPTIMAL_RTOL)
+
+
+def test_work_ranked_serves_the_least_work_first():
+    """Affine batches (1 + tokens): a request's own work is I + O − 1 (its prompt in one chunk, then O − 1 one-token
+    decodes). Request 1 has the longer prompt but the least work, so with room for one request at a time (Rmax 1)
+    it runs first, then 2, then 0; every schedule of the ranking is eviction-free and replays to its objective."""
+    from infermax.schedulers import get_spec
+    from solvers.search_policies import WorkRankedScheduler, marginal_work_s
+
+    reqs = [Request(0, 0.0, 2, 9), Request(1, 0.0, 5, 2), Request(2, 0.0, 1, 7)]
+    limits = Limits(C=16, M=32, Rmax=1)
+    work = marginal_work_s(reqs, AffineCost(), limits)
+    assert work == pytest.approx({0: 10.0, 1: 6.0, 2: 7.0})
+    pol = get_spec("rank-i-ef").factory(Limits(), None).policy
+    result = simulate(reqs, WorkRankedScheduler(limits, pol, work), limits, AffineCost())
+    first_tokens = result.requests.sort_values("ttft_s")["id"].tolist()
+    assert first_tokens == [1, 2, 0]
+    assert result.summary["evictions"] == 0
+    with pytest.raises(ValueError, match="must rank"):
+        WorkRankedScheduler(limits, get_spec("vllm-ef").factory(Limits(), None).policy, work)
