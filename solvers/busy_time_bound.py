@@ -1,6 +1,6 @@
 """Mean busy times: the sum of latencies as queueing on one machine plus each request's own chain of steps.
 
-docs/design.md, "Mean busy times", has the proof; in short. Spread each batch's attributed work (its items'
+docs/design.md, "Mean busy times", has the proof. In short: spread each batch's attributed work (its items'
 marginal costs and shares of its intercept, as in `queue_bound`) evenly over the batch: the requests are then
 jobs on one machine of rate 1 with release dates. Keep, of request r's work, only what is sure to be there:
 
