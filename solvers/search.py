@@ -75,6 +75,7 @@ class Candidate:
     build: Callable[[], tuple]  # -> (scheduler instance or registered name, limits to simulate with)
     registered: bool = False
     order_ids: list[int] | None = None  # a plan's explicit placement order (kept out of params: large)
+    work_s: dict[int, float] | None = None  # a work-ranked candidate's per-request works (for its neighbours)
 
 
 @dataclass
@@ -207,7 +208,7 @@ def _work_ranked(limits: Limits, pol: Algorithm1Policy, work_s: dict[int, float]
     label = "work-ranked" + (f" Rmax={rmax}" if rmax else "")
     lim = limits if rmax is None else replace(limits, Rmax=rmax if limits.Rmax is None else min(rmax, limits.Rmax))
     return Candidate(label, "work-ranked", {"Rmax": rmax, "policy": "rank-i-ef"},
-                     lambda: (WorkRankedScheduler(lim, pol, work_s, name=label), lim))
+                     lambda: (WorkRankedScheduler(lim, pol, work_s, name=label), lim), work_s=work_s)
 
 
 def _work_ranked_family(requests, limits: Limits, cost_model, policies_of: dict, policies: Policies) -> list[Candidate]:
@@ -495,11 +496,10 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
                 out.append(_clairvoyant(lim, p["hybrid"], p["rank"], m, p["Rmax"], w2))
     elif cand.family == "work-ranked":
         pol = _algorithm1_policy(p["policy"])
-        work = marginal_work_s(st.requests, st.cost_model, lim)
         r = p["Rmax"] or _fit_count(st.requests, lim)
         for r2 in {int(r * 0.85), int(r * 1.15)}:
-            if r2 >= 1 and pol is not None and work is not None:
-                out.append(_work_ranked(lim, pol, work, r2))
+            if r2 >= 1 and pol is not None:
+                out.append(_work_ranked(lim, pol, cand.work_s, r2))
     else:
         name = p.get("policy", p.get("scheduler"))
         pol = _algorithm1_policy(name)

@@ -748,12 +748,13 @@ def marginal_work_s(requests: Sequence[Request], cost_model: CostModel, limits: 
     if split is None:
         return None
     marginal = split[2]
-    work = {}
-    for r in requests:
-        prefill = item_marginal_s(marginal, chunk=np.array([r.prompt_tokens]), context=np.array([0]))
-        decodes = item_marginal_s(marginal, decode_read=r.prompt_tokens + np.arange(1, r.output_tokens))
-        work[r.id] = float(prefill[0]) + float(decodes.sum())
-    return work
+    by_shape: dict[tuple[int, int], float] = {}  # one evaluation per distinct (I, O)
+    for shape in {(r.prompt_tokens, r.output_tokens) for r in requests}:
+        prompt, output = shape
+        prefill = item_marginal_s(marginal, chunk=np.array([prompt]), context=np.array([0]))
+        decodes = item_marginal_s(marginal, decode_read=prompt + np.arange(1, output))
+        by_shape[shape] = float(prefill[0]) + float(decodes.sum())
+    return {r.id: by_shape[(r.prompt_tokens, r.output_tokens)] for r in requests}
 
 
 class WorkRankedScheduler(Algorithm1Scheduler):
@@ -769,7 +770,6 @@ class WorkRankedScheduler(Algorithm1Scheduler):
         super().__init__(limits, policy, name=name)
         self.work_s = work_s
 
-    def _groups(self):
+    def _rank_key(self):
         work = self.work_s
-        ranked = sorted([*self.running, *self.waiting], key=lambda s: (work[s.id], s.req.arrival_s, s.id))
-        return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
+        return lambda s: (work[s.id], s.req.arrival_s, s.id)

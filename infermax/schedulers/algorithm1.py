@@ -135,8 +135,12 @@ class Algorithm1Scheduler(Scheduler):
             return [(self.waiting, True), (self.running if self._prefilling else self._decoding, True)], self.running
         if g == "decode_first":  # (priority None: the decode list then the prefill list, built if needed)
             return [(self._decoding, True), (self._prefilling, True), (self.waiting, True)], None
-        ranked = sorted([*self.running, *self.waiting], key=_RANK_KEY[self.policy.rank_by])
+        ranked = sorted([*self.running, *self.waiting], key=self._rank_key())
         return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
+
+    def _rank_key(self):
+        """The ranking group's sort key (``rank_by``); the schedule search's `WorkRankedScheduler` gives its own."""
+        return _RANK_KEY[self.policy.rank_by]
 
     def next_batch(self, now_s: float) -> ScheduledBatch:
         lim, pol = self.limits, self.policy
