@@ -15,10 +15,10 @@ from infermax.schedulers.aptserve_waiting import WaitingQueue, _descending
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(-1e6, 1e6) | st.just(-np.inf), max_size=300), st.integers(1, 8))
-def test_descending_reads_every_finite_bound_in_order(bounds, first):
+@given(st.lists(st.floats(-1e6, 1e6) | st.just(-np.inf), max_size=300), st.integers(1, 8), st.integers(0, 20))
+def test_descending_reads_every_finite_bound_in_order(bounds, first, lazy):
     tokens = np.arange(len(bounds), dtype=np.int64) + 1
-    got = list(_descending(np.array(bounds, dtype=float), tokens, first))
+    got = list(_descending(np.array(bounds, dtype=float), tokens, first, lazy))
     expected = sorted((-b, int(t)) for b, t in zip(bounds, tokens) if b > -np.inf)
     assert [g[0] for g in got] == [e[0] for e in expected]  # the bounds, nonincreasing
     assert sorted(got) == expected  # each finite entry once, with its own tokens

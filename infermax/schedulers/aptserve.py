@@ -256,7 +256,7 @@ class AptServeScheduler(Scheduler):
             _check_hidden_halves_memory(getattr(cost_model, "model", None))
         self.rho = (options.rho if not isinstance(options.rho, str)
                     else rho_from_cost_model(cost_model, options.rho)) if options.hybrid else 0.0
-        self.waiting = WaitingQueue()
+        self.waiting = WaitingQueue(lambda tokens: (limits.blocks(tokens), cache_tokens(limits, tokens, True)))
         self.running: list[RequestState] = []
         self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each running request, same order
         self._hidden_running = 0  # running requests holding a hidden-form cache
@@ -747,18 +747,27 @@ class _DensityBound:
                 b = h
         return None if b is None else b * (1 + BOUND_SLACK)
 
-    def heads_array(self, tokens: np.ndarray, refs: np.ndarray, now_s: float) -> np.ndarray:
-        """``__call__`` for many requests at once (``tokens``, pending since ``refs``); −inf for None."""
-        b_size = self.limits.block_size
-        kv_blocks = tokens if b_size == 1 else -(-tokens // b_size)
-        kv = kv_blocks * b_size
-        hidden = b_size * -(-kv_blocks // 2)
+    def heads_array(self, kv: np.ndarray, hidden: np.ndarray, refs: np.ndarray, now_s: float) -> np.ndarray:
+        """``__call__`` for many requests at once (their KV and hidden sizes, pending since ``refs``); −inf for
+        None. The same float operations elementwise. When every KV option fits ``capacity`` (the usual case),
+        the KV density is at least ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and the masks
+        change nothing and are skipped."""
         p = now_s - refs
-        out = np.where(kv <= self.capacity, np.maximum(p / kv, 2 * DEMOTED_DENSITY), -np.inf)
-        if self.hybrid:
-            h = np.maximum((p - self.n_rho * kv) / hidden, 0.0)
-            out = np.where(hidden <= self.capacity, np.maximum(out, h), out)
-        return out * (1 + BOUND_SLACK)
+        if len(kv) and kv.max() <= self.capacity:
+            out = p / kv
+            np.maximum(out, 2 * DEMOTED_DENSITY, out=out)
+            if self.hybrid:
+                h = self.n_rho * kv
+                np.subtract(p, h, out=h)
+                h /= hidden
+                np.maximum(out, h, out=out)
+        else:
+            out = np.where(kv <= self.capacity, np.maximum(p / kv, 2 * DEMOTED_DENSITY), -np.inf)
+            if self.hybrid:
+                h = np.maximum((p - self.n_rho * kv) / hidden, 0.0)
+                out = np.where(hidden <= self.capacity, np.maximum(out, h), out)
+        out *= 1 + BOUND_SLACK
+        return out
 
 
 def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:
