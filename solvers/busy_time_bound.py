@@ -115,22 +115,31 @@ class ChainSums(NamedTuple):
     kv_w: float
 
 
+def phase_marginals(prompt: int, output: int, marginal: tuple[CostTerm, ...], refills: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """For tokens g = 2..O of a request with prompt ``prompt``: the least marginal cost of the phase that generates
+    token g (all its items) and of the item that generates it. A phase is one decode reading ``I + g − 1`` tokens
+    or, with ``refills``, holds a whole refill of that many tokens."""
+    kv = prompt + np.arange(1, max(output, 1), dtype=float)  # token g: the generating item holds I + g − 1 tokens
+    decode = item_marginal_s(marginal, decode_read=kv)
+    if not refills:
+        return decode, decode
+    # A refill's chunks cover I + g − 1 tokens from an empty cache, in one chunk or several: together they cost at
+    # least the per-token and per-item part (the quadratic and context terms are >= 0 but not additive over a
+    # split), and its last chunk, which generates the token, holds at least one token.
+    linear = _token_linear(marginal)
+    phase = np.minimum(decode, item_marginal_s(linear, chunk=kv, context=np.zeros_like(kv)))
+    generating = np.minimum(decode, item_marginal_s(linear, chunk=np.ones_like(kv), context=np.zeros_like(kv)))
+    return phase, generating
+
+
 def chain_sums(prompt: int, output: int, a0: float, marginal: tuple[CostTerm, ...], refills: bool = True
                ) -> ChainSums:
-    """The `ChainSums` of a request with prompt ``prompt`` and ``output`` tokens. A phase (token g >= 2) is one
-    decode reading ``I + g − 1`` tokens or, with ``refills``, holds a whole refill of that many tokens."""
+    """The `ChainSums` of a request with prompt ``prompt`` and ``output`` tokens (phases: `phase_marginals`)."""
     if output <= 1:
         return ChainSums(0.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0)
-    kv = prompt + np.arange(1, output, dtype=float)  # token g = 2..O: the generating item holds I + g − 1 tokens
-    decode = item_marginal_s(marginal, decode_read=kv)
-    phase = generating = decode
-    if refills:
-        # A refill's chunks cover I + g − 1 tokens from an empty cache, in one chunk or several: together they cost
-        # at least the per-token and per-item part (the quadratic and context terms are >= 0 but not additive over
-        # a split), and its last chunk, which generates the token, holds at least one token.
-        linear = _token_linear(marginal)
-        phase = np.minimum(decode, item_marginal_s(linear, chunk=kv, context=np.zeros_like(kv)))
-        generating = np.minimum(decode, item_marginal_s(linear, chunk=np.ones_like(kv), context=np.zeros_like(kv)))
+    kv = prompt + np.arange(1, output, dtype=float)
+    phase, generating = phase_marginals(prompt, output, marginal, refills)
     span = a0 + phase  # D_g: the phase holds at least one batch with its cheapest work
     after = np.concatenate([np.cumsum(span[::-1])[::-1][1:], [0.0]])  # Σ_{g' > g} D_g'
     w = (a0 + generating) / 2 + after  # the batch generating token g lasts at least d_g = a0 + its item's cost

@@ -26,7 +26,8 @@ from infermax.limits import Limits
 from infermax.request import Request
 
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES, vanishes_with_gate
-from .busy_time_bound import chain_sums, kept_work_and_gap, spt_mean_busy_times
+from .busy_time_bound import chain_sums, kept_work_and_gap, phase_marginals, spt_mean_busy_times
+from .crowding_bound import batch_marginal_cap_s, crowded_service_sum
 from .objective import Objective
 from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies, check_policies_feasible
@@ -946,6 +947,14 @@ class LowerBounder:
         # came on top: 9.6 s instead of 7.5 s for the whole Azure conversation trace's mean TTFT, same bound, under a
         # 7.5 s deadline).
         queued = self._queued_finish_times(arrays, first_token_only) if len(releases) > 1 else None
+        # Crowded service next, before the release grid: it is cheap (a second or two on a whole trace) and under
+        # load it is the strongest latency ingredient, while the grid runs until the deadline. Offline one window holds
+        # every request and the queue bounds dominate (A.3 mixes), so it runs with online arrivals only.
+        crowded = None
+        if not first_token_only and len(releases) > 1:
+            floor = max(float(lower.sum()), float(queued.sum()) if queued is not None else 0.0)
+            crowded = _largest(self._crowded_service_sum(arrays, solo, sp, floor) for sp in self._additive_splits()
+                               if not self._past_deadline("crowded service"))
         points = 0
         for T in releases:
             if T != releases[0] and self._past_deadline("release times after the first"):
@@ -994,6 +1003,9 @@ class LowerBounder:
             if busy is not None:
                 parts["mean_busy_sum_s"] = busy - float(self.arrivals.sum())
                 total = max(total, busy)
+        if crowded is not None:
+            parts["crowded_service_sum_s"] = crowded - float(self.arrivals.sum())
+            total = max(total, crowded)
         return total - float(self.arrivals.sum()), parts
 
     def _queued_finish_times(self, arrays: DemandArrays, first_token_only: bool) -> np.ndarray | None:
@@ -1057,6 +1069,37 @@ class LowerBounder:
             if self._past_deadline("mean busy times"):
                 break
         return None if best is None else best * (1 - LP_SAFETY_RTOL)
+
+    def _crowded_service_sum(self, arrays: DemandArrays, solo: np.ndarray, split, floor: float) -> float | None:
+        """Σ_r f_r >= Σ arrivals + the crowded-service bound on Σ latency (docs/design.md, "Crowded service";
+        `crowding_bound`), for the given `additive_split`. ``floor``: the completion sum already found (the fine grid
+        runs only when the coarse one comes near it). None past the deadline."""
+        inputs = self._crowded_service_inputs(arrays, split)
+        if inputs is None:
+            return None
+        work, root, w_cap = inputs
+        arrivals = float(self.arrivals.sum())
+        value = crowded_service_sum(self.arrivals, solo, np.asarray(arrays.generated), work, root, split[0], w_cap,
+                                    floor - arrivals, lambda: self._past_deadline("crowded service"))
+        return None if value is None else (value + arrivals) * (1 - LP_SAFETY_RTOL)
+
+    def _crowded_service_inputs(self, arrays: DemandArrays, split) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """Per request: its marginal work ``w_r`` (first-token items, then one phase per later token) and ``q_r`` (the
+        square roots of those parts, summed), at its (I, O) rounded down as in `fine_classes` (less work: still
+        valid); and the largest marginal cost of one batch. None past the deadline."""
+        _, _, marginal = split
+        classes, which = fine_classes(arrays.prompt, arrays.generated)
+        refills = not self.policies.eviction_free
+        work, root = np.empty(len(classes)), np.empty(len(classes))
+        for c, (i, o) in enumerate(classes):
+            if c % 64 == 0 and self._past_deadline("crowded service"):
+                return None
+            first = self._work_alone_s(int(i), 1, marginal)
+            phase = phase_marginals(int(i), int(o), marginal, refills)[0] if o > 1 else np.zeros(0)
+            work[c] = first + float(phase.sum())
+            root[c] = math.sqrt(first) + float(np.sqrt(phase).sum())
+        w_cap = batch_marginal_cap_s(marginal, self.limits, int((arrays.prompt + arrays.generated).max()), self.hidden)
+        return work[which], root[which], w_cap
 
     def _fine_work_s(self, arrays: DemandArrays, first_token_only: bool, marginal: tuple, deadline: float
                      ) -> np.ndarray:
