@@ -741,7 +741,7 @@ def marginal_work_s(requests: Sequence[Request], cost_model: CostModel, limits: 
     """Per request id, the intercept-free cost of its own items under the cheapest additive split of the cost model
     (`solvers.lower_bound.additive_split`): its prompt in one chunk and its ``O − 1`` decodes. None when the
     model has no such split (a negative intercept)."""
-    from .busy_time_bound import item_marginal_s
+    from .busy_time_bound import item_marginal_s, phase_marginals
     from .lower_bound import additive_split
 
     split = additive_split(cost_model.milp_terms(), limits.C)
@@ -752,7 +752,7 @@ def marginal_work_s(requests: Sequence[Request], cost_model: CostModel, limits: 
     for shape in {(r.prompt_tokens, r.output_tokens) for r in requests}:
         prompt, output = shape
         prefill = item_marginal_s(marginal, chunk=np.array([prompt]), context=np.array([0]))
-        decodes = item_marginal_s(marginal, decode_read=prompt + np.arange(1, output))
+        decodes = phase_marginals(prompt, output, marginal, refills=False)[0]
         by_shape[shape] = float(prefill[0]) + float(decodes.sum())
     return {r.id: by_shape[(r.prompt_tokens, r.output_tokens)] for r in requests}
 

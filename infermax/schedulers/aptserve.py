@@ -256,7 +256,7 @@ class AptServeScheduler(Scheduler):
             _check_hidden_halves_memory(getattr(cost_model, "model", None))
         self.rho = (options.rho if not isinstance(options.rho, str)
                     else rho_from_cost_model(cost_model, options.rho)) if options.hybrid else 0.0
-        self.waiting = WaitingQueue(lambda tokens: (limits.blocks(tokens), cache_tokens(limits, tokens, True)))
+        self.waiting = WaitingQueue(self._prefill_sizes)
         self.running: list[RequestState] = []
         self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each running request, same order
         self._hidden_running = 0  # running requests holding a hidden-form cache
@@ -286,6 +286,14 @@ class AptServeScheduler(Scheduler):
             self._by_id[s.id] = s
             self.waiting.append(s)
             self._note_size(s)
+
+    def _prefill_sizes(self, tokens: int) -> tuple[int, int]:
+        """The KV and hidden-form memory of a ``tokens``-token prefill, cached per size (`_DensityBound` reads the
+        cache directly on its hot path)."""
+        sizes = self._bucket_sizes.get(tokens)
+        if sizes is None:
+            sizes = self._bucket_sizes[tokens] = (self.limits.blocks(tokens), cache_tokens(self.limits, tokens, True))
+        return sizes
 
     def _note_size(self, s: RequestState) -> None:
         if s.input_tokens > self._prefill_cap:
@@ -725,15 +733,11 @@ class _DensityBound:
     ``BOUND_SLACK`` covers rounding."""
 
     def __init__(self, scheduler: AptServeScheduler, n: int, capacity: int):
-        self.limits, self.hybrid, self.n_rho = scheduler.limits, scheduler.options.hybrid, n * scheduler.rho
-        self.sizes, self.capacity = scheduler._bucket_sizes, capacity
+        self.hybrid, self.n_rho = scheduler.options.hybrid, n * scheduler.rho
+        self.sizes, self.prefill_sizes, self.capacity = scheduler._bucket_sizes, scheduler._prefill_sizes, capacity
 
     def __call__(self, tokens: int, p: float) -> float | None:
-        sizes = self.sizes
-        kv_hidden = sizes.get(tokens)
-        if kv_hidden is None:
-            kv_hidden = sizes[tokens] = (self.limits.blocks(tokens), cache_tokens(self.limits, tokens, True))
-        kv, hidden = kv_hidden
+        kv, hidden = self.sizes.get(tokens) or self.prefill_sizes(tokens)
         b = None
         if kv <= self.capacity:
             b = p / kv
