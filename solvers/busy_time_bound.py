@@ -115,22 +115,37 @@ class ChainSums(NamedTuple):
     kv_w: float
 
 
+class PhaseCosts(NamedTuple):
+    """For tokens g = 2..O: the least marginal cost of a decode reading ``I + g − 1`` tokens, of a whole refill of that
+    many tokens (all its chunks together), and of the refill's last chunk, which generates the token (one token at
+    least). A refill's chunks cover I + g − 1 tokens from an empty cache, in one chunk or several: together they cost
+    at least the per-token and per-item part (the quadratic and context terms are >= 0 but not additive over a
+    split)."""
+
+    decode: np.ndarray
+    refill: np.ndarray
+    last_chunk: np.ndarray
+
+
+def phase_costs(prompt: int, output: int, marginal: tuple[CostTerm, ...]) -> PhaseCosts:
+    """`PhaseCosts` of a request with prompt ``prompt`` and ``output`` tokens."""
+    kv = prompt + np.arange(1, max(output, 1), dtype=float)  # token g: the generating item holds I + g − 1 tokens
+    linear = _token_linear(marginal)
+    return PhaseCosts(item_marginal_s(marginal, decode_read=kv),
+                      item_marginal_s(linear, chunk=kv, context=np.zeros_like(kv)),
+                      item_marginal_s(linear, chunk=np.ones_like(kv), context=np.zeros_like(kv)))
+
+
 def phase_marginals(prompt: int, output: int, marginal: tuple[CostTerm, ...], refills: bool = True
                     ) -> tuple[np.ndarray, np.ndarray]:
     """For tokens g = 2..O of a request with prompt ``prompt``: the least marginal cost of the phase that generates
     token g (all its items) and of the item that generates it. A phase is one decode reading ``I + g − 1`` tokens
-    or, with ``refills``, holds a whole refill of that many tokens."""
-    kv = prompt + np.arange(1, max(output, 1), dtype=float)  # token g: the generating item holds I + g − 1 tokens
-    decode = item_marginal_s(marginal, decode_read=kv)
+    or, with ``refills``, holds a whole refill of that many tokens (`phase_costs`)."""
     if not refills:
+        decode = item_marginal_s(marginal, decode_read=prompt + np.arange(1, max(output, 1), dtype=float))
         return decode, decode
-    # A refill's chunks cover I + g − 1 tokens from an empty cache, in one chunk or several: together they cost at
-    # least the per-token and per-item part (the quadratic and context terms are >= 0 but not additive over a
-    # split), and its last chunk, which generates the token, holds at least one token.
-    linear = _token_linear(marginal)
-    phase = np.minimum(decode, item_marginal_s(linear, chunk=kv, context=np.zeros_like(kv)))
-    generating = np.minimum(decode, item_marginal_s(linear, chunk=np.ones_like(kv), context=np.zeros_like(kv)))
-    return phase, generating
+    costs = phase_costs(prompt, output, marginal)
+    return np.minimum(costs.decode, costs.refill), np.minimum(costs.decode, costs.last_chunk)
 
 
 def chain_sums(prompt: int, output: int, a0: float, marginal: tuple[CostTerm, ...], refills: bool = True

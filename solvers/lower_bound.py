@@ -26,12 +26,13 @@ from infermax.limits import Limits
 from infermax.request import Request
 
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES, vanishes_with_gate
-from .busy_time_bound import chain_sums, kept_work_and_gap, phase_marginals, spt_mean_busy_times
+from .busy_time_bound import chain_sums, kept_work_and_gap, phase_costs, phase_marginals, spt_mean_busy_times
 from .crowding_bound import batch_marginal_cap_s, crowded_service_sum
 from .objective import Objective
 from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_convex_envelope, step_lower
 from .policy import Policies, check_policies_feasible
 from .queue_bound import INTERCEPT_SHARES, fine_classes, srpt_finish_times
+from .progress_bound import PhaseTerms, phase_terms, progress_sum
 from .scale import refuse_prefix_caching
 
 # The LP is solved in floating point (HiGHS, tolerances ~1e-7 relative): the reported bound is the LP
@@ -1003,6 +1004,11 @@ class LowerBounder:
             if busy is not None:
                 parts["mean_busy_sum_s"] = busy - float(self.arrivals.sum())
                 total = max(total, busy)
+            progress = _largest(self._work_in_progress_sum(arrays, sp, self.arrivals + solo) for sp in splits
+                                if not self._past_deadline("work in progress"))
+            if progress is not None:
+                parts["work_in_progress_sum_s"] = progress - float(self.arrivals.sum())
+                total = max(total, progress)
         if crowded is not None:
             parts["crowded_service_sum_s"] = crowded - float(self.arrivals.sum())
             total = max(total, crowded)
@@ -1069,6 +1075,32 @@ class LowerBounder:
             if self._past_deadline("mean busy times"):
                 break
         return None if best is None else best * (1 - LP_SAFETY_RTOL)
+
+    def _work_in_progress_sum(self, arrays: DemandArrays, split, lower_s: np.ndarray) -> float | None:
+        """Σ_r f_r >= the work-in-progress bound (docs/design.md, "Work in progress"; `progress_bound`) for the given
+        `additive_split`: mean busy times with the batches' unused intercept priced and the crowding of every batch
+        between a request's first piece and its last token. ``lower_s``: per request a lower bound on its finish.
+        None past the deadline."""
+        inputs = self._progress_inputs(arrays, split)
+        if inputs is None:
+            return None
+        value = progress_sum(self.arrivals, lower_s, *inputs, split[0], lambda: self._past_deadline("work in progress"))
+        return None if value is None else value * (1 - LP_SAFETY_RTOL)
+
+    def _progress_inputs(self, arrays: DemandArrays, split) -> tuple[list[PhaseTerms], np.ndarray] | None:
+        """The `PhaseTerms` of each (I, O) class and each request's class: its (I, O) rounded down as in
+        `fine_classes` (less kept work: still valid). None past the deadline."""
+        a0, _, marginal = split
+        classes, which = fine_classes(arrays.prompt, arrays.generated)
+        refills = not self.policies.eviction_free
+        kv_factor = (0.5 if self.hidden else 1.0) / self.limits.M
+        terms = []
+        for c, (i, o) in enumerate(classes):
+            if c % 64 == 0 and self._past_deadline("work in progress"):
+                return None
+            terms.append(phase_terms(self._work_alone_s(int(i), 1, marginal), phase_costs(int(i), int(o), marginal),
+                                     int(i) + np.arange(1, max(int(o), 1), dtype=float), a0, kv_factor, refills))
+        return terms, which
 
     def _crowded_service_sum(self, arrays: DemandArrays, solo: np.ndarray, split, floor: float) -> float | None:
         """Σ_r f_r >= Σ arrivals + the crowded-service bound on Σ latency (docs/design.md, "Crowded service";
