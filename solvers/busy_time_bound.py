@@ -35,12 +35,10 @@ from infermax.costmodel.base import CostTerm, prefill_ctx_cap
 from .bounds import DECODE_FEATURES, PREFILL_FEATURES
 
 
-def spt_mean_busy_times(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
-    """Mean busy times of the preemptive shortest-processing-time schedule on one machine of rate 1: at every
-    moment the available unfinished job of smallest (original) work runs, ties by index. Their sum is the least
-    Σ M_j over every preemptive schedule of the jobs (Goemans, "Improved approximation algorithms for scheduling
-    with release dates", SODA 1997: preemptive WSPT minimises Σ w_j M_j; here w_j = 1). A job with no work has
-    its release time."""
+def spt_schedule(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
+    """The preemptive shortest-processing-time schedule on one machine of rate 1 (at every moment the available
+    unfinished job of smallest original work runs, ties by index) as its pieces, one row ``(start, length, work,
+    job)`` per stretch a job runs, in time order (a piece ends at ``start + length``, where the next may start)."""
     release_s = np.asarray(release_s, dtype=float)
     work_s = np.asarray(work_s, dtype=float)
     if len(release_s) != len(work_s):
@@ -49,7 +47,7 @@ def spt_mean_busy_times(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray
         raise ValueError("works must be finite and >= 0, release times finite")
     n = len(release_s)
     order = np.argsort(release_s, kind="stable")
-    moment = np.zeros(n)  # ∫ t dt over the job's processing
+    pieces: list[tuple[float, float, float, int]] = []
     left = work_s.copy()
     available: list[tuple[float, int]] = []  # (work, job)
     now, i = -np.inf, 0
@@ -67,9 +65,22 @@ def spt_mean_busy_times(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray
             heappop(available)
         else:  # it runs until the next arrival, which may preempt it
             run = next_release - now
-        moment[job] += run * (now + run / 2)
+        pieces.append((now, run, float(work_s[job]), job))
         now += run
         left[job] -= run
+    return np.array(pieces, dtype=float).reshape(-1, 4)
+
+
+def spt_mean_busy_times(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
+    """Mean busy times of the preemptive shortest-processing-time schedule (`spt_schedule`). Their sum is the least
+    Σ M_j over every preemptive schedule of the jobs (Goemans, "Improved approximation algorithms for scheduling
+    with release dates", SODA 1997: preemptive WSPT minimises Σ w_j M_j; here w_j = 1). A job with no work has
+    its release time."""
+    pieces = spt_schedule(release_s, work_s)
+    release_s, work_s = np.asarray(release_s, dtype=float), np.asarray(work_s, dtype=float)
+    moment = np.zeros(len(release_s))  # ∫ t dt over the job's processing
+    for start, run, _, job in pieces:
+        moment[int(job)] += run * (start + run / 2)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(work_s > 0, moment / np.where(work_s > 0, work_s, 1.0), release_s)
 

@@ -30,12 +30,11 @@ sides of that trade-off (docs/design.md, "Work in progress", has the proof):
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .busy_time_bound import spt_mean_busy_times
+from .busy_time_bound import spt_mean_busy_times, spt_schedule
 
 THRESHOLDS = 24  # finish-time classes over the main busy period
 THETAS = np.linspace(0.0, 1.0, 101)
@@ -43,32 +42,11 @@ CAP_FACTORS = (0.5, 1.0, 2.0)  # V_cap as a multiple of the median "break-even" 
 
 
 def spt_pieces(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
-    """``(start, end, work of the job run)`` of every piece of the preemptive schedule on one machine of rate 1 that
-    always runs the available job of smallest (original) work, ties by index (`spt_mean_busy_times`' schedule)."""
-    release_s, work_s = np.asarray(release_s, dtype=float), np.asarray(work_s, dtype=float)
-    order = np.argsort(release_s, kind="stable")
-    left = work_s.copy()
-    pieces: list[tuple[float, float, float]] = []
-    available: list[tuple[float, int]] = []
-    now, i, n = -np.inf, 0, len(order)
-    while i < n or available:
-        if not available:
-            now = max(now, release_s[order[i]])
-        while i < n and release_s[order[i]] <= now:
-            heappush(available, (float(work_s[order[i]]), int(order[i])))
-            i += 1
-        work, job = available[0]
-        next_release = release_s[order[i]] if i < n else np.inf
-        if left[job] <= next_release - now:  # it finishes before the next arrival
-            run = left[job]
-            heappop(available)
-        else:  # it runs until the next arrival, which may preempt it
-            run = next_release - now
-        if run > 0:
-            pieces.append((now, now + run, work))
-        now += run
-        left[job] -= run
-    return np.array(pieces, dtype=float).reshape(-1, 3)
+    """``(start, end, work of the job run)`` of every piece of the preemptive SPT schedule (`spt_schedule`), the
+    empty ones left out."""
+    start, length, work, _ = spt_schedule(release_s, work_s).T
+    pieces = np.stack([start, start + length, work], axis=1)
+    return pieces[length > 0]
 
 
 class IdlePrice:
