@@ -2,14 +2,16 @@
 paragraph after it). Prints three measurements; nothing here is a bound or enters one:
 
 1. Per rank k, the k-th finish of the best schedule found (work-ranked, Rmax 64) against the queued bound's E_k
-   (SRPT on one machine of rate 1): where along the ranks the 104% gap lies.
+   (SRPT on one machine of rate 1): where along the ranks the gap lay before "Work in progress" (104%).
 2. The schedule side: work-ranked eviction-free and with evictions over Rmax and P, and admission in bursts (a
    low-water mark on the running requests; defined here, not kept in the search), each replayed by the engine.
-3. V(τ) = ∫_τ ds / p_max[τ, s] over the preemptive-SPT schedule of the works with the intercept shared by KV:
-   about how many requests a second of unused intercept at τ delays (the "waste" side of a crowding trade-off).
-4. The same trade-off with the intercept shared by tokens, sized optimistically (not a bound: V is taken at each
-   request's earliest finish, and each decode item picks its own batch of T tokens, paying φ·(T − 1)·c_tok of
-   crowding and a0·(1 − T/C)·V/T of unused intercept, φ its share of its request's work done before).
+3. V(τ) = ∫_τ^e ds / p_max[b, s] (`progress_bound.IdlePrice`, the busy period [b, e) holding τ) over the
+   preemptive-SPT schedule of the works with the intercept shared by KV: a lower bound on how much a unit of unused
+   intercept at τ adds to the sum of mean busy times (docs/design.md, "Work in progress", (ii)).
+4. A first, token-shared version of that trade-off, sized optimistically (not a bound: V with the window [τ, s]
+   instead of [b, s], taken at each request's earliest finish, and each decode item picking its own batch of T
+   tokens, paying φ·(T − 1)·c_tok of crowding and a0·(1 − T/C)·V/T of unused intercept, φ its share of its
+   request's work done before): 14.04 s, which is why the bound gives the KV share to generating items instead.
 
     PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~1 min on the 2-core machine
 
@@ -19,7 +21,6 @@ paper's linear model).
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import replace
 
@@ -31,6 +32,7 @@ from infermax.limits import Limits
 from infermax.workload import load_trace
 from solvers.busy_time_bound import spt_mean_busy_times
 from solvers.lower_bound import LowerBounder
+from solvers.progress_bound import IdlePrice, spt_pieces
 from solvers.search import _algorithm1_policy
 from solvers.search_policies import WorkRankedScheduler, marginal_work_s
 
@@ -61,27 +63,8 @@ class BurstAdmission(WorkRankedScheduler):
         return batch
 
 
-def _spt_segments(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
-    """(start, end, work of the job run) of every piece of the preemptive SPT schedule on one machine of rate 1."""
-    order = np.argsort(release_s, kind="stable")
-    left, segments, available, now, i = work_s.copy(), [], [], 0.0, 0
-    while i < len(order) or available:
-        if not available:
-            now = max(now, release_s[order[i]])
-        while i < len(order) and release_s[order[i]] <= now:
-            heapq.heappush(available, (work_s[order[i]], int(order[i])))
-            i += 1
-        w, j = available[0]
-        run = min(left[j], (release_s[order[i]] if i < len(order) else np.inf) - now)
-        segments.append((now, now + run, w))
-        now, left[j] = now + run, left[j] - run
-        if left[j] <= 1e-15:
-            heapq.heappop(available)
-    return np.array(segments)
-
-
-def _v_at(tau: float, segments: np.ndarray) -> float:
-    """V(τ) = ∫_τ ds / p_max[τ, s] over the SPT pieces after τ (p_max: the largest work run in [τ, s])."""
+def _v_window(tau: float, segments: np.ndarray) -> float:
+    """Item 4's optimistic V: ∫_τ ds / p_max[τ, s] over the SPT pieces after τ (p_max over [τ, s], not [b, s])."""
     s = segments[segments[:, 1] > tau]
     if not len(s):
         return 0.0
@@ -128,20 +111,21 @@ def main() -> None:
     output = np.array([r.output_tokens for r in reqs], dtype=float)
     kv_area = prompt * output + output * (output - 1) / 2  # KV tokens read over the decodes, roughly
     works = np.array([work[r.id] for r in reqs]) + a0 * kv_area / LIMITS.M
-    segments = _spt_segments(arrivals, works)
+    segments = spt_pieces(arrivals, works)
     print(f"3. SPT over KV-shared works ends at {segments[-1, 1]:.1f} s")
-    for tau in (10, 100, 200, 300, 400, 450):
-        print(f"   V({tau:3d} s) = {_v_at(tau, segments):6.1f}")
+    price = IdlePrice(segments)
+    for tau in (10, 50, 100, 200, 300, 400, 450):
+        print(f"   V({tau:3d} s) = {float(price.at(tau)[0]):6.1f}")
 
     c_tok = min(c for t in cost.milp_terms() for p in t.pieces for f, c in p.coef_s.items() if f == "n_tokens")
     marginal = np.array([work[r.id] for r in reqs])
     token_works = marginal + a0 * (prompt + output - 1) / LIMITS.C
-    token_segments = _spt_segments(arrivals, token_works)
+    token_segments = spt_pieces(arrivals, token_works)
     mean_busy = float((spt_mean_busy_times(arrivals, token_works) - arrivals).mean())
     solo = bounder._solo_s(False)
     extra = 0.0
     for r in range(len(reqs)):
-        v = _v_at(arrivals[r] + solo[r], token_segments)
+        v = _v_window(arrivals[r] + solo[r], token_segments)
         g = np.arange(1, int(output[r]))
         if not len(g) or v <= 0:
             continue
