@@ -76,7 +76,12 @@ def spt_mean_busy_times(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray
     Σ M_j over every preemptive schedule of the jobs (Goemans, "Improved approximation algorithms for scheduling
     with release dates", SODA 1997: preemptive WSPT minimises Σ w_j M_j; here w_j = 1). A job with no work has
     its release time."""
-    pieces = spt_schedule(release_s, work_s)
+    return mean_busy_times(spt_schedule(release_s, work_s), release_s, work_s)
+
+
+def mean_busy_times(pieces: np.ndarray, release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
+    """Each job's mean busy time in a schedule given as `spt_schedule`'s pieces (its release time if it has no
+    work)."""
     release_s, work_s = np.asarray(release_s, dtype=float), np.asarray(work_s, dtype=float)
     moment = np.zeros(len(release_s))  # ∫ t dt over the job's processing
     for start, run, _, job in pieces:

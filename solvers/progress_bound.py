@@ -34,17 +34,17 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .busy_time_bound import spt_mean_busy_times, spt_schedule
+from .busy_time_bound import mean_busy_times, spt_schedule
 
 THRESHOLDS = 24  # finish-time classes over the main busy period
 THETAS = np.linspace(0.0, 1.0, 101)
 CAP_FACTORS = (0.5, 1.0, 2.0)  # V_cap as a multiple of the median "break-even" price of the phases (0.25 never won on the Azure slice)
 
 
-def spt_pieces(release_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
-    """``(start, end, work of the job run)`` of every piece of the preemptive SPT schedule (`spt_schedule`), the
-    empty ones left out."""
-    start, length, work, _ = spt_schedule(release_s, work_s).T
+def spt_pieces(release_s: np.ndarray, work_s: np.ndarray, schedule: np.ndarray | None = None) -> np.ndarray:
+    """``(start, end, work of the job run)`` of every piece of the preemptive SPT schedule (`spt_schedule`, or
+    ``schedule`` when already computed), the empty ones left out."""
+    start, length, work, _ = (spt_schedule(release_s, work_s) if schedule is None else schedule).T
     pieces = np.stack([start, start + length, work], axis=1)
     return pieces[length > 0]
 
@@ -173,8 +173,9 @@ def progress_tables(release_s: np.ndarray, lower_s: np.ndarray, terms: list[Phas
     work = np.array([t.work_s for t in terms])[which]
     if not (work > 0).any():
         return None
-    price = IdlePrice(spt_pieces(release_s, work))
-    constant = float(spt_mean_busy_times(release_s, work).sum()) + a0 * float(
+    schedule = spt_schedule(release_s, work)
+    price = IdlePrice(spt_pieces(release_s, work, schedule))
+    constant = float(mean_busy_times(schedule, release_s, work).sum()) + a0 * float(
         np.array([t.phi_sum for t in terms])[which].sum())
     b, e = price.main_period(release_s)
     thresholds = b + (e - b) * np.arange(1, THRESHOLDS + 1) / THRESHOLDS
@@ -219,13 +220,16 @@ def progress_sum(release_s: np.ndarray, lower_s: np.ndarray, terms: list[PhaseTe
     tables = progress_tables(release_s, lower_s, terms, which, a0, past_deadline)
     if tables is None or not tables.caps:
         return None
-    main = tables.in_main
+    # requests alike in class, release and floors have the same options: each distinct row once, with its count
+    rows = np.column_stack([which, tables.in_main, tables.late, tables.floors])
+    rows, first, count = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    which, main, late, floors = which[first], tables.in_main[first], tables.late[first], tables.floors[first]
     best = None
     for table, none in zip(tables.classes, tables.none):
         crowd, none = table[which[main]], none[which]
         for theta in THETAS:
-            options = theta * none + (1 - theta) * tables.late
-            options[main] = np.minimum(options[main], (theta * crowd + (1 - theta) * tables.floors[main]).min(axis=1))
-            value = theta * tables.constant + float(options.sum())
+            options = theta * none + (1 - theta) * late
+            options[main] = np.minimum(options[main], (theta * crowd + (1 - theta) * floors[main]).min(axis=1))
+            value = theta * tables.constant + float(options @ count)
             best = value if best is None else max(best, value)
     return best
