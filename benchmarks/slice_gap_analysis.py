@@ -89,7 +89,8 @@ def main() -> None:
     print(f"1. work-ranked Rmax 64: mean latency {(finish.sum() - arrivals.sum()) / len(reqs):.2f} s; "
           f"queued bound alone {(queued.sum() - arrivals.sum()) / len(reqs):.2f} s")
     for k in (100, 500, 1000, 1500, 1800, 1900, 1999):
-        print(f"   rank {k + 1:5d}: finish {finish[k]:7.2f} s, E_k {queued[k]:7.2f} s, difference {finish[k] - queued[k]:6.2f} s")
+        print(f"   rank {k + 1:5d}: finish {finish[k]:7.2f} s, E_k {queued[k]:7.2f} s, "
+              f"difference {finish[k] - queued[k]:6.2f} s")
 
     print("2. schedules (mean latency, s)")
     t = time.perf_counter()

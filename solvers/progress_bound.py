@@ -18,7 +18,7 @@ sides of that trade-off (docs/design.md, "Work in progress", has the proof):
 - *Crowding*: ``C_r − M_r ≥ Σ_j t_j·φ_r(j)`` over the batches ``j`` after r's first piece up to its last token,
   ``φ_r(j)`` the fraction of r's kept work before ``j``. A batch lasts ``t_j ≥ a0 + Σ`` of its items' marginal costs,
   so by Cauchy–Schwarz its term, with its priced waste, is at least ``a0·Φ_j + Y_j² + a0·V̄·(1 − κ_j)`` with
-  ``Y_j = Σ_items √(μ_i·φ_i)`` and any ``V̄ ≤ V(τ_j)``, and by AM–GM at least
+  ``Y_j = Σ_items √(μ_i·φ_i)`` and any ``V̄`` at most the least ``V`` over the batch's idle, and by AM–GM at least
   ``a0·Φ_j + Σ_phases [2·√(a0·V̄·ph_g·φ_g) − a0·V̄·(I + g − 1)/M]``: per phase, separable.
 - *Which V̄*: ``V`` falls inside the busy period, so a request that arrives in the main busy period ``[b, e)`` and
   finishes by ``T`` has ``V̄ ≥ V(T)`` in all its batches. With thresholds ``T_1 < … < T_m`` each request either
@@ -38,7 +38,8 @@ from .busy_time_bound import mean_busy_times, spt_schedule
 
 THRESHOLDS = 24  # finish-time classes over the main busy period
 THETAS = np.linspace(0.0, 1.0, 101)
-CAP_FACTORS = (0.5, 1.0, 2.0)  # V_cap as a multiple of the median "break-even" price of the phases (0.25 never won on the Azure slice)
+# V_cap as a multiple of the median over phases of the V where a phase's term peaks (0.25 never won on the Azure slice)
+CAP_FACTORS = (0.5, 1.0, 2.0)
 
 
 def spt_pieces(release_s: np.ndarray, work_s: np.ndarray, schedule: np.ndarray | None = None) -> np.ndarray:

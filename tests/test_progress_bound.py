@@ -19,7 +19,7 @@ from infermax.workload import load_trace
 from solvers.busy_time_bound import phase_marginals, spt_mean_busy_times
 from solvers.lower_bound import LowerBounder
 from solvers.objective import Objective
-from solvers.progress_bound import IdlePrice, spt_pieces
+from solvers.progress_bound import IdlePrice, phase_values, progress_tables, spt_pieces
 from solvers.search import search
 
 COST = load_cost_model()
@@ -58,8 +58,8 @@ def test_idle_price_by_hand():
 @given(st.integers(0, 10**6))
 def test_priced_idle_below_every_schedule_of_one_machine(seed):
     """Σ_r M_r >= SPT + Σ idle·V for schedules that run the available jobs smallest work first (as SPT does) or in
-    a random priority order, switch at random, and idle at random (each idle stretch cut at the SPT pieces' ends and priced at its end, where V is
-    smallest within a busy period)."""
+    a random priority order, switch at random, and idle at random (each idle stretch cut at the SPT pieces' ends
+    and priced at its end, where V is smallest within a busy period)."""
     rng = np.random.default_rng(seed)
     release, work = _random_jobs(rng)
     pieces = spt_pieces(release, work)
@@ -123,14 +123,14 @@ def _kept_layout(reqs, result, split, M, kv_factor=1.0):
     """The proof's layout on an eviction-free schedule: per request its kept pieces (first-token work spread over its
     prefill items in proportion to their tokens, then one piece per later token in the batch generating it), in each
     batch's interval in item order, the rest of the batch idle at its end. Returns per request the kept work ``k``,
-    the pieces ``(batch, start, length, marginal part)``, and per batch its idle length and generating items' KV over M."""
+    the pieces ``(batch, start, length, marginal part)``, and per batch its idle length and generating items' KV
+    over M."""
     a0, _, marginal = split
     bounder = LowerBounder(reqs, result.schedule.limits, COST)
     by_id = {r.id: r for r in reqs}
     starts = result.batches["start_s"].to_numpy()
     durations = result.batches["duration_s"].to_numpy()
     prefill_items = {r.id: [] for r in reqs}
-    generated = {r.id: 0 for r in reqs}
     token_batch = {r.id: [] for r in reqs}  # batch of tokens 2..O
     done = {r.id: 0 for r in reqs}
     for j, b in enumerate(result.schedule.batches):
@@ -139,10 +139,7 @@ def _kept_layout(reqs, result, split, M, kv_factor=1.0):
             if done[rid] < r.prompt_tokens:
                 prefill_items[rid].append((j, c))
                 done[rid] += c
-                if done[rid] >= r.prompt_tokens:
-                    generated[rid] = 1
             else:
-                generated[rid] += 1
                 token_batch[rid].append(j)
     pieces_in = {j: [] for j in range(len(durations))}
     work, share_in = {}, np.zeros(len(durations))
@@ -219,7 +216,8 @@ def test_each_step_of_the_proof_on_simulated_schedules(case, scheduler):
 def test_binds_on_an_overloaded_trace_and_stays_below_schedules_and_the_search():
     # the first 150 azure-conv requests arriving 4x faster: the batches must be full to keep up, so every request
     # waits for many others' work; the mean busy times charge each only its own chain
-    reqs = [Request(r.id, r.arrival_s / 4, r.prompt_tokens, r.output_tokens) for r in load_trace("azure-conv", limit=150)]
+    trace = load_trace("azure-conv", limit=150)
+    reqs = [Request(r.id, r.arrival_s / 4, r.prompt_tokens, r.output_tokens) for r in trace]
     limits = Limits(C=4096, M=100_000)
     value, parts = LowerBounder(reqs, limits, COST)._completion_sum(False, "latency")
     assert parts["work_in_progress_sum_s"] == pytest.approx(value)
@@ -238,8 +236,6 @@ def test_the_classes_of_a_simulated_schedule(case, scheduler):
     at least V(T_k); and each class's crowding sum is at most the proof's per-phase terms
     2·√(a0·V̄·ph_g·φ_g) − a0·V̄·(I + g − 1)/M summed at the V̄ = min(V(end of the batch), V_cap) of the batch that
     generates token g, recomputed here from the phases' costs, so that the first line of the bound holds for it."""
-    from solvers.progress_bound import progress_tables
-
     reqs, limits = case
     result = simulate(reqs, scheduler, limits, COST)
     lim = result.schedule.limits
@@ -297,8 +293,6 @@ def test_phase_values_below_every_realisation_of_a_phase(seed, refills):
     (one item, cost >= decode) or, with refills, chunks of a refill (costs summing to >= refill, the last >= the
     last chunk's cost) in batches of their own, each with φ >= φ_g, the KV share on the last only; the realised
     value is Σ_items 2·√(a0·V̄·μ·φ) − a0·V̄_last·share."""
-    from solvers.progress_bound import phase_values
-
     rng = np.random.default_rng(seed)
     a0, phi, share = rng.uniform(0.001, 0.01), rng.uniform(0, 1), rng.uniform(0, 0.2)
     decode, last_chunk = rng.uniform(1e-5, 1e-3), rng.uniform(1e-5, 2e-4)
