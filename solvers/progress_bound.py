@@ -223,7 +223,7 @@ def progress_sum(release_s: np.ndarray, lower_s: np.ndarray, terms: list[PhaseTe
         return None
     # requests alike in class, release and floors have the same options: each distinct row once, with its count
     rows = np.column_stack([which, tables.in_main, tables.late, tables.floors])
-    rows, first, count = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    _, first, count = np.unique(rows, axis=0, return_index=True, return_counts=True)
     which, main, late, floors = which[first], tables.in_main[first], tables.late[first], tables.floors[first]
     best = None
     for table, none in zip(tables.classes, tables.none):

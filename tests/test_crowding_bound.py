@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ from infermax.costmodel import load_cost_model
 from infermax.costmodel.base import AffinePiece, CostTerm
 from infermax.engine import simulate
 from infermax.limits import Limits
-from infermax.request import Request
 from infermax.workload import fixed, with_arrivals
+from online_workloads import loaded_online
 from solvers.crowding_bound import _window_bound, batch_marginal_cap_s
 from solvers.lower_bound import LowerBounder
 from solvers.objective import Objective
@@ -85,23 +84,6 @@ def test_binds_under_sustained_load_and_stays_below_every_schedule_found():
         assert value <= LATENCY.value(simulate(reqs, scheduler, limits, COST)) * (1 + TOL)
     found = search(reqs, limits, COST, LATENCY, time_limit_s=10)
     assert value <= found.value_s * (1 + TOL)
-
-
-@st.composite
-def loaded_online(draw):
-    """Online workloads long enough for several windows, at rates that crowd the batches."""
-    rng = random.Random(draw(st.integers(0, 10**6)))
-    n = draw(st.integers(10, 40))
-    gap = draw(st.sampled_from([0.005, 0.02, 0.06]))
-    t, reqs = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(1 / gap)
-        reqs.append(Request(i, t, rng.randint(8, 256), rng.randint(2, 48)))
-    block = draw(st.sampled_from([1, 16]))
-    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
-    M = draw(st.sampled_from([peak * 2, peak * 8, 100_000]))
-    Rmax = draw(st.sampled_from([None, 4, 16]))
-    return reqs, Limits(C=2048, M=max(M, peak), Rmax=Rmax, block_size=block)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,8 +4,6 @@ and the whole ingredient against simulated schedules and the search, including a
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +14,7 @@ from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.request import Request
 from infermax.workload import load_trace
+from online_workloads import loaded_online
 from solvers.busy_time_bound import phase_marginals, spt_mean_busy_times
 from solvers.lower_bound import LowerBounder
 from solvers.objective import Objective
@@ -25,6 +24,8 @@ from solvers.search import search
 COST = load_cost_model()
 LATENCY = Objective(latency=1)
 TOL = 1e-9
+# some with eviction: M down to the largest request
+LOADED = loaded_online(sizes=(8, 40), gaps=(0.003, 0.01, 0.04), min_output=1, m_factors=(1, 3, 12))
 
 
 def _random_jobs(rng, n_max=8):
@@ -87,25 +88,8 @@ def test_priced_idle_below_every_schedule_of_one_machine(seed):
     assert got >= float(spt_mean_busy_times(release, work).sum()) + priced - 1e-9
 
 
-@st.composite
-def loaded_online(draw):
-    """Online workloads under load, some with eviction (M near the largest request)."""
-    rng = random.Random(draw(st.integers(0, 10**6)))
-    n = draw(st.integers(8, 40))
-    gap = draw(st.sampled_from([0.003, 0.01, 0.04]))
-    t, reqs = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(1 / gap)
-        reqs.append(Request(i, t, rng.randint(8, 256), rng.randint(1, 48)))
-    block = draw(st.sampled_from([1, 16]))
-    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
-    M = draw(st.sampled_from([peak, peak * 3, peak * 12, 100_000]))
-    Rmax = draw(st.sampled_from([None, 4, 16]))
-    return reqs, Limits(C=2048, M=max(M, peak), Rmax=Rmax, block_size=block)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(loaded_online(), st.sampled_from(["vllm", "sarathi", "sarathi-pc-ef", "rank-i-ef", "rank-o", "vllm-v1",
+@given(LOADED, st.sampled_from(["vllm", "sarathi", "sarathi-pc-ef", "rank-i-ef", "rank-o", "vllm-v1",
                                          "aptserve-kv", "ecoserve-d", "roundrobin"]))
 def test_work_in_progress_below_schedules_on_loaded_online_workloads(case, scheduler):
     reqs, limits = case
@@ -167,7 +151,7 @@ def _kept_layout(reqs, result, split, M, kv_factor=1.0):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(loaded_online(), st.sampled_from(["sarathi-pc-ef", "rank-i-ef", "vllm-ef", "sarathi-ef"]))
+@given(LOADED, st.sampled_from(["sarathi-pc-ef", "rank-i-ef", "vllm-ef", "sarathi-ef"]))
 def test_each_step_of_the_proof_on_simulated_schedules(case, scheduler):
     """On an eviction-free schedule, with the layout of `_kept_layout`: the kept pieces fit their batches and the
     generating items' KV fits M (so the idle is at least a0·(1 − κ_j)); Σ M_r >= SPT + Σ_j idle_j·V̄_j, V̄_j the least
@@ -229,7 +213,7 @@ def test_binds_on_an_overloaded_trace_and_stays_below_schedules_and_the_search()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(loaded_online(), st.sampled_from(["sarathi-pc-ef", "rank-i-ef", "vllm-ef", "sarathi-ef"]))
+@given(LOADED, st.sampled_from(["sarathi-pc-ef", "rank-i-ef", "vllm-ef", "sarathi-ef"]))
 def test_the_classes_of_a_simulated_schedule(case, scheduler):
     """The facts the classes rely on, on an eviction-free schedule with each request in the class its finish gives:
     its finish is at least the class's floor; each of its batches ends in the main busy period, by T_k, where V is
