@@ -18,6 +18,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT (the device tool sets it)}"
 MAIN_S=${MAIN_S:-420}
+# The whole call must end inside the device tool's timeout_s (pass the same number as CALL_S), or nothing is packed:
+# probes are cut to PROBE_S each, and gpu_check.sh gets what is left after them, less TAIL_S for the tests and packing.
+CALL_S=${CALL_S:-560} PROBE_S=${PROBE_S:-40} TAIL_S=${TAIL_S:-100}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 step() { echo "[$(date -u +%T) +${SECONDS}s] $*" | tee -a "$OUT/steps.log"; }
 pack() { tar czf "$OUT/results.tgz" profiles/h100-pytorch profiles/h200* profiles/*/llama-3-8b runs/gpu_check \
@@ -44,25 +47,30 @@ for probe in "import sys; print(sys.version)" \
              "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot; print('matplotlib', matplotlib.__version__)" \
              "import infermax.cli; print('infermax imports')"; do
   step "probe: $probe"
-  timeout -k 5 90 python -c "$probe" >> "$OUT/env.txt" 2>&1 || step "probe failed or timed out (rc $?)"
+  if ! timeout -k 5 "$PROBE_S" python -c "$probe" >> "$OUT/env.txt" 2>&1; then
+    step "probe failed or timed out"
+    case $probe in *torch*) step "no usable torch: stopping"; cat "$OUT/env.txt"; exit 4;; esac
+  fi
 done
 # The combination that hung on 2026-11-27, and what gpu-replay imports, each under a limit; if the combination hangs,
 # try it with one OpenMP thread (two OpenMP runtimes in one process are a known cause of import deadlocks) and keep
 # that setting for the rest of the call if it helps.
 combo="import torch, numpy, pandas, scipy, sklearn, typer, rich, matplotlib; print('combined imports', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
 step "probe: the 2026-11-27 combination"
-if ! timeout -k 5 90 python -c "$combo" >> "$OUT/env.txt" 2>&1; then
+if ! timeout -k 5 "$PROBE_S" python -c "$combo" >> "$OUT/env.txt" 2>&1; then
   step "combination failed or timed out; again with OMP_NUM_THREADS=1"
-  if OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -k 5 90 python -c "$combo" >> "$OUT/env.txt" 2>&1; then
+  if OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -k 5 "$PROBE_S" python -c "$combo" >> "$OUT/env.txt" 2>&1; then
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
     step "one OpenMP thread works: kept for the rest of the call"
   fi
 fi
 step "probe: gpu-replay's imports"
-timeout -k 5 90 python -c "import infermax.cli, infermax.profiling.execute, infermax.costmodel.fitting; print('replay imports')" \
+timeout -k 5 "$PROBE_S" python -c "import infermax.cli, infermax.profiling.execute, infermax.costmodel.fitting; print('replay imports')" \
   >> "$OUT/env.txt" 2>&1 || step "probe failed or timed out (rc $?)"
 cat "$OUT/env.txt"
 
+left=$((CALL_S - SECONDS - TAIL_S))
+[ "$left" -lt "$MAIN_S" ] && MAIN_S=$left
 step "gpu_check.sh (limit ${MAIN_S}s)"
 timeout -k 10 "$MAIN_S" bash benchmarks/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
 step "gpu_check.sh rc $?"
@@ -70,7 +78,7 @@ tail -40 "$OUT/gpu_check.log"
 pack
 
 step "tests/test_profiling.py"
-timeout -k 5 120 python -m pytest -q -p no:cacheprovider tests/test_profiling.py > "$OUT/test_profiling.txt" 2>&1
+timeout -k 5 $((TAIL_S - 20)) python -m pytest -q -p no:cacheprovider tests/test_profiling.py > "$OUT/test_profiling.txt" 2>&1
 step "pytest rc $?"
 tail -5 "$OUT/test_profiling.txt"
 pack
