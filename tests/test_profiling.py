@@ -294,6 +294,21 @@ def test_gpu_replay_refuses_swapping_schedules(tiny_profile):
                      device="cpu", tiny=True, progress=False)
 
 
+@pytest.mark.parametrize("prompt, output, refused", [(500, 13, False), (500, 14, True)])
+def test_gpu_replay_refuses_requests_past_the_models_positions(tiny_profile, prompt, output, refused):
+    # The tiny model has 512 positions: I + O - 1 = 512 KV rows fit (last fed position 511), 513 do not.
+    assert L.shard_shapes("llama-3-8b", 1, tiny=True).max_position == 512
+    sched = Schedule([Request(0, 0.0, prompt, output)], Limits(C=512, M=1024),
+                     [ScheduledBatch([(0, prompt)])] + [ScheduledBatch([(0, 1)]) for _ in range(output - 1)])
+    replay = lambda: E.gpu_replay(sched, "llama-3-8b", load_cost_model(path=tiny_profile / "infermax_linear.json"),  # noqa: E731
+                                  device="cpu", tiny=True, warmup_batches=0, progress=False)
+    if refused:
+        with pytest.raises(ValueError, match="need more than llama-3-8b-tiny's 512 positions .*513"):
+            replay()
+    else:
+        assert replay().summary["batches"] == output
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_profile_and_replay_on_cuda(tmp_path):
     folder = profile("llama-3-8b", tmp_path, dtype="bf16", grid="tiny", tiny=True, device="cuda", progress=False)

@@ -201,6 +201,21 @@ def pool_rows_for(schedule: Schedule, shapes: L.Shapes, device, dtype, memory_fr
     return max(1, min(need, int(free * memory_fraction) // row_bytes))
 
 
+def check_positions(schedule: Schedule, shapes: L.Shapes) -> None:
+    """Refuse a schedule with a request whose tokens reach past the model's positions (its rotary table).
+
+    A request's last fed token sits at position ``I + O − 2``, so its ``I + O − 1`` KV rows must fit in
+    ``max_position``; a server with that context length would refuse the request. Checked before any GPU work:
+    on a GPU the out-of-range index is a device-side assert that reaches the user as an unrelated kernel error.
+    """
+    too_long = [r for r in schedule.requests if r.peak_kv_tokens > shapes.max_position]
+    if too_long:
+        worst = max(too_long, key=lambda r: r.peak_kv_tokens)
+        raise ValueError(f"{len(too_long)} of {len(schedule.requests)} requests need more than {shapes.name}'s "
+                         f"{shapes.max_position} positions (request {worst.id}: I + O - 1 = {worst.peak_kv_tokens}); "
+                         f"drop them from the workload or replay with a model of a longer context")
+
+
 def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",
                tiny: bool = False, warmup_batches: int = 8, seed: int = 0, progress: bool = True) -> ReplayCheck:
     """Execute ``schedule`` with ``model`` (random weights) on ``device``; compare with ``cost_model``.
@@ -216,8 +231,9 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
         if batch.swap_out or batch.swap_in or batch.hidden:
             raise ValueError(f"batch {j} swaps KV or holds a hidden-form cache; gpu-replay executes KV-form caches "
                              f"without host swapping only")
-    device = resolve_device(device)
     shapes = L.shard_shapes(model, 1, tiny)
+    check_positions(schedule, shapes)
+    device = resolve_device(device)
     net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
     if warmup_batches:
         Executor(net, schedule, seed).run(cost_model, batches=warmup_batches)
