@@ -3,15 +3,18 @@
 # fit them, simulate vLLM and Sarathi on B=64 I=512 O=128 and on an Azure-conversation slice, execute every
 # schedule with gpu-replay and print the fit-error and simulated-vs-measured tables.
 #
-#   bash benchmarks/gpu_check.sh            # everything (planned: about 6-7 minutes on one H100)
+#   bash benchmarks/gpu_check.sh            # everything
 #   MODELS=llama-3-8b bash benchmarks/gpu_check.sh
 #   SMOKE=1 bash benchmarks/gpu_check.sh    # the same steps on a CPU, tiny shapes, into a temporary folder
 #
 # Needs PyTorch with CUDA importable by `python` (pip install -e ".[gpu]"). Results: profiles/<gpu>/<model>/tp1/
-# (commit these) and runs/gpu_check/<gpu>/ (batches.csv, requests.csv, summary.json per replay; not committed).
-# Budget (estimated from the grid sizes and the simulator's batch counts, to be confirmed on the GPU): profile
-# with the full grid ~1 min per model; 4 replays per model (135 + 191 batches for B=64, ~680 + ~730 for the
-# Azure slice) ~1.5 min per model.
+# (commit these) and runs/gpu_check/<gpu>/ (batches.csv, requests.csv, summary.json per replay; copy what a
+# report uses into profiles/<gpu>/replays/<date>/ as profiles/README.md says).
+# Measured on an H200 (2026-11-27, 8-batch warm-up): profile with the full grid 20 s per model, fit 20 s (hidden
+# behind the next profile), 6 replays with their scoring about 2.8 min per model: 312 s for both. gpu-replay now
+# runs every schedule once untimed first (its default warm-up), which adds roughly the replays' GPU time, about
+# 1.5 min per model: with the device tool's 15 minutes, run one model per call, e.g.
+#   MODELS=llama-3-8b SKIP_PROFILE=1 bash benchmarks/gpu_session.sh   (SKIP_PROFILE: replay against the committed fits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${MODELS:-"llama-2-7b llama-3-8b"}
@@ -27,7 +30,7 @@ FIXED_ARGS=(--B 64 --I 512 --O 128)
 DEV_ARGS=(--dtype bf16)
 # Schedules from `infermax optimize` replayed too (space-separated files; benchmarks/gpu_schedules/README.md says how
 # they were made): made ahead on this repository's H100 model, since the GPU image lacks HiGHS.
-OPT_SCHEDULES=${OPT_SCHEDULES:-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json benchmarks/gpu_schedules/optimize-I512-O128-B64.json"}
+OPT_SCHEDULES=${OPT_SCHEDULES-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json benchmarks/gpu_schedules/optimize-I512-O128-B64.json"}
 PROFILES=profiles
 
 if [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small workloads, nothing written to the repository

@@ -1,24 +1,27 @@
 """Where a replayed batch's time goes on a GPU: kernels, or the host launching them (issue 20's diagnosis).
 
 `infermax gpu-replay` times each batch with CUDA events around the model's forward pass, as a server would see it.
-The profile (`infermax profile`) times each operator on its own, many repetitions enqueued back to back. When the
-replayed decode batches measured about 4x their prediction on an H200 (2026-11-27), three readings tell the causes
-apart, batch by batch:
+The profile (`infermax profile`) times each operator on its own, many repetitions enqueued back to back. Each chosen
+batch is run once untimed (so that kernels that plan per shape are warm), then read three ways:
 
-- ``replay_ms``: the events around one forward pass, exactly as gpu-replay measures it;
+- ``replay_ms``: the events around one forward pass, as gpu-replay measures it (``host_wall_ms``: the host's clock
+  around the same, synchronised);
 - ``pipelined_ms``: the same batch's forward pass repeated ``--reps`` times back to back, events around each, no
   synchronisation between them (how the profile times an operator): the host's launch work overlaps the GPU's;
-- ``kernel_ms``: the sum of the batch's GPU kernel durations from ``torch.profiler`` (no host time at all),
-  with the number of kernels and the five largest kernels by time.
+- ``kernel_ms``: the sum of what ``torch.profiler`` reports with a device time for one forward pass, with the
+  count and the five largest entries.
 
-If ``kernel_ms`` is far below ``replay_ms`` the GPU waits for the host (launch-bound); if ``kernel_ms`` is close to
-it, the kernels themselves are slower than the profile's (a different kernel choice or shape).
+On an H200 (2026-11-27) this showed that a 64-sequence Llama-3-8B decode batch, 100 ms in the replay when its shape
+was new, ran in 31 to 32 ms warm with about 11 ms of kernels: the replay had timed cuDNN's per-shape plan building,
+and the warm batch is launch-bound (`profiles/README.md`, "Measured on an H200").
 
     python benchmarks/gpu_replay_breakdown.py SCHEDULE.json --model llama-3-8b --batches 0,8,20,60,120 --out DIR
 
 Writes ``DIR/breakdown.csv`` (one row per batch) and ``DIR/kernels.csv`` (per batch and kernel name: calls and
-total microseconds; on the CPU of ``--smoke``, operators' self CPU time) and prints the first. Needs a CUDA GPU; the schedule's other batches run untimed to reach
-the chosen ones (the KV cache must hold what they read).
+total microseconds; on the CPU of ``--smoke``, operators' self CPU time) and prints the first. Needs a CUDA GPU;
+the schedule's other batches run untimed to reach the chosen ones (the KV cache must hold what they read).
+``torch.profiler`` lists CUDA runtime calls (``cudaLaunchKernel`` and the like, host time) beside the kernels, so
+``kernel_ms`` counts both; ``kernels.csv`` tells them apart by name.
 """
 
 from __future__ import annotations

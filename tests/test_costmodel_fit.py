@@ -411,5 +411,6 @@ def test_costmodel_show_prints_terms_and_errors():
     # the default A100 Llama-2-7B fit uses token-count steps, printed on one line as "t: height"
     first = load_cost_model(kind="piecewise").milp_terms()[0].pieces[0].coef_s
     assert "steps 'n_tokens > t' (t: height): 32: " + f"{first['n_tokens_gt32']:.3g}" in result.output.replace("\n", "")
-    missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200", "--model", "llama-2-70b"], env={"COLUMNS": "200"})
+    missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200", "--model", "llama-2-70b"],
+                                 env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "--cost-model roofline" in missing.output

@@ -294,14 +294,33 @@ def test_gpu_replay_refuses_swapping_schedules(tiny_profile):
                      device="cpu", tiny=True, progress=False)
 
 
+@pytest.mark.parametrize("warmup, untimed", [(None, 12), (2, 2), (0, 0)])
+def test_gpu_replay_warms_up_on_the_whole_schedule_by_default(tiny_profile, monkeypatch, warmup, untimed):
+    # Every batch runs untimed once by default (kernels that plan per shape are warm when timed); the summary says so.
+    sched = Schedule([Request(0, 0.0, 8, 12)], Limits(C=8, M=32),
+                     [ScheduledBatch([(0, 8)])] + [ScheduledBatch([(0, 1)]) for _ in range(11)])
+    calls = []
+    forward = E.Transformer.forward
+    monkeypatch.setattr(E.Transformer, "forward", lambda self, plan: calls.append(plan) or forward(self, plan))
+    given = {} if warmup is None else {"warmup_batches": warmup}  # None: the default
+    check = E.gpu_replay(sched, "llama-3-8b", load_cost_model(path=tiny_profile / "infermax_linear.json"),
+                         device="cpu", tiny=True, progress=False, **given)
+    assert len(calls) == untimed + 12 and check.summary["warmup_batches"] == untimed
+    # the timed pass starts from a fresh cache: its first batches are the warm-up's again, token for token
+    assert [p.ids for p in calls[untimed:2 * untimed]] == [p.ids for p in calls[:untimed]]
+
+
 @pytest.mark.parametrize("prompt, output, refused", [(500, 13, False), (500, 14, True)])
 def test_gpu_replay_refuses_requests_past_the_models_positions(tiny_profile, prompt, output, refused):
     # The tiny model has 512 positions: I + O - 1 = 512 KV rows fit (last fed position 511), 513 do not.
     assert L.shard_shapes("llama-3-8b", 1, tiny=True).max_position == 512
     sched = Schedule([Request(0, 0.0, prompt, output)], Limits(C=512, M=1024),
                      [ScheduledBatch([(0, prompt)])] + [ScheduledBatch([(0, 1)]) for _ in range(output - 1)])
-    replay = lambda: E.gpu_replay(sched, "llama-3-8b", load_cost_model(path=tiny_profile / "infermax_linear.json"),  # noqa: E731
-                                  device="cpu", tiny=True, warmup_batches=0, progress=False)
+    cost = load_cost_model(path=tiny_profile / "infermax_linear.json")
+
+    def replay():
+        return E.gpu_replay(sched, "llama-3-8b", cost, device="cpu", tiny=True, warmup_batches=0, progress=False)
+
     if refused:
         with pytest.raises(ValueError, match="need more than llama-3-8b-tiny's 512 positions .*513"):
             replay()

@@ -41,7 +41,9 @@ def gpu_replay(
     schedule: Path = typer.Argument(..., help="Schedule JSON (as written by `simulate --out` or `optimize`)."),
     model: ModelOpt = "llama-2-7b", gpu: GpuOpt = "a100", tp: TpOpt = 1, cost_model: CostModelKindOpt = "auto",
     costmodel: CostModelPathOpt = None, dtype: str = DtypeOpt, tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
-    warmup: int = typer.Option(8, help="Batches run once untimed before the timed run.", callback=at_least(0)),
+    warmup: Optional[int] = typer.Option(
+        None, help="Batches run once untimed before the timed run (default: the whole schedule, so that no timed "
+                   "batch pays for a kernel plan built for a shape it is the first to meet).", callback=at_least(0)),
     out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here."),
     measured: Optional[Path] = typer.Option(
         None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "

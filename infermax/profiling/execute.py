@@ -217,11 +217,17 @@ def check_positions(schedule: Schedule, shapes: L.Shapes) -> None:
 
 
 def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",
-               tiny: bool = False, warmup_batches: int = 8, seed: int = 0, progress: bool = True) -> ReplayCheck:
+               tiny: bool = False, warmup_batches: int | None = None, seed: int = 0,
+               progress: bool = True) -> ReplayCheck:
     """Execute ``schedule`` with ``model`` (random weights) on ``device``; compare with ``cost_model``.
 
-    The first ``warmup_batches`` batches run once untimed (kernel selection, allocator), then the whole
-    schedule runs from a fresh cache and every batch is timed.
+    The first ``warmup_batches`` batches (by default all of them) run once untimed, then the whole schedule runs
+    from a fresh cache and every batch is timed. The default warm-up is the whole schedule because kernels may
+    build a plan the first time a process meets a shape: on an H200 (2026-11-27, PyTorch 2.11) SDPA chose cuDNN's
+    attention, and a 64-sequence Llama-3-8B decode batch took about 100 ms the first time its shape ran against
+    29 ms after. A replay meets new attention shapes at up to two thirds of its batches (Sarathi's chunks), the
+    operator profile's warm-up runs hide the cost, and a serving engine's paged kernels never pay it, so timing
+    it would charge the cost model for a one-off of this replayer (``benchmarks/gpu_replay_shapes.py``).
     """
     from .runner import _progress, device_name, resolve_device
 
@@ -235,10 +241,11 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
     check_positions(schedule, shapes)
     device = resolve_device(device)
     net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
-    if warmup_batches:
+    if warmup_batches is None or warmup_batches > 0:
         Executor(net, schedule, seed).run(cost_model, batches=warmup_batches)
     with _progress(progress, len(schedule.batches), f"replaying {len(schedule.batches)} batches on {device}") as advance:
         measured, rec = Executor(net, schedule, seed).run(cost_model, progress=advance)
     info = {"model": shapes.name, "device": device_name(device), "dtype": dtype, "torch": torch.__version__,
-            "scheduler": schedule.meta.get("scheduler"), "requests": len(schedule.requests)}
+            "scheduler": schedule.meta.get("scheduler"), "requests": len(schedule.requests),
+            "warmup_batches": len(schedule.batches) if warmup_batches is None else warmup_batches}
     return compare(schedule, cost_model, measured, rec, info)
