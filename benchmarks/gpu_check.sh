@@ -28,6 +28,9 @@ WORKLOADS=${WORKLOADS:-"fixed azure"}
 # SKIP_PROFILE=1: use the profile already in profiles/<gpu>/<model>/tp1 (a follow-up call that only replays).
 FIXED_ARGS=(--B 64 --I 512 --O 128)
 DEV_ARGS=(--dtype bf16)
+# GRAPHS=1: profile and replay through CUDA graphs (the GPU's work without launch gaps), into profiles/<gpu>-graphs/
+# and runs/gpu_check/<gpu>-graphs/, beside the eager ones. GPU only.
+[ -n "${GRAPHS:-}" ] && DEV_ARGS+=(--cuda-graphs)
 # Schedules from `infermax optimize` replayed too (space-separated files; benchmarks/gpu_schedules/README.md says how
 # they were made): made ahead on this repository's H100 model, since the GPU image lacks HiGHS.
 OPT_SCHEDULES=${OPT_SCHEDULES-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json benchmarks/gpu_schedules/optimize-I512-O128-B64.json"}
@@ -45,7 +48,7 @@ if [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small worklo
 else
   python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU visible to PyTorch')"
   GPU=$(python -c "import torch; from infermax.profiling.runner import gpu_key; print(gpu_key(torch.cuda.get_device_name(), 'cuda'))")
-  RUNS=runs/gpu_check/$GPU
+  RUNS=runs/gpu_check/$GPU${GRAPHS:+-graphs}
 fi
 mkdir -p "$RUNS"
 echo "device: $GPU"
@@ -67,11 +70,11 @@ SECONDS=0
 
 declare -A FOLDER FITPID
 profile_model() {  # $1 = model; sets FOLDER[$1]
-  local model=$1 pgpu=$GPU
+  local model=$1 pgpu=$GPU${GRAPHS:+-graphs}
   # The bundled profiles/h100/llama-2-7b is Vidur's (imported); never overwrite a profile we did not measure:
   # ours then goes to profiles/<gpu>-pytorch/<model>/.
-  local existing="$PROFILES/$GPU/$model/tp1/measurements.csv"
-  if [ -f "$existing" ] && ! grep -q "infermax profile" "$existing"; then pgpu="$GPU-pytorch"; fi
+  local existing="$PROFILES/$pgpu/$model/tp1/measurements.csv"
+  if [ -f "$existing" ] && ! grep -q "infermax profile" "$existing"; then pgpu="$pgpu-pytorch"; fi
   FOLDER[$model]="$PROFILES/$pgpu/$model"
   [ -n "${SKIP_PROFILE:-}" ] && { echo "using ${FOLDER[$model]}/tp1 as profiled"; return; }
   python -m infermax profile --model "$model" --tp 1 "${DEV_ARGS[@]}" --grid "$GRID" --out "${FOLDER[$model]}" \

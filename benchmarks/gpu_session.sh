@@ -23,7 +23,7 @@ MAIN_S=${MAIN_S:-420}
 CALL_S=${CALL_S:-560} PROBE_S=${PROBE_S:-40} TAIL_S=${TAIL_S:-100}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 step() { echo "[$(date -u +%T) +${SECONDS}s] $*" | tee -a "$OUT/steps.log"; }
-pack() { tar czf "$OUT/results.tgz" profiles/h100-pytorch profiles/h200* profiles/*/llama-3-8b runs/gpu_check \
+pack() { tar czf "$OUT/results.tgz" profiles/h100-* profiles/h200* profiles/*/llama-3-8b runs/gpu_check \
   2>/dev/null; step "packed $(du -h "$OUT/results.tgz" | cut -f1)"; }
 
 if [ -z "${SMOKE:-}" ]; then

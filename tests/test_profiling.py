@@ -232,6 +232,67 @@ def test_cached_execution_equals_full_forward_through_chunks_and_evictions():
     assert (f3.prefill_tokens, f3.n_prefill_seqs, f3.n_decode_seqs, f3.prefill_ctx_tokens) == (10, 2, 2, 0)
 
 
+class _EagerGraph:
+    """Stands in for a CUDA graph on a CPU: a replay re-runs the captured closure into the fixed output tensor."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+class _EagerGraphs(E.BatchGraphs):
+    """BatchGraphs' bookkeeping (capture order, fixed index tensors filled before each replay, layout check) with
+    the capture replaced by a closure, so the executor's graph path runs on a CPU."""
+
+    def __init__(self):
+        self.capturing, self._graphs, self._next = True, [], 0
+
+    def capture(self, model, plan):
+        fixed = E.PlanTensors.of(plan, model.device)
+        fn = lambda: model.forward(plan, fixed).argmax(-1)  # noqa: E731  (reads the fixed tensors when replayed)
+        out = fn()
+        self._graphs.append((_EagerGraph(fn, out), fixed, out, self._layout(plan)))
+
+
+def test_graph_replay_path_gives_the_eager_tokens():
+    # The timed pass replays batch j's capture with batch j's index values copied in: the same tokens as eager runs.
+    sched = _hand_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=3)
+    eager = E.Executor(net, sched)
+    eager.run(_Flat())
+    graphs = _EagerGraphs()
+    E.Executor(net, sched).run(_Flat(), graphs=graphs)
+    assert len(graphs._graphs) == len(sched.batches)
+    graphs.capturing = False
+    with torch.inference_mode():  # stale index values: each replay must copy its own batch's in
+        for _, fixed, _, _ in graphs._graphs:
+            for x in fixed.tensors():
+                x.zero_()
+    timed = E.Executor(net, sched)
+    measured, _ = timed.run(_Flat(), graphs=graphs)
+    assert len(measured) == len(sched.batches) and timed.tokens == eager.tokens
+    # a batch laid out otherwise than when captured is refused, not replayed with stale indices
+    graphs._next = 1
+    with pytest.raises(RuntimeError, match="batch 1 is laid out differently"):
+        graphs.replay(E.Executor(net, sched).plan(sched.batches[0].items, {r: (0, 99) for r, _ in
+                                                                          sched.batches[0].items}), None)
+
+
+@pytest.mark.parametrize("command", ["profile", "gpu-replay"])
+def test_cuda_graphs_need_a_cuda_device(tiny_profile, tmp_path, command):
+    if command == "profile":
+        args = ["profile", "--model", "llama-3-8b", "--tiny", "--grid", "tiny", "--out", str(tmp_path / "p")]
+    else:
+        sched = Schedule([Request(0, 0.0, 4, 2)], Limits(C=8, M=16), [ScheduledBatch([(0, 4)]), ScheduledBatch([(0, 1)])])
+        args = ["gpu-replay", str(sched.save(tmp_path / "s.json")), "--model", "llama-3-8b", "--tiny",
+                "--cost-model-file", str(tiny_profile / "infermax_linear.json")]
+    result = runner.invoke(app, args + ["--device", "cpu", "--dtype", "fp32", "--cuda-graphs", "--no-progress"])
+    assert result.exit_code == 2 and "--cuda-graphs needs a CUDA device" in result.output
+
+
 def test_eviction_drops_the_cache():
     sched = _hand_schedule()
     shapes = L.shard_shapes("llama-2-7b", tiny=True)
@@ -337,3 +398,27 @@ def test_profile_and_replay_on_cuda(tmp_path):
     check = E.gpu_replay(sched, "llama-3-8b", _Flat(), device="cuda", dtype="bf16", tiny=True, warmup_batches=2,
                          progress=False)
     assert check.summary["batches"] == len(sched.batches)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_profile_and_replay_on_cuda(tmp_path):
+    # Every operator of the tiny grid is captured (none falls back to eager timing), and the graph replay gives the
+    # eager run's tokens (greedy picks are a deterministic function of the same inputs on the same kernels).
+    folder = profile("llama-3-8b", tmp_path, dtype="fp32", grid="tiny", tiny=True, device="cuda", progress=False,
+                     cuda_graphs=True)
+    table = read_measurements(folder / "measurements.csv")
+    assert table["software"].str.endswith(", CUDA graph").all() and (table["median_ms"] > 0).all()
+    sched = _hand_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cuda", torch.float32, E.pool_rows_for(sched, shapes, "cuda", torch.float32), seed=3)
+    eager = E.Executor(net, sched)
+    eager.run(_Flat())
+    graphs = E.BatchGraphs()
+    E.Executor(net, sched).run(_Flat(), graphs=graphs)
+    graphs.capturing = False
+    timed = E.Executor(net, sched)
+    measured, _ = timed.run(_Flat(), graphs=graphs)
+    assert timed.tokens == eager.tokens and all(t > 0 for t in measured)
+    check = E.gpu_replay(sched, "llama-3-8b", _Flat(), device="cuda", dtype="fp32", tiny=True, progress=False,
+                         cuda_graphs=True)
+    assert check.summary["cuda_graphs"] and check.summary["batches"] == len(sched.batches)

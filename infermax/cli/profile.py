@@ -14,6 +14,8 @@ DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda; without
                                     "you pass --device cpu).")
 DtypeOpt = typer.Option("bf16", help="bf16, fp16 or fp32.")
 TinyOpt = Annotated[bool, flag("--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).")]
+GraphsOpt = Annotated[bool, flag("--cuda-graphs", help=(
+    "Time through CUDA graphs: the GPU's work without the host's launch gaps (needs CUDA; see profiles/README.md)."))]
 
 
 @app.command()
@@ -23,14 +25,14 @@ def profile(
     grid: str = typer.Option("full", help="Sizes to time: full, small or tiny (for --tiny on a CPU)."),
     tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
     gpu: Optional[str] = typer.Option(None, help="GPU name recorded in profile.json (default: from the device name)."),
-    progress: ProgressOpt = True,
+    cuda_graphs: GraphsOpt = False, progress: ProgressOpt = True,
 ) -> None:
     """Time every operator of one TP shard of MODEL at its real shapes; write a profile `infermax fit` reads."""
     try:
         from ..profiling.runner import profile as run_profile
 
         folder = run_profile(model, out, tp=tp, dtype=dtype, grid=grid, tiny=tiny, device=device, gpu=gpu,
-                             progress=progress)
+                             progress=progress, cuda_graphs=cuda_graphs)
     except ValueError as exc:
         fail(str(exc))
     console.print(f"profile written to {folder}; fit it with: infermax fit {folder}")
@@ -48,7 +50,7 @@ def gpu_replay(
     measured: Optional[Path] = typer.Option(
         None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "
                    "(that folder) against this cost model. Needs no GPU or PyTorch."),
-    progress: ProgressOpt = True,
+    cuda_graphs: GraphsOpt = False, progress: ProgressOpt = True,
 ) -> None:
     """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction.
 
@@ -71,7 +73,7 @@ def gpu_replay(
             from ..profiling.execute import gpu_replay as run_replay
 
             check = run_replay(sched, model, cost, device=device, dtype=dtype, tiny=tiny, warmup_batches=warmup,
-                               progress=progress)
+                               progress=progress, cuda_graphs=cuda_graphs)
     except ScheduleViolation as exc:
         fail(f"invalid schedule: {exc}", code=1)
     except (ValueError, FileNotFoundError) as exc:

@@ -24,7 +24,7 @@ from ..replay import Replayer
 from ..schedule import Schedule
 from . import layers as L
 from .scoring import Recorder, ReplayCheck, compare
-from .timer import Stopwatch
+from .timer import Stopwatch, capture
 
 torch = L.torch
 
@@ -69,6 +69,37 @@ class BatchPlan:
     gen_ids: list[int] = field(default_factory=list)  # request ids of gen_rows
 
 
+@dataclass
+class PlanTensors:
+    """A BatchPlan's index tensors: token ids, positions, the rows whose logits generate, and for decodes the
+    pool rows to read (``index``, ``valid``: ``layers.decode_index``) and to write (``write_rows``)."""
+
+    ids: object
+    positions: object
+    gen_rows: object
+    index: object = None
+    valid: object = None
+    write_rows: object = None
+
+    @classmethod
+    def of(cls, plan: BatchPlan, device) -> "PlanTensors":
+        t = cls(torch.tensor(plan.ids, device=device), torch.tensor(plan.positions, device=device),
+                torch.tensor(plan.gen_rows, device=device, dtype=torch.long))
+        if plan.decodes:
+            t.index, t.valid = L.decode_index([st for st, _ in plan.decodes], [m + 1 for _, m in plan.decodes], device)
+            t.write_rows = torch.tensor([st + m for st, m in plan.decodes], device=device)
+        return t
+
+    def tensors(self) -> list:
+        return [x for x in (self.ids, self.positions, self.gen_rows, self.index, self.valid, self.write_rows)
+                if x is not None]
+
+    def copy_from(self, other: "PlanTensors") -> None:
+        """Fill these (fixed) tensors with ``other``'s values of the same shapes."""
+        for mine, theirs in zip(self.tensors(), other.tensors()):
+            mine.copy_(theirs)
+
+
 class Transformer:
     """A Llama-style model with random weights and a per-layer KV token pool of ``pool_rows`` rows."""
 
@@ -81,16 +112,15 @@ class Transformer:
         self.k_pool = torch.zeros(shape, device=self.device, dtype=dtype)
         self.v_pool = torch.zeros(shape, device=self.device, dtype=dtype)
 
-    def forward(self, plan: BatchPlan):
-        """Run one batch (writing its K/V into the pool); returns the logits of ``plan.gen_rows``."""
-        s, dev = self.s, self.device
-        ids = torch.tensor(plan.ids, device=dev)
-        positions = torch.tensor(plan.positions, device=dev)
+    def forward(self, plan: BatchPlan, t: "PlanTensors | None" = None):
+        """Run one batch (writing its K/V into the pool); returns the logits of ``plan.gen_rows``. ``t``: the plan's
+        tensors already on the device (a CUDA-graph capture reads them from fixed buffers); made here by default."""
+        s = self.s
+        t = t if t is not None else PlanTensors.of(plan, self.device)
+        positions = t.positions
         n_prefill = sum(c for _, _, c in plan.prefills)
-        if plan.decodes:
-            index, valid = L.decode_index([st for st, _ in plan.decodes], [m + 1 for _, m in plan.decodes], dev)
-            write_rows = torch.tensor([st + m for st, m in plan.decodes], device=dev)
-        x = L.embed(ids, self.emb)
+        index, valid, write_rows = t.index, t.valid, t.write_rows
+        x = L.embed(t.ids, self.emb)
         for layer, w in enumerate(self.layers):
             k_pool, v_pool = self.k_pool[layer], self.v_pool[layer]
             q, k, v = L.split_qkv(L.linear(L.rms_norm(x, w.ln1), w.wqkv), s)
@@ -109,7 +139,7 @@ class Transformer:
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             x = L.add(x, L.linear(attn, w.wo))
             x = L.add(x, L.linear(L.silu_mul(L.linear(L.rms_norm(x, w.ln2), w.w_gate_up)), w.w_down))
-        last = x[torch.tensor(plan.gen_rows, device=dev, dtype=torch.long)]
+        last = x[t.gen_rows]
         return L.linear(L.rms_norm(last, self.emb.final_norm), self.emb.lm_head)
 
 
@@ -160,8 +190,12 @@ class Executor:
             plan.positions.append(m)
         return plan
 
-    def run(self, cost_model: CostModel, batches: int | None = None, progress=None):
-        """Execute the first ``batches`` batches (all by default); returns (measured seconds, recorder)."""
+    def run(self, cost_model: CostModel, batches: int | None = None, progress=None,
+            graphs: "BatchGraphs | None" = None):
+        """Execute the first ``batches`` batches (all by default); returns (measured seconds, recorder).
+
+        With ``graphs`` capturing, each batch also is captured into a CUDA graph after it ran; with ``graphs``
+        replaying, each batch is its graph's replay (the timed pass of ``gpu_replay(cuda_graphs=True)``)."""
         rec = Recorder(cost_model)
         rp = Replayer(self.schedule.requests, self.schedule.limits, rec)
         watch = Stopwatch(self.model.device)
@@ -173,14 +207,19 @@ class Executor:
                 for rid in batch.evict:
                     self._drop(rid)
                 plan = self.plan(batch.items, before)
-                watch.start()
-                logits = self.model.forward(plan)
-                picks = logits.argmax(-1)
-                watch.stop()
+                if graphs is not None and not graphs.capturing:
+                    logits, picks = None, graphs.replay(plan, watch)
+                else:
+                    watch.start()
+                    logits = self.model.forward(plan)
+                    picks = logits.argmax(-1)
+                    watch.stop()
+                    if graphs is not None:
+                        graphs.capture(self.model, plan)
                 measured.append(watch.elapsed_ms() / 1e3)
                 for rid, token in zip(plan.gen_ids, picks.tolist()):
                     self.tokens[rid].append(token)
-                if self.logits is not None:
+                if self.logits is not None and logits is not None:
                     for rid, row in zip(plan.gen_ids, logits.float().cpu()):
                         self.logits[rid].append(row)
                 for s in finished:
@@ -188,6 +227,45 @@ class Executor:
                 if progress is not None:
                     progress()
         return measured, rec
+
+
+class BatchGraphs:
+    """One CUDA graph per batch of a schedule: captured in order during the warm-up pass (``capturing``), each right
+    after its batch ran eagerly (so kernels have chosen and planned for its shapes), then replayed in the same order
+    in the timed pass. A replay is one launch: its time is the GPU's work without the host's launch gaps, what a
+    server that captures whole batches pays (vLLM captures its decode batches). The graphs share one memory pool,
+    which is safe because they are replayed in their capture order, one at a time. The replayed batch must be laid out
+    as the captured one (same pool rows, chunks and decodes); the values of its index tensors are copied into the
+    graph's fixed tensors before the timed replay."""
+
+    def __init__(self):
+        self.pool = torch.cuda.graph_pool_handle()
+        self.capturing = True
+        self._graphs: list[tuple] = []  # (graph, fixed PlanTensors, picks tensor, layout) per batch
+        self._next = 0
+
+    @staticmethod
+    def _layout(plan: BatchPlan) -> tuple:
+        return tuple(plan.prefills), tuple(plan.decodes), len(plan.ids), tuple(plan.gen_rows)
+
+    def capture(self, model: "Transformer", plan: BatchPlan) -> None:
+        fixed = PlanTensors.of(plan, model.device)
+        graph, picks = capture(lambda: model.forward(plan, fixed).argmax(-1), self.pool)
+        self._graphs.append((graph, fixed, picks, self._layout(plan)))
+
+    def replay(self, plan: BatchPlan, watch: Stopwatch):
+        """Copy ``plan``'s index values in, then time one replay of its batch's graph; returns the picks tensor."""
+        if self._next >= len(self._graphs):
+            raise RuntimeError(f"no graph captured for batch {self._next}")
+        graph, fixed, picks, layout = self._graphs[self._next]
+        if self._layout(plan) != layout:
+            raise RuntimeError(f"batch {self._next} is laid out differently from when it was captured")
+        self._next += 1
+        fixed.copy_from(PlanTensors.of(plan, "cpu"))
+        watch.start()
+        graph.replay()
+        watch.stop()
+        return picks
 
 
 def pool_rows_for(schedule: Schedule, shapes: L.Shapes, device, dtype, memory_fraction: float = 0.85) -> int:
@@ -218,7 +296,7 @@ def check_positions(schedule: Schedule, shapes: L.Shapes) -> None:
 
 def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",
                tiny: bool = False, warmup_batches: int | None = None, seed: int = 0,
-               progress: bool = True) -> ReplayCheck:
+               progress: bool = True, cuda_graphs: bool = False) -> ReplayCheck:
     """Execute ``schedule`` with ``model`` (random weights) on ``device``; compare with ``cost_model``.
 
     The first ``warmup_batches`` batches (by default all of them) run once untimed, then the whole schedule runs
@@ -228,6 +306,9 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
     29 ms after. A replay meets new attention shapes at up to two thirds of its batches (Sarathi's chunks), the
     operator profile's warm-up runs hide the cost, and a serving engine's paged kernels never pay it, so timing
     it would charge the cost model for a one-off of this replayer (``benchmarks/gpu_replay_shapes.py``).
+
+    ``cuda_graphs``: every batch is captured in the warm-up pass and the timed pass replays the graphs
+    (``BatchGraphs``), so each batch's time is its GPU work without launch gaps; needs CUDA and the full warm-up.
     """
     from .runner import _progress, device_name, resolve_device
 
@@ -240,12 +321,22 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
     shapes = L.shard_shapes(model, 1, tiny)
     check_positions(schedule, shapes)
     device = resolve_device(device)
+    graphs = None
+    if cuda_graphs:
+        if torch.device(device).type != "cuda":
+            raise ValueError("--cuda-graphs needs a CUDA device")
+        if warmup_batches is not None and warmup_batches < len(schedule.batches):
+            raise ValueError("--cuda-graphs captures every batch in the warm-up pass: leave --warmup at its default")
+        graphs, warmup_batches = BatchGraphs(), None
     net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
     if warmup_batches is None or warmup_batches > 0:
-        Executor(net, schedule, seed).run(cost_model, batches=warmup_batches)
+        Executor(net, schedule, seed).run(cost_model, batches=warmup_batches, graphs=graphs)
+    if graphs is not None:
+        graphs.capturing = False
     with _progress(progress, len(schedule.batches), f"replaying {len(schedule.batches)} batches on {device}") as advance:
-        measured, rec = Executor(net, schedule, seed).run(cost_model, progress=advance)
+        measured, rec = Executor(net, schedule, seed).run(cost_model, progress=advance, graphs=graphs)
     info = {"model": shapes.name, "device": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "scheduler": schedule.meta.get("scheduler"), "requests": len(schedule.requests),
-            "warmup_batches": len(schedule.batches) if warmup_batches is None else warmup_batches}
+            "warmup_batches": len(schedule.batches) if warmup_batches is None else warmup_batches,
+            "cuda_graphs": cuda_graphs}
     return compare(schedule, cost_model, measured, rec, info)

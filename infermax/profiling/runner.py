@@ -23,7 +23,7 @@ import pandas as pd
 from ..costmodel.measurements import COLUMNS, MEASUREMENTS_CSV, PROFILE_JSON, write_measurements
 from . import layers as L
 from .operators import OperatorBench, get_grid
-from .timer import measure
+from .timer import measure, measure_graph
 
 torch = L.torch
 KNOWN_GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4", "v100")
@@ -59,6 +59,17 @@ def device_name(device: str) -> str:
     return platform.processor() or "CPU"
 
 
+def _time_case(case, device, grid, cuda_graphs: bool, not_captured: dict[str, str]):
+    """``(Timing, note for the row's software)``: a CUDA-graph timing where asked and the capture works, else eager."""
+    if cuda_graphs and case.operator not in not_captured:
+        try:
+            return measure_graph(case.run, device, grid.warmup, grid.reps), ", CUDA graph"
+        except RuntimeError as exc:  # not capturable: every later case of this operator is timed eagerly
+            not_captured[case.operator] = str(exc).splitlines()[0][:200]
+            torch.cuda.synchronize(device)
+    return measure(case.run, device, grid.warmup, grid.reps), (", eager (capture failed)" if cuda_graphs else "")
+
+
 def gpu_key(name: str, device: str) -> str:
     """Short GPU name for ``profiles/<gpu>/`` (``h100``, ``h200``, ...) from the device name; ``cpu`` on a CPU."""
     if torch.device(device).type != "cuda":
@@ -88,27 +99,36 @@ def environment(device: str, dtype: str, grid: str) -> dict:
 
 
 def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid: str = "full", tiny: bool = False,
-            device: str | None = None, gpu: str | None = None, progress: bool = True) -> Path:
-    """Profile ``model`` (one TP shard) on ``device`` into ``out/tp<tp>/``; returns that folder."""
+            device: str | None = None, gpu: str | None = None, progress: bool = True, cuda_graphs: bool = False) -> Path:
+    """Profile ``model`` (one TP shard) on ``device`` into ``out/tp<tp>/``; returns that folder.
+
+    ``cuda_graphs``: time each operator as replays of a CUDA graph (``timer.measure_graph``: the GPU's work without
+    launch gaps); an operator whose capture fails is timed as usual, and its rows' ``software`` says so.
+    """
     if dtype not in L.DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
     shapes, g = L.shard_shapes(model, tp, tiny), get_grid(grid)
     device = resolve_device(device)
+    if cuda_graphs and torch.device(device).type != "cuda":
+        raise ValueError("--cuda-graphs needs a CUDA device")
     env = environment(device, dtype, grid)
     gpu = gpu or gpu_key(env["device"], device)
     bench = OperatorBench(shapes, g, device, L.DTYPES[dtype])
     software = (f"infermax profile: PyTorch {env['torch']}, CUDA {env['cuda']}, driver {env['driver']}, "
                 f"{dtype}, SDPA attention")
-    source = f"infermax profile --model {model} --tp {tp} --dtype {dtype} --grid {grid}" + (" --tiny" if tiny else "")
+    source = (f"infermax profile --model {model} --tp {tp} --dtype {dtype} --grid {grid}" + (" --tiny" if tiny else "")
+              + (" --cuda-graphs" if cuda_graphs else ""))
+    not_captured: dict[str, str] = {}  # operator -> why its capture failed (timed eagerly instead)
     cpu = torch.device(device).type != "cuda"
     rows = []
     with _progress(progress, bench.count(), f"profiling {shapes.name} tp{tp} on {env['device']}") as advance:
         with torch.inference_mode():
             for case in bench.cases():
-                t = measure(case.run, device, g.warmup, g.reps)
+                t, how = _time_case(case, device, g, cuda_graphs, not_captured)
                 derivation = CPU_SWAP_NOTE if cpu and case.operator.startswith("swap_") else ""
                 rows.append((case.operator, case.num_tokens, case.batch_size, case.prefill_chunk_size, case.kv_cache_size,
-                             tp, t.median_ms, t.mean_ms, t.std_ms, env["device"], software, env["date"], source, derivation))
+                             tp, t.median_ms, t.mean_ms, t.std_ms, env["device"], software + how, env["date"], source,
+                             derivation))
                 advance()
     folder = Path(out) / f"tp{tp}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,7 +137,10 @@ def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid:
            "attention": "measured: PyTorch scaled_dot_product_attention (not vLLM's paged kernels)",
            "communication": "not applicable (tp=1)" if tp == 1 else
            "not measured: one shard profiled on one device, no all-reduce",
-           "profiled": {**env, "command": source}, "recorded_not_fitted": list(NOT_FITTED)}
+           "profiled": {**env, "command": source}, "recorded_not_fitted": list(NOT_FITTED),
+           "timing": ("CUDA graph replays (GPU work without launch gaps)" if cuda_graphs else
+                      "eager, repetitions enqueued back to back (launch gaps of small operators included)"),
+           **({"not_captured": not_captured} if not_captured else {})}
     (folder / PROFILE_JSON).write_text(json.dumps(doc, indent=2) + "\n")
     return folder
 

@@ -67,3 +67,53 @@ def measure(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10) -
         fn()
         w.stop()
     return Timing.of([w.elapsed_ms() for w in watches])
+
+
+def measure_graph(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10) -> Timing:
+    """Like ``measure``, but ``fn`` is captured once in a CUDA graph and each timed run is one replay of it.
+
+    A replay is a single launch, so the time is the GPU's work alone, without the gaps in which the GPU waits for
+    the host to launch the next kernel: what a server that captures its batches (vLLM's CUDA graphs) pays, where
+    ``measure`` also counts the host's launching of small operators. The ``warmup`` runs before the capture let
+    kernels choose and plan for this shape (cuDNN, cuBLAS), which must not happen during a capture. Raises what the
+    capture raises when ``fn`` cannot be captured (a host synchronisation or a host-to-device copy, say).
+    """
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    if torch.device(device).type != "cuda":
+        raise ValueError("CUDA graphs need a CUDA device")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    graph, _ = capture(fn)
+    graph.replay()  # the first replay uploads the graph; not timed
+    watches = [Stopwatch(device) for _ in range(reps)]
+    for w in watches:
+        w.start()
+        graph.replay()
+        w.stop()
+    times = [w.elapsed_ms() for w in watches]
+    del graph
+    return Timing.of(times)
+
+
+_capture_stream = None
+
+
+def capture(fn: Callable[[], object], pool=None):
+    """``(graph, fn's result)``: ``fn`` captured into a new CUDA graph (memory from ``pool`` when given) on a side
+    stream, as ``torch.cuda.graph`` does but without its garbage collection and cache emptying at every capture
+    (hundreds of captures in one replay). The result's tensors are the graph's outputs, rewritten by each replay."""
+    global _capture_stream
+    if _capture_stream is None:
+        _capture_stream = torch.cuda.Stream()
+    graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
+    _capture_stream.wait_stream(main)
+    with torch.cuda.stream(_capture_stream):
+        graph.capture_begin(pool=pool)
+        try:
+            result = fn()
+        finally:
+            graph.capture_end()
+    main.wait_stream(_capture_stream)
+    return graph, result
