@@ -286,7 +286,8 @@ def test_cuda_graphs_need_a_cuda_device(tiny_profile, tmp_path, command):
     if command == "profile":
         args = ["profile", "--model", "llama-3-8b", "--tiny", "--grid", "tiny", "--out", str(tmp_path / "p")]
     else:
-        sched = Schedule([Request(0, 0.0, 4, 2)], Limits(C=8, M=16), [ScheduledBatch([(0, 4)]), ScheduledBatch([(0, 1)])])
+        sched = Schedule([Request(0, 0.0, 4, 2)], Limits(C=8, M=16),
+                         [ScheduledBatch([(0, 4)]), ScheduledBatch([(0, 1)])])
         args = ["gpu-replay", str(sched.save(tmp_path / "s.json")), "--model", "llama-3-8b", "--tiny",
                 "--cost-model-file", str(tiny_profile / "infermax_linear.json")]
     result = runner.invoke(app, args + ["--device", "cpu", "--dtype", "fp32", "--cuda-graphs", "--no-progress"])

@@ -99,7 +99,8 @@ def environment(device: str, dtype: str, grid: str) -> dict:
 
 
 def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid: str = "full", tiny: bool = False,
-            device: str | None = None, gpu: str | None = None, progress: bool = True, cuda_graphs: bool = False) -> Path:
+            device: str | None = None, gpu: str | None = None, progress: bool = True,
+            cuda_graphs: bool = False) -> Path:
     """Profile ``model`` (one TP shard) on ``device`` into ``out/tp<tp>/``; returns that folder.
 
     ``cuda_graphs``: time each operator as replays of a CUDA graph (``timer.measure_graph``: the GPU's work without
