@@ -86,9 +86,35 @@ def case_rows(folder: Path) -> list[dict]:
     return rows
 
 
+def plot(cases: list[Path], out: Path) -> None:
+    """Measured and predicted (piecewise fit) time of every batch, cold batches marked, one panel per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 2.6 * len(cases)), squeeze=False)
+    for ax, case in zip(axes[:, 0], cases):
+        cold = cold_batches(attention_shapes(Schedule.load(case / "sim" / "schedule.json")))
+        b = pd.read_csv(case / "score-piecewise" / "batches.csv")
+        ax.plot(b.batch, b.measured_s * 1e3, lw=0.7, color="0.35", label="measured")
+        ax.plot(b.batch, b.predicted_s * 1e3, lw=0.9, color="tab:blue", label="predicted (piecewise fit)")
+        ax.scatter(b.batch[cold], b.measured_s[cold] * 1e3, s=7, color="tab:red", zorder=3,
+                   label="measured, first-seen attention shape")
+        ax.set_title(f"{case.parent.name} / {case.name}", fontsize=9)
+        ax.set_ylabel("batch time (ms)")
+    axes[-1, 0].set_xlabel("batch")
+    axes[0, 0].legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="folders holding <model>/<case>/ replay folders")
+    ap.add_argument("--plot", type=Path, help="also draw the replays with a piecewise score into this PNG")
+    ap.add_argument("--plot-cases", default="", help="comma-separated <model>/<case> to draw (default: every one)")
     args = ap.parse_args()
     rows = []
     for run in map(Path, args.runs):
@@ -97,6 +123,11 @@ def main() -> None:
             sys.exit(f"{run}: no <model>/<case>/sim/schedule.json")
         rows += [dict(r, run=run.name) for case in cases for r in case_rows(case)]
     table = pd.DataFrame(rows).set_index(["run", "case", "cost model"])
+    if args.plot:
+        wanted = {w for w in args.plot_cases.split(",") if w}
+        drawn = [c for run in map(Path, args.runs) for c in sorted(p.parent.parent for p in run.glob("*/*/sim/schedule.json"))
+                 if (c / "score-piecewise" / "batches.csv").exists() and (not wanted or f"{c.parent.name}/{c.name}" in wanted)]
+        plot(drawn, args.plot)
     with pd.option_context("display.width", 200):
         print(table.round(1).to_string())
 
