@@ -125,9 +125,9 @@ def main() -> None:
     table = pd.DataFrame(rows).set_index(["run", "case", "cost model"])
     if args.plot:
         wanted = {w for w in args.plot_cases.split(",") if w}
-        drawn = [c for run in map(Path, args.runs) for c in sorted(p.parent.parent for p in run.glob("*/*/sim/schedule.json"))
-                 if (c / "score-piecewise" / "batches.csv").exists() and (not wanted or f"{c.parent.name}/{c.name}" in wanted)]
-        plot(drawn, args.plot)
+        cases = [p.parent.parent for run in map(Path, args.runs) for p in sorted(run.glob("*/*/sim/schedule.json"))]
+        plot([c for c in cases if (c / "score-piecewise" / "batches.csv").exists()
+              and (not wanted or f"{c.parent.name}/{c.name}" in wanted)], args.plot)
     with pd.option_context("display.width", 200):
         print(table.round(1).to_string())
 
