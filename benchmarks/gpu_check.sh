@@ -128,8 +128,7 @@ replay_model() {  # $1 = model: simulate vLLM and Sarathi on both workloads, the
 
 # Every model is profiled first, then all are fitted at once (CPU only, about 20 s each on 4 threads), then
 # replayed: nothing runs beside a GPU measurement. (Until 2026-11-27 each fit ran in the background while the next
-# model was profiled and replayed; launch-bound timings depend on the host, and the 4-batch schedule measured 37.9%
-# per-batch MAPE beside a fit against 3.6% alone.)
+# model was profiled and replayed, and launch-bound timings depend on the host.)
 for model in $MODELS; do profile_model "$model"; done
 for model in $MODELS; do
   if [ -n "${SKIP_PROFILE:-}" ]; then (true) & else
