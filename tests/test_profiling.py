@@ -281,6 +281,23 @@ def test_graph_replay_path_gives_the_eager_tokens():
                                                                           sched.batches[0].items}), None)
 
 
+def test_a_batch_that_cannot_be_captured_is_a_clear_error(monkeypatch):
+    sched = _hand_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32))
+    graphs = object.__new__(E.BatchGraphs)  # its pool needs CUDA; the capture itself is replaced below
+    graphs.pool, graphs.capturing, graphs._graphs, graphs._next = None, True, [], 0
+
+    def refuse(fn, pool=None):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(E, "capture", refuse)
+    with torch.inference_mode():
+        plan = E.Executor(net, sched).plan(sched.batches[0].items, {r: (0, 99) for r, _ in sched.batches[0].items})
+    with pytest.raises(ValueError, match="batch 0 could not be captured in a CUDA graph .operation not permitted"):
+        graphs.capture(net, plan)
+
+
 @pytest.mark.parametrize("command", ["profile", "gpu-replay"])
 def test_cuda_graphs_need_a_cuda_device(tiny_profile, tmp_path, command):
     if command == "profile":

@@ -250,7 +250,11 @@ class BatchGraphs:
 
     def capture(self, model: "Transformer", plan: BatchPlan) -> None:
         fixed = PlanTensors.of(plan, model.device)
-        graph, picks = capture(lambda: model.forward(plan, fixed).argmax(-1), self.pool)
+        try:
+            graph, picks = capture(lambda: model.forward(plan, fixed).argmax(-1), self.pool)
+        except RuntimeError as exc:  # an operator that cannot be captured: say which batch, stop cleanly
+            raise ValueError(f"--cuda-graphs: batch {len(self._graphs)} could not be captured in a CUDA graph "
+                             f"({str(exc).splitlines()[0][:300]}); replay without --cuda-graphs") from exc
         self._graphs.append((graph, fixed, picks, self._layout(plan)))
 
     def replay(self, plan: BatchPlan, watch: Stopwatch):
