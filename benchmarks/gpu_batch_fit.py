@@ -20,8 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from gpu_replay_shapes import attention_shapes, cold_batches
-from infermax.schedule import Schedule
+from gpu_replay_shapes import case_cold
 
 SPLITS = [  # (fitted on, scored on): fixed grid to trace, and one trace to the rest
     (["vllm-fixed", "sarathi-fixed", "optimize-I512-O128-B64"], ["vllm-azure", "sarathi-azure"]),
@@ -30,9 +29,8 @@ SPLITS = [  # (fitted on, scored on): fixed grid to trace, and one trace to the 
 
 
 def warm_batches(case: Path) -> pd.DataFrame:
-    cold = cold_batches(attention_shapes(Schedule.load(case / "sim" / "schedule.json")))
     b = pd.read_csv(case / "score-piecewise" / "batches.csv")
-    return b[~cold]
+    return b[~case_cold(case)]
 
 
 def features(b: pd.DataFrame) -> np.ndarray:

@@ -75,7 +75,7 @@ def main() -> None:
     with torch.inference_mode():
         for j, batch in enumerate(schedule.batches[:chosen[-1] + 1]):
             before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}
-            rp.apply(batch)
+            finished = rp.apply(batch)
             for rid in batch.evict:
                 ex._drop(rid)
             plan = ex.plan(batch.items, before)
@@ -105,6 +105,8 @@ def main() -> None:
                              "top": "; ".join(f"{n[:40]} {t / 1e3:.2f}" for n, t in zip(k.kernel[:5], k.total_us[:5]))})
             for rid, token in zip(plan.gen_ids, picks):
                 ex.tokens[rid].append(token)
+            for s in finished:  # as Executor.run does: a finished request's pool rows are free again
+                ex._drop(s.id)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows)

@@ -29,11 +29,11 @@ import numpy as np
 import pandas as pd
 
 from infermax.costmodel import load_cost_model
+from infermax.profiling.layers import DECODE_ALIGN
 from infermax.replay import Replayer
 from infermax.schedule import Schedule
 
-WARMUP_BATCHES = 8  # gpu-replay's default: the first 8 batches run once, untimed, before the timed pass
-DECODE_ALIGN = 8  # layers.decode_index pads each decode batch to a multiple of 8 keys
+WARMUP_BATCHES = 8  # gpu-replay's default until these runs: the first 8 batches ran once, untimed, before timing
 
 
 def attention_shapes(schedule: Schedule) -> list[set[tuple]]:
@@ -66,9 +66,13 @@ def cold_batches(shapes: list[set[tuple]], warmup: int = WARMUP_BATCHES) -> np.n
     return cold
 
 
+def case_cold(folder: Path) -> np.ndarray:
+    """Per batch of the replay in ``folder`` (``sim/schedule.json``): whether it met a first-seen attention shape."""
+    return cold_batches(attention_shapes(Schedule.load(folder / "sim" / "schedule.json")))
+
+
 def case_rows(folder: Path) -> list[dict]:
-    schedule = Schedule.load(folder / "sim" / "schedule.json")
-    cold = cold_batches(attention_shapes(schedule))
+    cold = case_cold(folder)
     rows = []
     for score in sorted(folder.glob("score-*/batches.csv")):
         b = pd.read_csv(score)
@@ -95,7 +99,7 @@ def plot(cases: list[Path], out: Path) -> None:
 
     fig, axes = plt.subplots(len(cases), 1, figsize=(10, 2.6 * len(cases)), squeeze=False)
     for ax, case in zip(axes[:, 0], cases):
-        cold = cold_batches(attention_shapes(Schedule.load(case / "sim" / "schedule.json")))
+        cold = case_cold(case)
         b = pd.read_csv(case / "score-piecewise" / "batches.csv")
         ax.plot(b.batch, b.measured_s * 1e3, lw=0.7, color="0.35", label="measured")
         ax.plot(b.batch, b.predicted_s * 1e3, lw=0.9, color="tab:blue", label="predicted (piecewise fit)")

@@ -171,7 +171,10 @@ def decode_attention(q, k_pool, v_pool, index, valid):
     return out.reshape(b, heads * hd)
 
 
-def decode_index(starts: list[int], lengths: list[int], device, align: int = 8):
+DECODE_ALIGN = 8  # decode batches are padded to a multiple of this many keys
+
+
+def decode_index(starts: list[int], lengths: list[int], device, align: int = DECODE_ALIGN):
     """Pool rows ``index [b, L]`` and mask ``valid [b, L]`` for sequences stored at ``starts`` with
     ``lengths`` tokens; ``L`` is the longest length rounded up to ``align`` (padding repeats row ``start``)."""
     width = -(-max(lengths) // align) * align

@@ -86,15 +86,7 @@ def measure_graph(fn: Callable[[], object], device, warmup: int = 3, reps: int =
         fn()
     torch.cuda.synchronize(device)
     graph, _ = capture(fn)
-    graph.replay()  # the first replay uploads the graph; not timed
-    watches = [Stopwatch(device) for _ in range(reps)]
-    for w in watches:
-        w.start()
-        graph.replay()
-        w.stop()
-    times = [w.elapsed_ms() for w in watches]
-    del graph
-    return Timing.of(times)
+    return measure(graph.replay, device, warmup=1, reps=reps)  # the first replay uploads the graph: untimed
 
 
 _capture_stream = None
