@@ -79,6 +79,12 @@ profile_model() {  # $1 = model; sets FOLDER[$1]
   # ours then goes to profiles/<gpu>-pytorch/<model>/.
   local existing="$PROFILES/$pgpu/$model/tp1/measurements.csv"
   if [ -f "$existing" ] && ! grep -q "infermax profile" "$existing"; then pgpu="$pgpu-pytorch"; fi
+  # A committed profile of ours is not rewritten by a new run either (OVERWRITE=1 to replace it): the new one goes to
+  # profiles/<gpu>-<UTC date and time>/<model>/.
+  existing="$PROFILES/$pgpu/$model/tp1/measurements.csv"
+  if [ -z "${SKIP_PROFILE:-}" ] && [ -z "${OVERWRITE:-}" ] && [ -f "$existing" ]; then
+    pgpu="$pgpu-${STAMP:=$(date -u +%Y%m%d-%H%M)}"
+  fi
   FOLDER[$model]="$PROFILES/$pgpu/$model"
   [ -n "${SKIP_PROFILE:-}" ] && { echo "using ${FOLDER[$model]}/tp1 as profiled"; return; }
   python -m infermax profile --model "$model" --tp 1 "${DEV_ARGS[@]}" --grid "$GRID" --out "${FOLDER[$model]}" \
