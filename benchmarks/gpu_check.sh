@@ -86,7 +86,13 @@ profile_model() {  # $1 = model; sets FOLDER[$1]
     pgpu="$pgpu-${STAMP:=$(date -u +%Y%m%d-%H%M)}"
   fi
   FOLDER[$model]="$PROFILES/$pgpu/$model"
-  [ -n "${SKIP_PROFILE:-}" ] && { echo "using ${FOLDER[$model]}/tp1 as profiled"; return; }
+  if [ -n "${SKIP_PROFILE:-}" ]; then
+    if [ ! -f "${FOLDER[$model]}/tp1/profile.json" ]; then  # e.g. GRAPHS=1 before any graphs profile exists
+      echo "error: SKIP_PROFILE=1 but ${FOLDER[$model]}/tp1 has no fitted profile (profile.json); run without SKIP_PROFILE" >&2
+      exit 2
+    fi
+    echo "using ${FOLDER[$model]}/tp1 as profiled"; return
+  fi
   python -m infermax profile --model "$model" --tp 1 "${DEV_ARGS[@]}" --grid "$GRID" --out "${FOLDER[$model]}" \
     --gpu "$pgpu" --no-progress
   echo "[$SECONDS s] profiled $model into ${FOLDER[$model]}/tp1"
