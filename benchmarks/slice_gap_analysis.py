@@ -1,5 +1,5 @@
 """Where the optimality study's Azure slice loses its mean-latency gap (docs/design.md, "Crowded service", the
-paragraph after it). Prints three measurements; nothing here is a bound or enters one:
+paragraph after it). Prints seven measurements; nothing here is a bound or enters one:
 
 1. Per rank k, the k-th finish of the best schedule found (work-ranked, Rmax 64) against the queued bound's E_k
    (SRPT on one machine of rate 1): where along the ranks the gap lay before "Work in progress" (104%).
@@ -12,6 +12,16 @@ paragraph after it). Prints three measurements; nothing here is a bound or enter
    instead of [b, s], taken at each request's earliest finish, and each decode item picking its own batch of T
    tokens, paying φ·(T − 1)·c_tok of crowding and a0·(1 − T/C)·V/T of unused intercept, φ its share of its
    request's work done before): 14.04 s, which is why the bound gives the KV share to generating items instead.
+5. Preemption by swapping (`SwapPreemptiveSRPT`, defined here, not in the search): every batch ranks every arrived
+   unfinished request by its remaining work and runs them in that order, swapping the lowest-ranked KV holders out to
+   host memory when M or Rmax is short; the swap link is the default A100's, and a batch lasts max(compute, swap
+   time) as the replayer charges it.
+6. The best schedule's latency split as the work-in-progress bound splits it (its step (i)): mean busy time M_r of
+   the request's pieces (each item's intercept-free cost, plus a0·KV/M on the item generating a token, at the batch's
+   midpoint) and C_r − M_r, against preemptive SPT's mean busy times of the same works.
+7. Per-request rate caps on that one machine (a piece of an item cannot take more than its share of a batch that
+   lasts at least a0 + its own cost; about 0.1 of the machine for a decode): greedy least-remaining-work-first at
+   each request's cap, fluid in 5 ms steps (an estimate: greedy is not proven optimal with caps and releases).
 
     PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~1 min on the 2-core machine
 
@@ -27,10 +37,13 @@ from dataclasses import replace
 import numpy as np
 
 from infermax.costmodel import load_cost_model
+from infermax.costmodel.swap import SwapCost
 from infermax.engine import simulate
 from infermax.limits import Limits
+from infermax.schedule import ScheduledBatch
+from infermax.schedulers.base import Scheduler
 from infermax.workload import load_trace
-from solvers.busy_time_bound import spt_mean_busy_times
+from solvers.busy_time_bound import item_marginal_s, spt_mean_busy_times
 from solvers.lower_bound import LowerBounder
 from solvers.progress_bound import IdlePrice, spt_pieces
 from solvers.search import _algorithm1_policy
@@ -63,6 +76,66 @@ class BurstAdmission(WorkRankedScheduler):
         return batch
 
 
+class SwapPreemptiveSRPT(Scheduler):
+    """Least remaining work first over every arrived request, preempting by swapping KV to host memory.
+
+    Each batch walks the arrived unfinished requests by remaining work (``remaining_s``: the prefill left at a
+    per-token cost and the decodes left at a cost affine in the KV they read, a ranking key, not a bound) and takes
+    each that fits within ``rmax`` requests, C tokens (a prefill takes what is left of C) and M (its cached tokens
+    plus this batch's), swapping in any of its KV in host memory. The GPU holders not taken stay while M and Rmax
+    allow, in rank order; the rest are swapped out whole."""
+
+    name = "swap-preemptive-srpt"
+
+    def __init__(self, limits: Limits, prefill_per_token_s: float, decode_s: tuple[float, float], rmax: int):
+        super().__init__(limits)
+        self.prefill_per_token_s, (self.decode_s, self.decode_per_kv_s) = prefill_per_token_s, decode_s
+        self.rmax = rmax
+        self.active: dict = {}
+
+    def add_arrivals(self, arrived) -> None:
+        for s in arrived:
+            self.active[s.id] = s
+
+    def remaining_s(self, s) -> float:
+        prefill_left = s.input_tokens - s.m
+        decodes_left = s.req.output_tokens - s.generated - (prefill_left > 0)
+        kv = s.m + prefill_left
+        return (prefill_left * self.prefill_per_token_s
+                + decodes_left * (self.decode_s + self.decode_per_kv_s * (kv + decodes_left / 2)))
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        lim = self.limits
+        ranked = sorted(self.active.values(), key=lambda s: (self.remaining_s(s), s.req.arrival_s, s.id))
+        tokens_left, kv, items, taken, swap_in = lim.C, 0, [], set(), []
+        for s in ranked:
+            if len(taken) == self.rmax or tokens_left == 0:
+                break
+            prefill_left = s.input_tokens - s.m
+            c = min(prefill_left, tokens_left) if prefill_left > 0 else 1
+            if kv + s.m + c > lim.M:
+                continue
+            kv, tokens_left = kv + s.m + c, tokens_left - c
+            items.append((s.id, c))
+            taken.add(s.id)
+            if s.cpu_tokens:
+                swap_in.append((s.id, s.cpu_tokens))
+        holders, swap_out = len(taken), []
+        for s in ranked:
+            gpu = s.m - s.cpu_tokens
+            if s.id in taken or gpu == 0:
+                continue
+            if kv + gpu <= lim.M and holders < self.rmax:
+                kv, holders = kv + gpu, holders + 1
+            else:
+                swap_out.append((s.id, gpu))
+        return ScheduledBatch(items=items, swap_out=sorted(swap_out), swap_in=swap_in)
+
+    def batch_done(self, batch: ScheduledBatch, finished) -> None:
+        for s in finished:
+            del self.active[s.id]
+
+
 def _v_window(tau: float, segments: np.ndarray) -> float:
     """Item 4's optimistic V: ∫_τ ds / p_max[τ, s] over the SPT pieces after τ (p_max over [τ, s], not [b, s])."""
     s = segments[segments[:, 1] > tau]
@@ -81,10 +154,10 @@ def main() -> None:
         return float(simulate(reqs, sched, lim, cost).summary["mean_latency_s"])
 
     best_lim = replace(LIMITS, Rmax=64)
-    best = simulate(reqs, WorkRankedScheduler(best_lim, ef, work), best_lim, cost)
+    best_run = simulate(reqs, WorkRankedScheduler(best_lim, ef, work), best_lim, cost)
     bounder = LowerBounder(reqs, LIMITS, cost)
     queued = np.sort(bounder._queued_finish_times(bounder.full, False))
-    finish = np.sort(best.requests["finish_s"].to_numpy())
+    finish = np.sort(best_run.requests["finish_s"].to_numpy())
     arrivals = bounder.arrivals
     print(f"1. work-ranked Rmax 64: mean latency {(finish.sum() - arrivals.sum()) / len(reqs):.2f} s; "
           f"queued bound alone {(queued.sum() - arrivals.sum()) / len(reqs):.2f} s")
@@ -141,6 +214,85 @@ def main() -> None:
     chain = float((output * (a0 + c_tok) / 2).mean())
     print(f"4. token shares: SPT mean busy {mean_busy:.2f} s + chain {chain:.2f} s + crowding and unused intercept "
           f"{extra / len(reqs):.2f} s = {mean_busy + chain + extra / len(reqs):.2f} s (optimistic size, not a bound)")
+
+    _, _, marginal = bounder._additive_splits()[0]
+    swap_preemption(reqs, cost, marginal)
+    work_of = busy_time_split(best_run, reqs, arrivals, a0, marginal)
+    rate_capped_spt(reqs, arrivals, a0, marginal, work_of)
+
+
+def swap_preemption(reqs, cost, marginal) -> None:
+    """Item 5: `SwapPreemptiveSRPT` at several Rmax, its key's costs from the split's marginal terms."""
+    prefill_per_token = float(item_marginal_s(marginal, chunk=np.array([1024.0]), context=np.zeros(1))[0]) / 1024
+    d0, d1 = (float(x) for x in item_marginal_s(marginal, decode_read=np.array([0.0, 1.0])))
+    swap = SwapCost.for_system("a100", "llama-2-7b", 1)
+    row = []
+    for rmax in (32, 48, 64, 80, 128):
+        s = simulate(reqs, SwapPreemptiveSRPT(LIMITS, prefill_per_token, (d0, d1 - d0), rmax), LIMITS, cost,
+                     swap_cost=swap).summary
+        row.append(f"Rmax={rmax}: {s['mean_latency_s']:.2f} ({s['swapped_out_tokens'] / 1e3:.0f}K swapped out)")
+    print("5. preemption by swapping, mean latency (s): " + ", ".join(row))
+
+
+def _layout_works(best, reqs, a0: float, marginal) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, the work of its pieces in the work-in-progress layout and their work-weighted mean time (batch
+    midpoints): (works, mean busy times)."""
+    prompt = np.array([r.prompt_tokens for r in reqs])
+    mids = ((best.batches["start_s"] + best.batches["end_s"]) / 2).to_numpy()
+    m = np.zeros(len(reqs), dtype=np.int64)
+    work, weighted = np.zeros(len(reqs)), np.zeros(len(reqs))
+    for j, batch in enumerate(best.schedule.batches):  # eviction-free: every item extends its request's cache
+        for rid, c in batch.items:
+            if m[rid] < prompt[rid]:
+                chunk, context = np.array([float(c)]), np.array([float(m[rid])])
+                piece = float(item_marginal_s(marginal, chunk=chunk, context=context)[0])
+                generates = m[rid] + c == prompt[rid]
+            else:
+                piece, generates = float(item_marginal_s(marginal, decode_read=np.array([m[rid] + 1.0]))[0]), True
+            m[rid] += c
+            piece += a0 * m[rid] / LIMITS.M if generates else 0.0
+            work[rid] += piece
+            weighted[rid] += piece * mids[j]
+    return work, weighted / work
+
+
+def busy_time_split(best, reqs, arrivals, a0: float, marginal) -> np.ndarray:
+    """Item 6; returns the layout's works for item 7."""
+    work, mean_busy = _layout_works(best, reqs, a0, marginal)
+    finish = best.requests.sort_values("id")["finish_s"].to_numpy()
+    spt = spt_mean_busy_times(arrivals, work)
+    print(f"6. best schedule: mean (M - a) {np.mean(mean_busy - arrivals):.2f} s against preemptive SPT's "
+          f"{np.mean(spt - arrivals):.2f} s on the same works ({work.sum():.1f} s in all); mean (C - M) "
+          f"{np.mean(finish - mean_busy):.2f} s")
+    return work
+
+
+def rate_capped_spt(reqs, arrivals, a0: float, marginal, work: np.ndarray, step_s: float = 0.005) -> None:
+    """Item 7: greedy least-remaining-work-first with per-request rate caps, fluid in ``step_s`` steps."""
+    prompt = np.array([r.prompt_tokens for r in reqs], dtype=float)
+    output = np.array([r.output_tokens for r in reqs], dtype=float)
+    kv_mid = prompt + output / 2
+    decode_item = item_marginal_s(marginal, decode_read=kv_mid)
+    cap = (decode_item + a0 * kv_mid / LIMITS.M) / (a0 + decode_item)  # a decode piece's share of its batch
+    decode_work = (output - 1) * (decode_item + a0 * kv_mid / LIMITS.M)
+    prefill_left, decode_left = np.maximum(work - decode_work, 0.0), np.minimum(decode_work, work)
+    weighted, t = np.zeros(len(reqs)), 0.0
+    while (prefill_left + decode_left).sum() > 1e-12:
+        idx = np.flatnonzero((arrivals <= t) & (prefill_left + decode_left > 1e-12))
+        if not len(idx):
+            t = max(t + step_s, float(arrivals[arrivals > t].min(initial=t + step_s)))
+            continue
+        idx = idx[np.argsort(prefill_left[idx] + decode_left[idx], kind="stable")]
+        want = np.minimum(np.where(prefill_left[idx] > 1e-12, 1.0, cap[idx]) * step_s,
+                          prefill_left[idx] + decode_left[idx])
+        give = np.clip(step_s - (np.cumsum(want) - want), 0.0, want)
+        from_prefill = np.minimum(give, prefill_left[idx])
+        prefill_left[idx] -= from_prefill
+        decode_left[idx] -= give - from_prefill
+        weighted[idx] += give * (t + step_s / 2)
+        t += step_s
+    print(f"7. rate-capped greedy (mean cap {cap.mean():.3f}): mean (M - a) "
+          f"{np.mean(weighted / work - arrivals):.2f} s (an estimate, not a bound)")
 
 
 if __name__ == "__main__":
