@@ -234,11 +234,14 @@ class BrosScheduler(Scheduler):
             self._unfile(s.id, refiling)
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
+        rt = self.rt
         for rid in ran:
-            s = self.rt.get(rid, self.be.get(rid))
+            s = rt.get(rid)
             if s is not None:
+                self._refile_rt(s, refiling)
+            elif rid in self.be:
                 self._unfile(rid, refiling)
-                self._file(s, refiling)
+                self._file(self.be[rid], refiling)
         for rid, _ in batch.swap_out:
             if rid not in ran and rid in self._holder_key and not self.mgr.gpu[rid]:
                 self._drop_holder(rid, refiling)
@@ -261,25 +264,48 @@ class BrosScheduler(Scheduler):
             self._be_key[s.id] = key
             self._be_order.add(key)
             return
-        if s.generated == 0:
-            target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
-            ref = s.req.arrival_s
-        else:
-            target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
-            ref = s.last_token_s
-        key = (ref, s.req.arrival_s, s.id)
+        target, key = self._rt_target_key(s)
         now = refiling is None
         if now:
             refiling = _Refiling()
-        lists = refiling.at(target)
-        self._rt_key[s.id] = (target, key)
-        lists[1].append(key)
-        lists[3].append(key)
-        if self.mgr.gpu[s.id]:
-            self._holder_key[s.id] = (target, key)
-            lists[5].append(key)
+        self._enter_rt(s.id, target, key, refiling.at(target))
         if now:
             refiling.apply(self._orders)
+
+    def _enter_rt(self, rid: int, target: float, key: tuple, lists: list[list]) -> None:
+        """Record an RT request's new key and enter it in ``lists`` (`_Refiling.at(target)`): every RT request, the
+        budget's candidates, and the KV holders when it holds KV."""
+        self._rt_key[rid] = (target, key)
+        lists[1].append(key)
+        lists[3].append(key)
+        if self.mgr.gpu[rid]:
+            self._holder_key[rid] = (target, key)
+            lists[5].append(key)
+
+    def _rt_target_key(self, s: RequestState) -> tuple[float, tuple[float, float, int]]:
+        """An RT request's slack target T and its key in T's orders, (reference time, arrival, id): slack =
+        T − (now − reference time)."""
+        if s.generated == 0:
+            target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
+            return target, (s.req.arrival_s, s.req.arrival_s, s.id)
+        target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
+        return target, (s.last_token_s, s.req.arrival_s, s.id)
+
+    def _refile_rt(self, s: RequestState, refiling: _Refiling) -> None:
+        """`_unfile` then `_file` of a queued RT request (every request a batch ran): its old key leaves each
+        order it was in, its new key enters them."""
+        rid = s.id
+        old_target, old_key = self._rt_key[rid]
+        lists = refiling.at(old_target)
+        lists[0].append(old_key)
+        if rid in self._late:
+            self._late.discard(rid)
+        else:
+            lists[2].append(old_key)
+        if self._holder_key.pop(rid, None) is not None:
+            lists[4].append(old_key)
+        target, key = self._rt_target_key(s)
+        self._enter_rt(rid, target, key, lists if target == old_target else refiling.at(target))
 
     def _unfile(self, rid: int, refiling: _Refiling) -> None:
         key = self._be_key.pop(rid, None)
@@ -422,6 +448,51 @@ class BrosScheduler(Scheduler):
 
     # --- one iteration --------------------------------------------------------------------------
 
+    def _rt_loop(self, head: tuple | None, ranked, batch: _Batch, budget: float, holders: int, now_s: float
+                 ) -> tuple[list[tuple[RequestState, list, int]], int, bool]:
+        """Algorithm 1 lines 5-14: RT requests in priority order (``head``, then ``ranked``) into ``batch`` while it
+        has fewer than ``B_curr`` requests, fits C and P, stays within ``budget`` (not checked for the first request
+        unless strict: guard (a)) and FindPreemptBlock finds its KV slots. Returns (the selected (state, receipt,
+        tokens), KV holders after them, whether the loop stopped on the budget: lines 11-12, which reset ``B_curr``).
+
+        ``C(batch) > budget`` (`_over`) and FindPreemptBlock's first allocation are written out here: this loop runs
+        for every candidate of every iteration."""
+        lim, mgr = self.limits, self.mgr
+        C, P, b_curr, rmax = lim.C, lim.prefill_budget, self.b_curr, lim.Rmax
+        dropped, gpu, alloc_rt = mgr.dropped, mgr.gpu, mgr.alloc_rt
+        batch_time_s, swap = self.cost_model.batch_time_s, self.swap_cost
+        guard, feats = not self.options.strict, batch.f
+        rt_ready: list[tuple[RequestState, list, int]] = []
+        for item in (chain((head,), ranked) if head is not None else ()):
+            s = item[3]
+            if len(rt_ready) == b_curr:
+                break
+            rid = s.id
+            if rid in dropped:
+                continue  # swapped out for a more urgent request in this iteration
+            c, swap_in = (s.input_tokens - s.m if s.m < s.input_tokens else 1), s.cpu_tokens  # _step(s)
+            batch.add(s, c, swap_in)
+            if feats.n_tokens > C or feats.prefill_tokens > P:  # a C/P overflow is not a budget break
+                batch.add(s, c, swap_in, -1)
+                return rt_ready, holders, False
+            if (rt_ready or not guard) and (
+                    (batch.swap_in and swap is not None and swap.time_s(batch.swap_in) > budget)
+                    or batch_time_s(feats) > budget):  # _over(batch, budget)
+                batch.add(s, c, swap_in, -1)
+                return rt_ready, holders, True  # lines 11-12
+            new_holder = gpu[rid] == 0
+            receipt = alloc_rt(rid, swap_in + c) if not new_holder or rmax is None or holders < rmax else None
+            if receipt is not None:
+                holders += new_holder
+            else:
+                receipt, holders = self._preempt_for(s, swap_in + c, new_holder, holders, item, now_s)
+                if receipt is None:
+                    batch.add(s, c, swap_in, -1)
+                    break
+            rt_ready.append((s, receipt, c))
+        return rt_ready, holders, False
+
+
     def next_batch(self, now_s: float) -> ScheduledBatch:
         mgr, opts, lim = self.mgr, self.options, self.limits
         if opts.check:
@@ -433,32 +504,7 @@ class BrosScheduler(Scheduler):
         self.last_budget_s = budget
         holders = len(mgr.holders)
         batch = _Batch()
-        feats = batch.f
-        rt_ready: list[tuple[RequestState, list, int]] = []
-        early_return = False
-
-        # RT loop (Algorithm 1 lines 5-14).
-        C, P, b_curr, dropped, gpu = lim.C, lim.prefill_budget, self.b_curr, mgr.dropped, mgr.gpu
-        for item in (chain((head,), ranked) if head is not None else ()):
-            s = item[3]
-            if len(rt_ready) == b_curr:
-                break
-            if s.id in dropped:
-                continue  # swapped out for a more urgent request in this iteration
-            c, swap_in = (s.input_tokens - s.m if s.m < s.input_tokens else 1), s.cpu_tokens  # _step(s)
-            batch.add(s, c, swap_in)
-            head_guard = not opts.strict and not rt_ready
-            lim_ok = feats.n_tokens <= C and feats.prefill_tokens <= P
-            if not lim_ok or (not head_guard and self._over(batch, budget)):
-                batch.add(s, c, swap_in, -1)
-                early_return = lim_ok  # lines 11-12 (a C/P overflow is not a budget break)
-                break
-            new_holder = gpu[s.id] == 0
-            receipt, holders = self._find_preempt_block(s, swap_in + c, new_holder, holders, item, now_s)
-            if receipt is None:
-                batch.add(s, c, swap_in, -1)
-                break
-            rt_ready.append((s, receipt, c))
+        rt_ready, holders, early_return = self._rt_loop(head, ranked, batch, budget, holders, now_s)
 
         # BE loop (lines 15-33): BE requests by key, except those checkpointed or dropped so far.
         be_ready: list[tuple[RequestState, int]] = []
@@ -532,18 +578,14 @@ class BrosScheduler(Scheduler):
         keys = sorted(self._be_key[rid] for rid in self.mgr.be_holders if rid not in excluded)
         return [self.be[k[2]] for k in reversed(keys[bisect_right(keys, key):])]
 
-    def _find_preempt_block(self, s: RequestState, need: int, new_holder: bool, holders: int,
-                            item: tuple, now_s: float):
-        """FindPreemptBlock: slots for RT request ``s`` (bidirectional rules), dropping BE requests (most
-        checkpointed first, then latest arrival), then RT requests ranked after it (its rank: ``item[:3]``, its
-        (slack, arrival, id); the KV holders among them, most slack first), until it fits. Returns (receipt or None,
-        holders). The victims are ordered on the first failure: a failed allocation changes nothing."""
-        mgr, rmax = self.mgr, self.limits.Rmax
-        if not new_holder or rmax is None or holders < rmax:  # the first attempt, without building the victims
-            receipt = mgr.alloc_rt(s.id, need)
-            if receipt is not None:
-                return receipt, holders + new_holder
-
+    def _preempt_for(self, s: RequestState, need: int, new_holder: bool, holders: int, item: tuple, now_s: float):
+        """FindPreemptBlock after its first allocation failed (or could not be tried: ``Rmax`` holders and ``s``
+        holds nothing; `_rt_loop` makes that attempt): slots for RT request ``s`` (bidirectional rules), dropping BE
+        requests (most checkpointed first, then latest arrival), then RT requests ranked after it (its rank:
+        ``item[:3]``, its (slack, arrival, id); the KV holders among them, most slack first), until it fits. Returns
+        (receipt or None, holders). The victims are ordered here, on the failure: a failed allocation changes
+        nothing."""
+        mgr = self.mgr
         be = sorted((self.be[rid] for rid in mgr.be_holders),
                     key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
                     reverse=True) if mgr.be_holders else ()
