@@ -297,13 +297,7 @@ class BrosScheduler(Scheduler):
         rid = s.id
         old_target, old_key = self._rt_key[rid]
         lists = refiling.at(old_target)
-        lists[0].append(old_key)
-        if rid in self._late:
-            self._late.discard(rid)
-        else:
-            lists[2].append(old_key)
-        if self._holder_key.pop(rid, None) is not None:
-            lists[4].append(old_key)
+        self._leave_rt(rid, old_key, lists)
         target, key = self._rt_target_key(s)
         self._enter_rt(rid, target, key, lists if target == old_target else refiling.at(target))
 
@@ -313,7 +307,11 @@ class BrosScheduler(Scheduler):
             self._be_order.remove(key)
             return
         target, key = self._rt_key.pop(rid)
-        lists = refiling.at(target)
+        self._leave_rt(rid, key, refiling.at(target))
+
+    def _leave_rt(self, rid: int, key: tuple, lists: list[list]) -> None:
+        """An RT request's key leaves ``lists`` (`_Refiling.at` of its target): every RT request; the budget's
+        candidates, unless it was found late (then it only stops being late); the KV holders, if it held KV."""
         lists[0].append(key)
         if rid in self._late:
             self._late.discard(rid)
