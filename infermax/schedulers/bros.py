@@ -490,7 +490,6 @@ class BrosScheduler(Scheduler):
             rt_ready.append((s, receipt, c))
         return rt_ready, holders, False
 
-
     def next_batch(self, now_s: float) -> ScheduledBatch:
         mgr, opts, lim = self.mgr, self.options, self.limits
         if opts.check:
