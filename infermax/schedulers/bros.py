@@ -491,7 +491,7 @@ class BrosScheduler(Scheduler):
         return rt_ready, holders, False
 
     def next_batch(self, now_s: float) -> ScheduledBatch:
-        mgr, opts, lim = self.mgr, self.options, self.limits
+        mgr, opts = self.mgr, self.options
         if opts.check:
             self._check_against_states()
         self._victims = None  # this iteration's RT victim stream, built when an allocation first fails
@@ -502,12 +502,38 @@ class BrosScheduler(Scheduler):
         holders = len(mgr.holders)
         batch = _Batch()
         rt_ready, holders, early_return = self._rt_loop(head, ranked, batch, budget, holders, now_s)
+        be_ready, holders = self._be_loop(batch, budget, holders, rt_ready)
+        self.b_curr = min(opts.base_batch if early_return else 2 * self.b_curr, self.max_batch)
+        swapped_out = mgr.end_iteration()
+        items = [(s.id, c) for s, _, c in rt_ready] + [(s.id, c) for s, c in be_ready]
+        swap_in = [(s.id, s.cpu_tokens) for s, _, _ in rt_ready if s.cpu_tokens]
+        swap_in += [(s.id, s.cpu_tokens) for s, _ in be_ready if s.cpu_tokens]
+        swap_out = sorted(swapped_out.items())
+        if (swap_in or swap_out) and self.swap_cost is None:
+            raise SchedulerError(f"scheduler '{self.name}' must swap KV but the simulation has no swap cost model "
+                                 f"(pass swap_cost to simulate)")
+        if not items:
+            if swap_out:
+                raise SchedulerError(f"scheduler '{self.name}' swapped requests out for an empty batch (a bug)")
+            if opts.strict and (self.rt or self.be):
+                detail = (f"; the most urgent RT request {head[2]} has slack {head[0]:.4g}s, below the time of "
+                          f"running it alone ({self._solo_cost(head[3]):.4g}s)" if head else "")
+                raise NoProgressError(
+                    f"strict BROS (Algorithm 1 as printed) returned an empty batch at t={now_s:.6g}s with "
+                    f"{len(self.rt)} RT and {len(self.be)} BE requests queued{detail}; use the default guards")
+        return ScheduledBatch(items=items, swap_out=swap_out, swap_in=swap_in)
 
-        # BE loop (lines 15-33): BE requests by key, except those checkpointed or dropped so far.
+    def _be_loop(self, batch: _Batch, budget: float, holders: int, rt_ready: list
+                 ) -> tuple[list[tuple[RequestState, int]], int]:
+        """Algorithm 1 lines 15-33: BE requests by key, except those checkpointed or dropped so far in this iteration,
+        packed into ``batch`` while it stays within ``B_curr``, C, P and ``budget`` (FindBlock: empty slots only);
+        one that does not fit replaces the least urgent selected RT request (popped from ``rt_ready``) if it then
+        fits, else the loop stops. Returns (the selected (state, tokens), KV holders after them)."""
+        mgr, opts, lim = self.mgr, self.options, self.limits
         be_ready: list[tuple[RequestState, int]] = []
         excluded = set(mgr.checkpointed) | set(mgr.dropped)
         candidates = (key for key in self._be_order if key[2] not in excluded)
-        for k, key in enumerate(candidates):
+        for key in candidates:
             s = self.be[key[2]]
             if s.id in mgr.dropped:
                 continue
@@ -547,27 +573,7 @@ class BrosScheduler(Scheduler):
             batch.add(victim, vc, victim.cpu_tokens)
             batch.add(s, c, swap_in, -1)
             break
-
-        self.b_curr = opts.base_batch if early_return else min(2 * self.b_curr, self.max_batch)
-        self.b_curr = min(self.b_curr, self.max_batch)
-        swapped_out = mgr.end_iteration()
-        items = [(s.id, c) for s, _, c in rt_ready] + [(s.id, c) for s, c in be_ready]
-        swap_in = [(s.id, s.cpu_tokens) for s, _, _ in rt_ready if s.cpu_tokens]
-        swap_in += [(s.id, s.cpu_tokens) for s, _ in be_ready if s.cpu_tokens]
-        swap_out = sorted(swapped_out.items())
-        if (swap_in or swap_out) and self.swap_cost is None:
-            raise SchedulerError(f"scheduler '{self.name}' must swap KV but the simulation has no swap cost model "
-                                 f"(pass swap_cost to simulate)")
-        if not items:
-            if swap_out:
-                raise SchedulerError(f"scheduler '{self.name}' swapped requests out for an empty batch (a bug)")
-            if opts.strict and (self.rt or self.be):
-                detail = (f"; the most urgent RT request {head[2]} has slack {head[0]:.4g}s, below the time of "
-                          f"running it alone ({self._solo_cost(head[3]):.4g}s)" if head else "")
-                raise NoProgressError(
-                    f"strict BROS (Algorithm 1 as printed) returned an empty batch at t={now_s:.6g}s with "
-                    f"{len(self.rt)} RT and {len(self.be)} BE requests queued{detail}; use the default guards")
-        return ScheduledBatch(items=items, swap_out=swap_out, swap_in=swap_in)
+        return be_ready, holders
 
     def _be_ranked_after(self, key: tuple, excluded: set[int]):
         """BE KV holders among the loop's candidates ranked after ``key``, last first (the guard's victims;
