@@ -24,7 +24,7 @@ from ..replay import Replayer
 from ..schedule import Schedule
 from . import layers as L
 from .scoring import Recorder, ReplayCheck, compare
-from .timer import Stopwatch, capture
+from .timer import Stopwatch, capture, require_graphs_device
 
 torch = L.torch
 
@@ -327,8 +327,7 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
     device = resolve_device(device)
     graphs = None
     if cuda_graphs:
-        if torch.device(device).type != "cuda":
-            raise ValueError("--cuda-graphs needs a CUDA device")
+        require_graphs_device(device)
         if warmup_batches is not None and warmup_batches < len(schedule.batches):
             raise ValueError("--cuda-graphs captures every batch in the warm-up pass: leave --warmup at its default")
         graphs, warmup_batches = BatchGraphs(), None

@@ -23,7 +23,7 @@ import pandas as pd
 from ..costmodel.measurements import COLUMNS, MEASUREMENTS_CSV, PROFILE_JSON, write_measurements
 from . import layers as L
 from .operators import OperatorBench, get_grid
-from .timer import measure, measure_graph
+from .timer import measure, measure_graph, require_graphs_device
 
 torch = L.torch
 KNOWN_GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4", "v100")
@@ -110,8 +110,8 @@ def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
     shapes, g = L.shard_shapes(model, tp, tiny), get_grid(grid)
     device = resolve_device(device)
-    if cuda_graphs and torch.device(device).type != "cuda":
-        raise ValueError("--cuda-graphs needs a CUDA device")
+    if cuda_graphs:
+        require_graphs_device(device)
     env = environment(device, dtype, grid)
     gpu = gpu or gpu_key(env["device"], device)
     bench = OperatorBench(shapes, g, device, L.DTYPES[dtype])

@@ -69,6 +69,12 @@ def measure(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10) -
     return Timing.of([w.elapsed_ms() for w in watches])
 
 
+def require_graphs_device(device) -> None:
+    """Refuse ``--cuda-graphs`` on a device without CUDA, before any work (profile and gpu-replay alike)."""
+    if torch.device(device).type != "cuda":
+        raise ValueError("--cuda-graphs needs a CUDA device")
+
+
 def measure_graph(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10) -> Timing:
     """Like ``measure``, but ``fn`` is captured once in a CUDA graph and each timed run is one replay of it.
 
