@@ -242,19 +242,19 @@ def _layout_works(best, reqs, a0: float, marginal) -> tuple[np.ndarray, np.ndarr
     prompt = np.array([r.prompt_tokens for r in reqs])
     mids = ((best.batches["start_s"] + best.batches["end_s"]) / 2).to_numpy()
     m = np.zeros(len(reqs), dtype=np.int64)
-    work, weighted = np.zeros(len(reqs)), np.zeros(len(reqs))
+    rows = []  # (request, batch, tokens, cached before, in prefill, generates) per item
     for j, batch in enumerate(best.schedule.batches):  # eviction-free: every item extends its request's cache
         for rid, c in batch.items:
-            if m[rid] < prompt[rid]:
-                chunk, context = np.array([float(c)]), np.array([float(m[rid])])
-                piece = float(item_marginal_s(marginal, chunk=chunk, context=context)[0])
-                generates = m[rid] + c == prompt[rid]
-            else:
-                piece, generates = float(item_marginal_s(marginal, decode_read=np.array([m[rid] + 1.0]))[0]), True
+            prefill = m[rid] < prompt[rid]
+            rows.append((rid, j, c, m[rid], prefill, not prefill or m[rid] + c == prompt[rid]))
             m[rid] += c
-            piece += a0 * m[rid] / LIMITS.M if generates else 0.0
-            work[rid] += piece
-            weighted[rid] += piece * mids[j]
+    rid, j, c, before, prefill, generates = (np.array(col) for col in zip(*rows))
+    c, before = c.astype(float), before.astype(float)
+    piece = np.where(prefill, item_marginal_s(marginal, chunk=c, context=before),
+                     item_marginal_s(marginal, decode_read=before + 1))
+    piece += np.where(generates, a0 * (before + c) / LIMITS.M, 0.0)
+    work = np.bincount(rid, weights=piece, minlength=len(reqs))
+    weighted = np.bincount(rid, weights=piece * mids[j], minlength=len(reqs))
     return work, weighted / work
 
 
