@@ -168,27 +168,17 @@ class Replayer:
         return s
 
     def apply(self, batch: ScheduledBatch) -> list[RequestState]:
-        """Apply one batch; return the requests it finished. Raises ScheduleViolation."""
+        """Apply one batch; return the requests it finished. Raises ScheduleViolation.
+
+        The steps, in the order their rules are checked: evictions, swaps, cache hits, the items (each
+        item's rules, the batch's features and the KV it adds), the limits; then the batch's time, the
+        tokens it generates (and the requests it finishes), the plain decoders and the lazy cohort after
+        it, and its record."""
         j = len(self.batch_rows)
-        lim, states, blocks = self.limits, self.states, self.limits.blocks
         if not batch.items:
             raise ScheduleViolation(j, None, "empty", "a batch must process at least one token")
         lazy = self._cohort_batch(batch) if self._cohort_ids else 0
-        evicted = set()
-        for rid in batch.evict:
-            s = self._state(j, rid)
-            if rid in evicted:
-                raise ScheduleViolation(j, rid, "evict-twice", "evicted twice in one batch")
-            if s.m == 0:
-                raise ScheduleViolation(j, rid, "evict-no-kv", "evicted but holds no KV")
-            evicted.add(rid)
-        # Evictions (recompute): drop KV; in decode phase the generated tokens join the input.
-        for rid in batch.evict:
-            s = states[rid]
-            if s.m >= s.input_tokens:
-                s.input_tokens = s.req.prompt_tokens + s.generated
-            self._release(s)
-            s.evictions += 1
+        evicted = self._evict(j, batch.evict) if batch.evict else set()
         swapped_out, swapped_in = self._swap(j, batch, evicted) if batch.swap_out or batch.swap_in else (0, 0)
         cache = self.prefix_cache
         if cache is not None and (batch.hidden or swapped_out or swapped_in):
@@ -197,6 +187,70 @@ class Replayer:
             self._take_hits(j, batch, evicted)
 
         start = self.clock_s if batch.not_before_s is None else max(self.clock_s, batch.not_before_s)
+        todo = batch.items if not lazy else batch.items[lazy:]
+        feats, start, generators, fast, now_plain = self._process_items(
+            j, batch, todo, lazy, start, evicted, swapped_out + swapped_in)
+        self._check_limits(j, feats)
+
+        if cache is not None:  # the batch's new blocks come from empty ones, then from the LRU cached ones
+            cache.make_room()
+        compute = self.cost_model.batch_time_s(feats)
+        duration = compute
+        if swapped_out or swapped_in:
+            duration = max(compute, self.swap_cost.time_s(swapped_out), self.swap_cost.time_s(swapped_in))
+        end = start + duration
+        kv_peak, holders_peak = self.kv_tokens, self.holders
+        finished = self._generate(end, generators, fast, todo)
+        if lazy:
+            cohort_done = self._cohort_generate(end)
+            if cohort_done:  # the cohort's items come first
+                finished = cohort_done + finished
+        self.unfinished -= len(finished)
+        self._after_items(batch, todo, now_plain)
+        self.clock_s = end
+        self.last_generated = len(generators) + len(fast) + lazy
+        # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
+        self.last_full_decode = (cache is None and not feats.n_prefill_seqs and not finished and not batch.hidden
+                                 and not swapped_out and not swapped_in and len(batch.items) == self.holders)
+        self.batches.append(batch)
+        self.batch_rows.append((
+            j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
+            feats.prefill_tokens, feats.n_decode_seqs, self.last_generated, len(batch.evict),
+            kv_peak, self.kv_tokens, holders_peak, self.holders, len(batch.hidden),
+            compute, swapped_out, swapped_in,
+        ))
+        return finished
+
+    def _evict(self, j: int, evict: list[int]) -> set[int]:
+        """Check the batch's evictions (each request once, each holding KV), then apply them (recompute): the KV is
+        dropped and, in decode phase, the generated tokens join the input. Returns the evicted ids."""
+        evicted = set()
+        for rid in evict:
+            s = self._state(j, rid)
+            if rid in evicted:
+                raise ScheduleViolation(j, rid, "evict-twice", "evicted twice in one batch")
+            if s.m == 0:
+                raise ScheduleViolation(j, rid, "evict-no-kv", "evicted but holds no KV")
+            evicted.add(rid)
+        states = self.states
+        for rid in evict:
+            s = states[rid]
+            if s.m >= s.input_tokens:
+                s.input_tokens = s.req.prompt_tokens + s.generated
+            self._release(s)
+            s.evictions += 1
+        return evicted
+
+    def _process_items(self, j: int, batch: ScheduledBatch, todo, lazy: int, start: float, evicted: set[int],
+                       swap_tokens: int) -> tuple[BatchFeatures, float, list, list, list]:
+        """Check and process ``todo`` (the batch's items after its ``lazy`` cohort items): each item's rules, its
+        ``m`` and the KV and holders it adds. Returns the batch's features (the cohort's decodes and
+        ``swap_tokens`` included), its start (no earlier than any item's arrival), the requests generating a
+        token (``generators``: by the item-by-item path; ``fast``: plain decoders, whose generation is applied
+        after timing like every generator's) and those that become plain decoders unless the batch finishes them.
+        """
+        lim, states, blocks = self.limits, self.states, self.limits.blocks
+        cache = self.prefix_cache
         # Feature sums kept in locals (the hot loop); BatchFeatures is built once after it.
         n_tokens = prefill_tokens = prefill_sq = prefill_ctx = n_prefill = n_decode = decode_kv = decode_max = hidden_rc = 0
         ctx256 = ctx512 = ctx1024 = ctx2048 = 0  # Σ c·min(m, K), BatchFeatures.prefill_ctx_cap<K>
@@ -209,14 +263,13 @@ class Replayer:
         # has arrived), is unfinished, not evicted in this batch (eviction drops it from the set), holds
         # all its cache on the GPU in KV form and is in decode phase, so of the per-item rules only
         # "no duplicate", "c = 1" and (per batch) "no hidden items" remain; its arithmetic is the decode
-        # branch below. Its generation is applied after timing, like every generator's.
+        # branch below.
         plain = self._plain if not hidden_ids else ()
         block = lim.block_size
         fast: list[RequestState] = []
         fast_append, seen_add = fast.append, seen.add
         openers = 0  # plain decoders whose token opens a KV block (m % block_size == 0)
         now_plain: list[RequestState] = []  # checked item by item; plain after the batch unless finished
-        todo = batch.items if not lazy else batch.items[lazy:]
         for rid, c in todo:
             if rid in plain and c == 1 and rid not in seen:
                 seen_add(rid)
@@ -316,9 +369,14 @@ class Replayer:
                               prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
                               prefill_ctx_cap1024=ctx1024, prefill_ctx_cap2048=ctx2048,
                               n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
-                              decode_kv_tokens=decode_kv, decode_kv_max=decode_max, swap_tokens=swapped_out + swapped_in,
+                              decode_kv_tokens=decode_kv, decode_kv_max=decode_max, swap_tokens=swap_tokens,
                               hidden_recompute_tokens=hidden_rc)
+        return feats, start, generators, fast, now_plain
 
+    def _check_limits(self, j: int, feats: BatchFeatures) -> None:
+        """``Σc ≤ C``, prefill tokens ``≤ P``, KV ``≤ M`` and KV holders ``≤ Rmax`` (counting requests that finish in
+        the batch: checked before they are freed)."""
+        lim = self.limits
         if feats.n_tokens > lim.C:
             raise ScheduleViolation(j, None, "C", f"{feats.n_tokens} tokens > C={lim.C}")
         if feats.prefill_tokens > lim.prefill_budget:
@@ -328,14 +386,9 @@ class Replayer:
         if lim.Rmax is not None and self.holders > lim.Rmax:
             raise ScheduleViolation(j, None, "Rmax", f"{self.holders} requests hold KV > Rmax={lim.Rmax}")
 
-        if cache is not None:  # the batch's new blocks come from empty ones, then from the LRU cached ones
-            cache.make_room()
-        compute = self.cost_model.batch_time_s(feats)
-        duration = compute
-        if swapped_out or swapped_in:
-            duration = max(compute, self.swap_cost.time_s(swapped_out), self.swap_cost.time_s(swapped_in))
-        end = start + duration
-        kv_peak, holders_peak = self.kv_tokens, self.holders
+    def _generate(self, end: float, generators: list[RequestState], fast: list[RequestState], todo) -> list[RequestState]:
+        """Each generator's token at ``end``; returns the requests finished by it, in item order (``todo``), their
+        cache freed."""
         finished = []
         for s in generators:
             s.generated += 1
@@ -366,46 +419,41 @@ class Replayer:
                 finished.sort(key=lambda s: order[s.id])
             else:
                 finished += fast_done
-        if lazy:
-            e = self._epoch
-            self._epoch, self._cohort_end_s = e + 1, end
-            cohort_done = []  # in cohort order (the epoch index keeps join order), i.e. item order
-            for s in self._finish_at.pop(e, ()):
-                if s.id in self._cohort_ids and s.last_decode_m - (s.m - s.e0) == e:  # not a stale entry
-                    self._leave_cohort(s)
-                    s.finish_s = end
-                    self._release(s)
-                    cohort_done.append(s)
-            if cohort_done:  # the cohort's items come first
-                finished = cohort_done + finished
-        self.unfinished -= len(finished)
-        if cache is not None:  # register the blocks the batch filled (`cache_blocks`: those registered)
-            b = lim.block_size
+        return finished
+
+    def _cohort_generate(self, end: float) -> list[RequestState]:
+        """A cohort batch's tokens (one more epoch, ending at ``end``); returns the members it finished, in cohort
+        order (the epoch index keeps join order, i.e. item order), their cache freed."""
+        e = self._epoch
+        self._epoch, self._cohort_end_s = e + 1, end
+        cohort_done = []
+        for s in self._finish_at.pop(e, ()):
+            if s.id in self._cohort_ids and s.last_decode_m - (s.m - s.e0) == e:  # not a stale entry
+                self._leave_cohort(s)
+                s.finish_s = end
+                self._release(s)
+                cohort_done.append(s)
+        return cohort_done
+
+    def _after_items(self, batch: ScheduledBatch, todo, now_plain: list[RequestState]) -> None:
+        """After the batch's tokens: the prefix cache registers the blocks the batch filled (``cache_blocks``: those
+        registered); unfinished requests checked item by item that qualify become plain decoders; the batch's
+        plain decoders (re)join the lazy cohort."""
+        states = self.states
+        if self.prefix_cache is not None:
+            b = self.limits.block_size
             for rid, _ in batch.items:
                 s = states[rid]
                 if s.m >= (s.cache_blocks + 1) * b and s.finish_s is None:
-                    cache.fill(s)
+                    self.prefix_cache.fill(s)
         for s in now_plain:
             if s.finish_s is None:
                 self._plain.add(s.id)
-        if self.lazy_decoders and not hidden_ids:  # plain decoders of the batch (re)join the cohort
+        if self.lazy_decoders and not batch.hidden:
             plain_now = self._plain
             for rid, _ in todo:
                 if rid in plain_now:
                     self._join_cohort(states[rid])
-        self.clock_s = end
-        self.last_generated = len(generators) + len(fast) + lazy
-        # Every KV holder decoded one token in KV form; nothing was prefilled or finished (evictions allowed).
-        self.last_full_decode = (cache is None and not feats.n_prefill_seqs and not finished and not hidden_ids
-                                 and not swapped_out and not swapped_in and len(batch.items) == self.holders)
-        self.batches.append(batch)
-        self.batch_rows.append((
-            j, start, duration, end, len(batch.items), feats.n_prefill_seqs, feats.n_decode_seqs,
-            feats.prefill_tokens, feats.n_decode_seqs, self.last_generated, len(batch.evict),
-            kv_peak, self.kv_tokens, holders_peak, self.holders, len(hidden_ids),
-            compute, swapped_out, swapped_in,
-        ))
-        return finished
 
     def _take_hits(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> None:
         """Check and apply the batch's cache hits (`infermax.prefix_cache`, "Hits")."""
