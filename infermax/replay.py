@@ -88,6 +88,13 @@ def cache_tokens(limits: Limits, m: int, hidden: bool) -> int:
     return b * -(-kv_blocks // 2)
 
 
+# The fields of `BatchFeatures`, in the order `Replayer._process_items` passes them positionally.
+REPLAY_FEATURE_ORDER = (
+    "n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "prefill_ctx_cap256", "prefill_ctx_cap512",
+    "prefill_ctx_cap1024", "prefill_ctx_cap2048", "n_prefill_seqs", "n_decode_seqs", "decode_kv_tokens", "decode_kv_max",
+    "swap_tokens", "hidden_recompute_tokens",
+)
+
 BATCH_COLUMNS = (
     "batch", "start_s", "duration_s", "end_s", "num_requests", "num_prefill_seqs", "num_decode_seqs",
     "prefill_tokens", "decode_tokens", "generated_tokens", "evictions",
@@ -365,12 +372,10 @@ class Replayer:
                 decode_max = top
             kv += lazy if block == 1 else block * self._cohort_hist[-e % block]
         self.kv_tokens, self.holders = kv, holders
-        feats = BatchFeatures(n_tokens=n_tokens, prefill_tokens=prefill_tokens, prefill_sq_tokens=prefill_sq,
-                              prefill_ctx_tokens=prefill_ctx, prefill_ctx_cap256=ctx256, prefill_ctx_cap512=ctx512,
-                              prefill_ctx_cap1024=ctx1024, prefill_ctx_cap2048=ctx2048,
-                              n_prefill_seqs=n_prefill, n_decode_seqs=n_decode,
-                              decode_kv_tokens=decode_kv, decode_kv_max=decode_max, swap_tokens=swap_tokens,
-                              hidden_recompute_tokens=hidden_rc)
+        # Positional, in the field order of `BatchFeatures` (REPLAY_FEATURE_ORDER; tests/test_validator.py checks it): a
+        # third of the keyword form's cost, once per batch.
+        feats = BatchFeatures(n_tokens, prefill_tokens, prefill_sq, prefill_ctx, ctx256, ctx512, ctx1024, ctx2048,
+                              n_prefill, n_decode, decode_kv, decode_max, swap_tokens, hidden_rc)
         return feats, start, generators, fast, now_plain
 
     def _check_limits(self, j: int, feats: BatchFeatures) -> None:

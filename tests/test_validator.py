@@ -87,3 +87,38 @@ def test_malformed_schedule_file(tmp_path):
     path.write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         Schedule.load(path)
+
+
+def test_replayer_features_match_the_batch_by_hand():
+    """The replayer builds each batch's `BatchFeatures` positionally (its hot path): every field must land where
+    the dataclass declares it, checked on a batch whose fields all differ (a chunk with context past the 256 cap,
+    a decode) and on the declared order itself."""
+    from dataclasses import astuple, fields
+
+    from infermax.costmodel.base import BatchFeatures
+    from infermax.replay import REPLAY_FEATURE_ORDER
+
+    assert tuple(f.name for f in fields(BatchFeatures)) == REPLAY_FEATURE_ORDER
+
+    class Recording:
+        name = "recording"
+
+        def __init__(self):
+            self.seen = []
+
+        def batch_time_s(self, features):
+            self.seen.append(astuple(features))
+            return 0.01
+
+    model = Recording()
+    requests = [Request(0, 0.0, 700, 2), Request(1, 0.0, 4, 2)]
+    schedule = Schedule(requests, Limits(C=4096, M=10_000), [
+        ScheduledBatch(items=[(0, 300), (1, 4)]), ScheduledBatch(items=[(0, 400), (1, 1)]),
+        ScheduledBatch(items=[(0, 1)])])
+    replay(schedule, model)
+    second = dict(zip(REPLAY_FEATURE_ORDER, model.seen[1]))
+    assert second == {
+        "n_tokens": 401, "prefill_tokens": 400, "prefill_sq_tokens": 160_000, "prefill_ctx_tokens": 120_000,
+        "prefill_ctx_cap256": 102_400, "prefill_ctx_cap512": 120_000, "prefill_ctx_cap1024": 120_000,
+        "prefill_ctx_cap2048": 120_000, "n_prefill_seqs": 1, "n_decode_seqs": 1, "decode_kv_tokens": 5,
+        "decode_kv_max": 5, "swap_tokens": 0, "hidden_recompute_tokens": 0}
