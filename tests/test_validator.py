@@ -91,8 +91,8 @@ def test_malformed_schedule_file(tmp_path):
 
 def test_replayer_features_match_the_batch_by_hand():
     """The replayer builds each batch's `BatchFeatures` positionally (its hot path): every field must land where
-    the dataclass declares it, checked on a batch whose fields all differ (a chunk with context past the 256 cap,
-    a decode) and on the declared order itself."""
+    the dataclass declares it. Checked on the declared order itself and on a batch whose first twelve fields (all
+    but the swap and hidden counts, 0 here) differ: a chunk of 400 tokens after 2,100 cached ones and two decodes."""
     from dataclasses import astuple, fields
 
     from infermax.costmodel.base import BatchFeatures
@@ -111,14 +111,14 @@ def test_replayer_features_match_the_batch_by_hand():
             return 0.01
 
     model = Recording()
-    requests = [Request(0, 0.0, 700, 2), Request(1, 0.0, 4, 2)]
+    requests = [Request(0, 0.0, 2500, 2), Request(1, 0.0, 4, 2), Request(2, 0.0, 9, 2)]
     schedule = Schedule(requests, Limits(C=4096, M=10_000), [
-        ScheduledBatch(items=[(0, 300), (1, 4)]), ScheduledBatch(items=[(0, 400), (1, 1)]),
+        ScheduledBatch(items=[(0, 2100), (1, 4), (2, 9)]), ScheduledBatch(items=[(0, 400), (1, 1), (2, 1)]),
         ScheduledBatch(items=[(0, 1)])])
     replay(schedule, model)
     second = dict(zip(REPLAY_FEATURE_ORDER, model.seen[1]))
     assert second == {
-        "n_tokens": 401, "prefill_tokens": 400, "prefill_sq_tokens": 160_000, "prefill_ctx_tokens": 120_000,
-        "prefill_ctx_cap256": 102_400, "prefill_ctx_cap512": 120_000, "prefill_ctx_cap1024": 120_000,
-        "prefill_ctx_cap2048": 120_000, "n_prefill_seqs": 1, "n_decode_seqs": 1, "decode_kv_tokens": 5,
-        "decode_kv_max": 5, "swap_tokens": 0, "hidden_recompute_tokens": 0}
+        "n_tokens": 402, "prefill_tokens": 400, "prefill_sq_tokens": 160_000, "prefill_ctx_tokens": 840_000,
+        "prefill_ctx_cap256": 102_400, "prefill_ctx_cap512": 204_800, "prefill_ctx_cap1024": 409_600,
+        "prefill_ctx_cap2048": 819_200, "n_prefill_seqs": 1, "n_decode_seqs": 2, "decode_kv_tokens": 15,
+        "decode_kv_max": 10, "swap_tokens": 0, "hidden_recompute_tokens": 0}
