@@ -344,12 +344,10 @@ class BrosScheduler(Scheduler):
         return self.cost_model.batch_time_s(b.features()) > budget
 
     def slack(self, s: RequestState, now_s: float) -> float:
-        """``T_SLO − t_i``: time left to the deadline of the request's next token."""
-        if s.generated == 0:
-            target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
-            return target - (now_s - s.req.arrival_s)
-        target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
-        return target - (now_s - s.last_token_s)
+        """``T_SLO − t_i``: time left to the deadline of the request's next token (its target and reference time
+        from `_rt_target_key`, as the priority orders keep them)."""
+        target, (ref, _, _) = self._rt_target_key(s)
+        return target - (now_s - ref)
 
     def _ranked(self, now_s: float):
         """RT requests as (slack, arrival, id, state), ascending: the order of sorting every RT request by
