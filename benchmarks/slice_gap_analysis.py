@@ -24,8 +24,14 @@ paragraph after it). Prints seven measurements; nothing here is a bound or enter
    each request's cap, fluid in 5 ms steps (an estimate: greedy is not proven optimal with caps and releases); and
    the same with every batch assumed to last 20 or 38 ms, as a scale for what a bound coupling batch size with mean
    busy times could add at most.
+8. The best schedule over time, in 40 s windows of batch starts: batches, busy time, mean batch length, running
+   requests, prefill tokens per batch, and the intercept's share of the busy time; requests in the system.
+9. Two more schedule-side tries (2026-11-28), each replayed by the engine: two decode lanes (`TwoLane`: the k running
+   requests with the least remaining work decode in every batch, the others in every m-th only, so that the first
+   finish sooner at the others' expense), and hill climbing over the per-request keys of work-ranked Rmax 64 (a random
+   few percent of the keys scaled by exp(σ·z), kept when the mean latency falls; seed 0, ``--key-search-s`` seconds).
 
-    PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~1 min on the 2-core machine
+    PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~2 min on the 2-core machine
 
 The slice, limits and model are the optimality study's (first 2,000 azure-conv requests, C = 4,096, M = 100K, the
 paper's linear model).
@@ -33,6 +39,8 @@ paper's linear model).
 
 from __future__ import annotations
 
+import argparse
+import random
 import time
 from dataclasses import replace
 
@@ -138,6 +146,61 @@ class SwapPreemptiveSRPT(Scheduler):
             del self.active[s.id]
 
 
+class TwoLane(Scheduler):
+    """Eviction-free, requests admitted least own work first (``work_s``) while their peaks ``I + O − 1`` fit M and
+    fewer than ``rmax`` run; prefill chunks (least work first) fill the token budget after the decodes. Decodes: the
+    ``k`` running requests with the least remaining work (the key of `SwapPreemptiveSRPT`) in every batch, the others
+    in every ``m``-th batch only (every batch when ``m`` is 1)."""
+
+    name = "two-lane"
+
+    def __init__(self, limits: Limits, work_s: dict, decode_s: tuple[float, float], k: int, m: int, rmax: int):
+        super().__init__(limits)
+        self.work_s, (self.decode_s, self.decode_per_kv_s) = work_s, decode_s
+        self.k, self.m, self.rmax = k, m, rmax
+        self.waiting, self.running, self.reserved_tokens, self.batches = [], {}, 0, 0
+
+    def add_arrivals(self, arrived) -> None:
+        self.waiting.extend(arrived)
+
+    def remaining_s(self, s) -> float:
+        left = s.req.output_tokens - s.generated
+        return left * (self.decode_s + self.decode_per_kv_s * (s.m + left / 2))
+
+    def next_batch(self, now_s: float) -> ScheduledBatch:
+        self.batches += 1
+        decoding = sorted((s for s in self.running.values() if s.m >= s.input_tokens),
+                          key=lambda s: (self.remaining_s(s), s.id))
+        lane = decoding if self.batches % self.m == 0 else decoding[:self.k]
+        items = [(s.id, 1) for s in lane]
+        budget = self.limits.C - len(items)
+        for s in sorted((s for s in self.running.values() if s.m < s.input_tokens), key=lambda s: self.work_s[s.id]):
+            if budget > 0:
+                c = min(s.input_tokens - s.m, budget)
+                items.append((s.id, c))
+                budget -= c
+        self.waiting.sort(key=lambda s: (self.work_s[s.id], s.id))
+        kept = []
+        for s in self.waiting:
+            peak = s.input_tokens + s.req.output_tokens - 1
+            if budget > 0 and len(self.running) < self.rmax and self.reserved_tokens + peak <= self.limits.M:
+                self.running[s.id], self.reserved_tokens = s, self.reserved_tokens + peak
+                c = min(s.input_tokens, budget)
+                items.append((s.id, c))
+                budget -= c
+            else:
+                kept.append(s)
+        self.waiting = kept
+        if not items:  # nothing to prefill and the slow lane is off this batch: decode everyone
+            items = [(s.id, 1) for s in decoding]
+        return ScheduledBatch(items=items)
+
+    def batch_done(self, batch: ScheduledBatch, finished) -> None:
+        for s in finished:
+            del self.running[s.id]
+            self.reserved_tokens -= s.input_tokens + s.req.output_tokens - 1
+
+
 def _v_window(tau: float, segments: np.ndarray) -> float:
     """Item 4's optimistic V: ∫_τ ds / p_max[τ, s] over the SPT pieces after τ (p_max over [τ, s], not [b, s])."""
     s = segments[segments[:, 1] > tau]
@@ -147,6 +210,9 @@ def _v_window(tau: float, segments: np.ndarray) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--key-search-s", type=float, default=60.0, help="item 9's hill-climbing budget (seconds)")
+    args = ap.parse_args()
     cost = load_cost_model(kind="linear")
     reqs = load_trace("azure-conv", limit=2000)
     work = marginal_work_s(reqs, cost, LIMITS)
@@ -221,6 +287,54 @@ def main() -> None:
     swap_preemption(reqs, cost, marginal)
     work_of = busy_time_split(best_run, reqs, arrivals, a0, marginal)
     rate_capped_spt(reqs, arrivals, a0, marginal, work_of)
+    over_time(best_run, a0)
+    d0, d1 = (float(x) for x in item_marginal_s(marginal, decode_read=np.array([0.0, 1.0])))
+    lanes_and_keys(reqs, cost, work, (d0, d1 - d0), best_lim, args.key_search_s)
+
+
+def over_time(best, a0: float, window_s: float = 40.0) -> None:
+    """Item 8: the best schedule (work-ranked, Rmax 64) per window of batch starts."""
+    b, q = best.batches, best.requests
+    print(f"8. the best schedule over time ({window_s:.0f} s windows of batch starts; in system: arrived, unfinished "
+          "at the window's start)")
+    for lo in np.arange(0.0, float(b["end_s"].max()), window_s):
+        w = b[(b["start_s"] >= lo) & (b["start_s"] < lo + window_s)]
+        if not len(w):
+            continue
+        in_system = int(((q["arrival_s"] <= lo) & (q["finish_s"] > lo)).sum())
+        print(f"   {lo:4.0f}-{lo + window_s:4.0f} s: {len(w):5d} batches, busy {w['duration_s'].sum():5.1f} s, "
+              f"mean {1e3 * w['duration_s'].mean():5.1f} ms, running {w['running'].mean():5.1f}, prefill tokens "
+              f"{w['prefill_tokens'].mean():5.0f}, intercept share {len(w) * a0 / w['duration_s'].sum():5.1%}, "
+              f"in system {in_system}")
+
+
+def lanes_and_keys(reqs, cost, work: dict, decode_s: tuple[float, float], lim: Limits, budget_s: float) -> None:
+    """Item 9: `TwoLane` over (k, m), and hill climbing over work-ranked Rmax 64's per-request keys."""
+    row = []
+    for k, m in ((0, 1), (16, 2), (32, 2), (48, 2), (32, 3)):
+        s = simulate(reqs, TwoLane(LIMITS, work, decode_s, k, m, 64), LIMITS, cost).summary
+        row.append(f"k={k} m={m}: {s['mean_latency_s']:.2f}")
+    print("9. two decode lanes, Rmax 64, mean latency (s): " + ", ".join(row))
+    policy = _algorithm1_policy("rank-i-ef")
+
+    def mean_latency(keys: dict) -> float:
+        return float(simulate(reqs, WorkRankedScheduler(lim, policy, keys), lim, cost).summary["mean_latency_s"])
+
+    rng, ids = random.Random(0), sorted(work)
+    best_keys = dict(work)
+    start = best = mean_latency(best_keys)
+    tries, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < budget_s:
+        tries += 1
+        sigma, share = rng.choice((0.05, 0.1, 0.3)), rng.choice((0.01, 0.05, 0.2))
+        keys = dict(best_keys)
+        for rid in rng.sample(ids, int(share * len(ids))):
+            keys[rid] *= float(np.exp(sigma * rng.gauss(0.0, 1.0)))
+        value = mean_latency(keys)
+        if value < best:
+            best, best_keys = value, keys
+    print(f"   key hill climbing, {tries} tries in {budget_s:.0f} s: {start:.3f} -> {best:.3f} s "
+          f"({1 - best / start:.2%} lower)")
 
 
 def swap_preemption(reqs, cost, marginal) -> None:
