@@ -468,3 +468,49 @@ def test_work_ranked_serves_the_least_work_first():
     assert result.summary["evictions"] == 0
     with pytest.raises(ValueError, match="must rank"):
         WorkRankedScheduler(limits, get_spec("vllm-ef").factory(Limits(), None).policy, work)
+
+
+def test_cheap_batch_tokens_is_the_cheapest_batch_size_per_token():
+    """The first cap is the batch size (below C) whose prefill-only batch costs least per token, found here by trying
+    every size from 1 to C − 1 on the fitted A100 profile; the paper's linear model has no token-count steps, so it gets
+    no cap."""
+    from infermax.costmodel import load_cost_model
+    from infermax.costmodel.base import BatchFeatures
+    from solvers.search import cheap_batch_tokens
+
+    def per_token_s(cost, n):
+        f = BatchFeatures()
+        f.add_prefill(n, 0)
+        return cost.batch_time_s(f) / n
+
+    for C in (4096, 1000):
+        limits = Limits(C=C)
+        piecewise = load_cost_model()
+        caps = cheap_batch_tokens(piecewise, limits)
+        brute = min(range(1, C), key=lambda n: per_token_s(piecewise, n))
+        assert caps and caps[0] == brute
+        assert all(1 <= c < C and per_token_s(piecewise, c) < per_token_s(piecewise, C) for c in caps)
+        assert cheap_batch_tokens(load_cost_model(kind="linear"), limits) == []
+
+
+def test_token_capped_candidates_stay_under_their_cap_and_replay():
+    """The work-ranked and first-token-first candidates capped at a cheap batch size: every batch holds at most that
+    many tokens (decodes included), and each schedule replays under the caller's limits to the same summary."""
+    from infermax.costmodel import load_cost_model
+    from infermax.workload import load_trace
+    from solvers.search import _algorithm1_policy, _first_token, _work_ranked, cheap_batch_tokens
+    from solvers.search_policies import marginal_work_s
+
+    cost, limits = load_cost_model(), Limits()
+    reqs = load_trace("azure-code", limit=60)
+    cap = cheap_batch_tokens(cost, limits)[0]
+    work = marginal_work_s(reqs, cost, limits)
+    for cand in (_work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, None, cap),
+                 _first_token(limits, True, None, srpt=True, C=cap)):
+        assert f"C={cap}" in cand.name
+        sched, lim = cand.build()
+        result = simulate(reqs, sched, lim, cost)
+        tokens = [sum(c for _, c in b.items) for b in result.schedule.batches]
+        assert max(tokens) <= cap < max(r.prompt_tokens for r in reqs)  # prompts longer than the cap were chunked
+        again = replay(result.schedule, cost, limits=limits)
+        assert again.summary == result.summary
