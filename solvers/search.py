@@ -318,8 +318,11 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
                         for P in (None, budget // 2)] + [
                     _first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4)
                     if P != 0] + srpt
-            # batches capped just under the model's cheapest token-count steps (`cheap_batch_tokens`)
-            srpt += [_first_token(limits, hybrid, None, srpt=True, C=C) for C in cheap_batch_tokens(cost_model, limits)]
+            # batches capped just under the model's cheapest token-count steps (`cheap_batch_tokens`), with decodes
+            # deferred when requests arrive over time (azure-conv's first 2,000, default model: 0.1334 s against
+            # 0.1395 s for the best uncapped candidate; without deferring 0.1491 s)
+            srpt += [_first_token(limits, hybrid, None, srpt=True, defer=d, C=C)
+                     for C in cheap_batch_tokens(cost_model, limits) for d in ((True, False) if online else (False,))]
             first_tokens = srpt + first_tokens if online else first_tokens + srpt
         # Time-limited searches on large instances reach only the first few: mean TTFT is won by
         # first-token-first, the sum of latencies by waves or forward admission, makespan by plans.
