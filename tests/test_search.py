@@ -514,3 +514,37 @@ def test_token_capped_candidates_stay_under_their_cap_and_replay():
         assert max(tokens) <= cap < max(r.prompt_tokens for r in reqs)  # prompts longer than the cap were chunked
         again = replay(result.schedule, cost, limits=limits)
         assert again.summary == result.summary
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.05, 1.0]), st.integers(1, 1500), st.integers(1, 30)),
+                min_size=1, max_size=12),
+       st.sampled_from([1, 16]), st.one_of(st.none(), st.integers(1, 8)), st.integers(1000, 4096),
+       st.booleans())
+def test_token_capped_candidates_are_valid_on_random_workloads(rows, block, Rmax, C, defer):
+    """On the fitted A100 profile (which has token-count steps), for random workloads and limits: each capped
+    candidate finishes every request with at most its cap of tokens per batch, work-ranked never evicts, and every
+    schedule replays under the caller's limits to the same summary."""
+    from infermax.costmodel import load_cost_model
+    from solvers.search import _algorithm1_policy, _first_token, _work_ranked, cheap_batch_tokens
+    from solvers.search_policies import marginal_work_s
+
+    cost, t, reqs = load_cost_model(), 0.0, []
+    for i, (gap, prompt, output) in enumerate(rows):
+        t += gap
+        reqs.append(Request(i, t, prompt, output))
+    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
+    limits = Limits(C=C, M=2 * peak, Rmax=Rmax, block_size=block)
+    caps = cheap_batch_tokens(cost, limits)
+    assert caps
+    work = marginal_work_s(reqs, cost, limits)
+    for cap in caps:
+        for cand in (_work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, None, cap),
+                     _first_token(limits, True, None, srpt=True, defer=defer, C=cap)):
+            sched, lim = cand.build()
+            result = simulate(reqs, sched, lim, cost)
+            assert result.summary["generated_tokens"] == sum(r.output_tokens for r in reqs)
+            assert max(sum(c for _, c in b.items) for b in result.schedule.batches) <= cap
+            if cand.family == "work-ranked":
+                assert result.summary["evictions"] == 0
+            assert replay(result.schedule, cost, limits=limits).summary == result.summary
