@@ -516,6 +516,27 @@ def test_token_capped_candidates_stay_under_their_cap_and_replay():
         assert again.summary == result.summary
 
 
+def test_neighbours_of_a_token_capped_candidate_keep_its_cap():
+    """Local search varies Rmax, P and chunk sizes around a capped candidate, never the cap itself."""
+    import random
+
+    from infermax.costmodel import load_cost_model
+    from infermax.workload import load_trace
+    from solvers.search import _State, _algorithm1_policy, _first_token, _neighbours, _template, _work_ranked
+    from solvers.search_policies import marginal_work_s
+
+    cost, limits = load_cost_model(), Limits()
+    reqs = load_trace("azure-code", limit=20)
+    st_ = _State(reqs, limits, cost, Objective(latency=1), Policies(), math.inf, None)
+    work = marginal_work_s(reqs, cost, limits)
+    for cand in (_work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, 40, 384),
+                 _first_token(limits, True, 256, srpt=True, C=384),
+                 _template("sarathi-pc", _algorithm1_policy("sarathi-pc"), limits, C=384, Rmax=40)):
+        neighbours = _neighbours(st_, cand, random.Random(0))
+        assert neighbours and all(n.params.get("C") == 384 and "C=384" in n.name for n in neighbours)
+        assert all(n.build()[1].C == 384 for n in neighbours)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.05, 1.0]), st.integers(1, 1500), st.integers(1, 30)),
                 min_size=1, max_size=12),
@@ -526,7 +547,7 @@ def test_token_capped_candidates_are_valid_on_random_workloads(rows, block, Rmax
     candidate finishes every request with at most its cap of tokens per batch, work-ranked never evicts, and every
     schedule replays under the caller's limits to the same summary."""
     from infermax.costmodel import load_cost_model
-    from solvers.search import _algorithm1_policy, _first_token, _work_ranked, cheap_batch_tokens
+    from solvers.search import _algorithm1_policy, _first_token, _template, _work_ranked, cheap_batch_tokens
     from solvers.search_policies import marginal_work_s
 
     cost, t, reqs = load_cost_model(), 0.0, []
@@ -540,7 +561,8 @@ def test_token_capped_candidates_are_valid_on_random_workloads(rows, block, Rmax
     work = marginal_work_s(reqs, cost, limits)
     for cap in caps:
         for cand in (_work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, None, cap),
-                     _first_token(limits, True, None, srpt=True, defer=defer, C=cap)):
+                     _first_token(limits, True, None, srpt=True, defer=defer, C=cap),
+                     _template("sarathi-pc", _algorithm1_policy("sarathi-pc"), limits, C=cap)):
             sched, lim = cand.build()
             result = simulate(reqs, sched, lim, cost)
             assert result.summary["generated_tokens"] == sum(r.output_tokens for r in reqs)
