@@ -281,6 +281,12 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
     first = ["vllm-ef", "sarathi-pc-ef"] + (["rank-i-ef", "rank-o-ef"] if latency_like else [])
     first = [n for n in first if n in alg1]
     out: list[Candidate] = [_registered(n) for n in first]
+    sarathi_pc = policies_of.get("sarathi-pc")
+    if cheap and sarathi_pc is not None and _policy_allows(sarathi_pc, policies):
+        # right after them, Sarathi P=C capped at the cheapest token count: the best found at I = 512, O = 128 from
+        # B = 256 to 4,096 for makespan and the sum of latencies (fitted A100 profile), so that a search with time
+        # for only a few candidates (B = 16,384) reaches it; the template loop below lists it again (skipped)
+        out.append(_template("sarathi-pc", sarathi_pc, limits, C=cheap[0]))
     if objective.latency > 0 and not identical:
         out += _work_ranked_family(requests, limits, cost_model, policies_of, policies)
     if ours_ok:  # clairvoyant schedulers, those aimed at the objective first
