@@ -226,10 +226,12 @@ def _token_capped(limits: Limits, C: int | None) -> Limits:
     return replace(limits, C=C, P=None if limits.P is None else min(limits.P, C))
 
 
-def _work_ranked_family(requests, limits: Limits, cost_model, policies_of: dict, policies: Policies) -> list[Candidate]:
+def _work_ranked_family(requests, limits: Limits, cost_model, policies_of: dict, policies: Policies,
+                        token_caps: Sequence[int] = ()) -> list[Candidate]:
     """For the sum of latencies of mixed lengths: `_work_ranked` with the eviction-free policy of rank-i-ef, uncapped
     and with ``Rmax`` at 0.9 and 0.75 of the requests that fit ``M`` (the Azure slice of the optimality study:
-    27.38 s mean latency at Rmax 64 of 73 that fit, 27.53 s uncapped, 28.15 s at 48; rank-i-ef 28.92 s)."""
+    27.38 s mean latency at Rmax 64 of 73 that fit, 27.53 s uncapped, 28.15 s at 48; rank-i-ef 28.92 s), then
+    uncapped with every batch at most each of ``token_caps`` tokens (`cheap_batch_tokens`)."""
     pol = policies_of.get("rank-i-ef")
     if pol is None or not _policy_allows(pol, policies):
         return []
@@ -239,7 +241,7 @@ def _work_ranked_family(requests, limits: Limits, cost_model, policies_of: dict,
     n_fit = _fit_count(requests, limits)
     caps = [None] + sorted({max(1, int(n_fit * f)) for f in (0.9, 0.75)}, reverse=True)
     return [_work_ranked(limits, pol, work, cap) for cap in caps] + [
-        _work_ranked(limits, pol, work, None, C) for C in cheap_batch_tokens(cost_model, limits)]
+        _work_ranked(limits, pol, work, None, C) for C in token_caps]
 
 
 def _fit_count(requests, limits: Limits) -> int:
@@ -288,7 +290,7 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
         # for only a few candidates (B = 16,384) reaches it; the template loop below lists it again (skipped)
         out.append(_template("sarathi-pc", sarathi_pc, limits, C=cheap[0]))
     if objective.latency > 0 and not identical:
-        out += _work_ranked_family(requests, limits, cost_model, policies_of, policies)
+        out += _work_ranked_family(requests, limits, cost_model, policies_of, policies, cheap)
     if ours_ok:  # clairvoyant schedulers, those aimed at the objective first
         budget = min(limits.C, limits.prefill_budget)
         plans = [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
