@@ -390,6 +390,40 @@ def _linearised_steps(steps: list[tuple[int, float]], max_tokens: int, shift_s: 
     return min((sum(s for t, s in steps if n > t) + shift_s) / n for n in ends)
 
 
+def _token_only_term(term: CostTerm) -> np.ndarray | None:
+    """A term active in every non-empty batch whose pieces all depend on the token count alone (``n_tokens``, its
+    steps and its padded counts): ``f`` with ``f(n)`` = the term's value at ``n`` tokens (``f[0]`` unused) as a
+    function ``f(max_tokens)``; None for any other term."""
+    if term.active_if != "n_tokens":
+        return None
+    for piece in term.pieces:
+        for f in piece.coef_s:
+            step = token_step(f)
+            if f != "n_tokens" and padding_quantum(f) is None and (step is None or step[0] != "n_tokens"):
+                return None
+
+    def values(max_tokens: int) -> np.ndarray:
+        n = np.arange(max_tokens + 1, dtype=float)
+        best = np.full(max_tokens + 1, -np.inf)
+        for piece in term.pieces:
+            value = np.full(max_tokens + 1, piece.intercept_s)
+            for f, c in piece.coef_s.items():
+                q, step = padding_quantum(f), token_step(f)
+                value += c * (n if f == "n_tokens" else np.ceil(n / q) * q if q is not None else n > step[1])
+            best = np.maximum(best, value)
+        return best
+
+    return values
+
+
+def _linearised_term(values, max_tokens: int, keep_s: float) -> float:
+    """The largest α with f(n) >= keep_s + α·n for every token count n in 1..max_tokens, ``values`` from
+    `_token_only_term` (every piece evaluated, so a piece that takes over at large counts is priced too)."""
+    f = values(max_tokens)
+    n = np.arange(1, max_tokens + 1, dtype=float)
+    return float(((f[1:] - keep_s) / n).min())
+
+
 def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, step_share: float = 0.0
                    ) -> tuple[float, float, tuple[CostTerm, ...]] | None:
     """Batch time >= intercepts + Σ over items of an item's marginal cost: ``(a0, a_p, marginal terms)``.
@@ -423,7 +457,13 @@ def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, s
             elif f not in _ADDITIVE:
                 continue
             coefs[f] = coefs.get(f, 0.0) + c
-        if steps and max_tokens and t.active_if == "n_tokens":  # a term active in every batch: α·n sums exactly
+        whole_term = _token_only_term(t) if max_tokens and len(t.pieces) > 1 else None
+        if whole_term is not None:  # every piece a function of n: the line below their maximum, all pieces priced
+            keep = intercept - step_share * max(0.0, intercept)
+            alpha = _linearised_term(whole_term, max_tokens, keep)
+            if alpha >= 0:
+                coefs, intercept = {"n_tokens": alpha}, keep
+        elif steps and max_tokens and t.active_if == "n_tokens":  # a term active in every batch: α·n sums exactly
             shift = step_share * max(0.0, intercept)
             alpha = _linearised_steps(steps, max_tokens, shift)
             if alpha > 0:
