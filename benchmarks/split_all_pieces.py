@@ -1,11 +1,18 @@
-"""What pricing every piece of a token-count term buys: the online bounds with and without it, side by side.
+"""What the additive split's choice of pieces buys: the online bounds under three splits, side by side.
 
-`solvers.lower_bound.additive_split` puts a line below a term active in every batch; when all of the term's pieces
-depend on the token count alone, the line is now taken below their maximum (`_linearised_term`) instead of below the
-piece with the largest intercept, which dropped the fitted A100 model's second non-attention piece (the larger above
-about 4,087 tokens). The "without" arm switches that off (`_token_only_term` answering None: exactly the split as it
-was). Both arms run in one process on the same workload; the best schedule is simulated once for scale. Prints a
-markdown table; writes nothing.
+`solvers.lower_bound.additive_split` keeps, per cost term, something below the maximum of its pieces:
+
+- *top piece*: the piece with the largest intercept (the split before 2026-11-28), its token steps linearised;
+- *every piece*: for a term active in every batch whose pieces all depend on the token count alone, the line below
+  their maximum (`_linearised_term`), which prices the fitted A100 model's second non-attention piece (the larger
+  above about 4,087 tokens);
+- *+ ranked*: also, for every other term with several pieces, the piece of intercept >= 0 whose slopes are worth the
+  most on the workload's totals (`_kept_piece`), which keeps the prefill-attention piece with Σc² and prompt-token
+  slopes.
+
+Each arm switches the later ones off (`_token_only_term` answering None, `_unchunked_totals` answering None). All
+run in one process on the same workload; the best schedule is simulated once for scale. Prints a markdown table;
+writes nothing.
 
     PYTHONPATH=. python benchmarks/split_all_pieces.py [--limit 0] [--C 8192] [--M 121752] [--scheduler work-ranked]
 
@@ -49,24 +56,26 @@ def main() -> None:
     best = _best_schedule(reqs, limits, cost, args.scheduler)
     print(f"{len(reqs)} requests, C = {args.C}, M = {args.M}, fitted model; {args.scheduler}: mean latency "
           f"{best['mean_latency_s']:.3f} s, mean TTFT {best['mean_ttft_s']:.4f} s\n")
-    print(f"| objective | bound, top piece only | bound, every piece | with / without | gap to {args.scheduler}, without "
-          "| with | wall s (without, with) |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    every_piece = lower_bound._token_only_term
+    arms = ("top piece", "every piece", "+ ranked")
+    print(f"| objective | {' | '.join(arms)} | last / first | gap to {args.scheduler}: {', '.join(arms)} | wall s |")
+    print("|---|---:|---:|---:|---:|---|---|")
+    every_piece, totals = lower_bound._token_only_term, lower_bound.LowerBounder._unchunked_totals
+    switches = {"top piece": (lambda term: None, lambda self: None), "every piece": (every_piece, lambda self: None),
+                "+ ranked": (every_piece, totals)}
     # the gap only for latency: a schedule ranked for latency says nothing about how low TTFT can go
     for objective, scale, found in (("mean latency", len(reqs), best["mean_latency_s"]), ("mean TTFT", 1, None)):
         values, walls = {}, {}
-        for arm, switch in (("without", lambda term: None), ("with", every_piece)):
-            lower_bound._token_only_term = switch
+        for arm in arms:
+            lower_bound._token_only_term, lower_bound.LowerBounder._unchunked_totals = switches[arm]
             t = time.perf_counter()
             bounder = lower_bound.LowerBounder(reqs, limits, cost)
             bound = bounder.latency_sum_s() if objective == "mean latency" else bounder.mean_ttft_s()
             values[arm], walls[arm] = bound.value_s / scale, time.perf_counter() - t
-        lower_bound._token_only_term = every_piece
-        gaps = [f"{found / values[arm] - 1:.1%}" if found else "-" for arm in ("without", "with")]
-        print(f"| {objective} | {values['without']:.4g} | {values['with']:.4g} | "
-              f"{values['with'] / values['without']:.2f} | {gaps[0]} | {gaps[1]} | "
-              f"{walls['without']:.0f}, {walls['with']:.0f} |", flush=True)
+        lower_bound._token_only_term, lower_bound.LowerBounder._unchunked_totals = every_piece, totals
+        gaps = ", ".join(f"{found / values[arm] - 1:.1%}" if found else "-" for arm in arms)
+        print(f"| {objective} | {' | '.join(f'{values[arm]:.4g}' for arm in arms)} | "
+              f"{values[arms[-1]] / values[arms[0]]:.2f} | {gaps} | {', '.join(f'{walls[a]:.0f}' for a in arms)} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -424,12 +424,27 @@ def _linearised_term(values, max_tokens: int, keep_s: float) -> float:
     return float(((f[1:] - keep_s) / n).min())
 
 
-def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, step_share: float = 0.0
-                   ) -> tuple[float, float, tuple[CostTerm, ...]] | None:
+def _kept_piece(term: CostTerm, totals: dict[str, float] | None) -> AffinePiece:
+    """The piece `additive_split` keeps for ``term``: the largest intercept; with ``totals``, among the pieces of
+    intercept >= 0 (a negative one would lower the batch intercepts every bound shares), the one whose slopes are
+    worth the most on ``totals``. Any one piece is below the term, so either choice is valid; the second keeps
+    the piece that prices a whole workload's items highest. On the fitted A100 model it keeps the prefill
+    attention piece with ``Σc²`` and prompt-token slopes rather than the one with context slopes only, which
+    prices an unchunked prompt at 0."""
+    top = max(term.pieces, key=lambda p: p.intercept_s)
+    if totals is None:
+        return top
+    eligible = [p for p in term.pieces if p.intercept_s >= 0] or [top]
+    return max(eligible, key=lambda p: (sum(c * totals.get(f, 0.0) for f, c in p.coef_s.items()), p.intercept_s))
+
+
+def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, step_share: float = 0.0,
+                   totals: dict[str, float] | None = None) -> tuple[float, float, tuple[CostTerm, ...]] | None:
     """Batch time >= intercepts + Σ over items of an item's marginal cost: ``(a0, a_p, marginal terms)``.
 
-    Per term one piece is kept (the term is the maximum of its pieces, so at least any one; the one with
-    the largest intercept). Padded counts ``⌈n/q⌉q`` are replaced by ``n``; KV maxima and the
+    Per term one piece is kept (the term is the maximum of its pieces, so at least any one): the one with the
+    largest intercept, or, given ``totals`` (feature sums of the work to be bounded, `_kept_piece`), the piece of
+    non-negative intercept whose slopes are worth the most on them. Padded counts ``⌈n/q⌉q`` are replaced by ``n``; KV maxima and the
     swap / hidden-recompute features are dropped (all >= 0 with slopes >= 0, which the callers check).
     Token-count steps ``[n_tokens > t]`` are dropped too, unless ``max_tokens`` (the most tokens a batch can
     hold) is given and the term is active in every non-empty batch (gate ``n_tokens``): then their sum S(n) is
@@ -443,7 +458,7 @@ def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, s
     a_n = a_p = a_d = a_o = 0.0
     marginal = []
     for t in terms:
-        piece = max(t.pieces, key=lambda p: p.intercept_s)
+        piece = _kept_piece(t, totals if _token_only_term(t) is None else None)
         intercept = piece.intercept_s
         coefs: dict[str, float] = {}
         steps = []
@@ -1194,11 +1209,20 @@ class LowerBounder:
         Computed once per instance (the marginal terms' identity keys `_work_alone_s`'s cache)."""
         if self._splits is None:
             self._splits = []
-            for sp in [additive_split(self.terms, self.limits.C, share) for share in (0.0, 0.5, 1.0)] + [
-                    additive_split(self.terms)]:
+            totals = self._unchunked_totals()
+            for sp in [additive_split(self.terms, self.limits.C, share, totals) for share in (0.0, 0.5, 1.0)] + [
+                    additive_split(self.terms, totals=totals)]:
                 if sp is not None and sp not in self._splits:
                     self._splits.append(sp)
         return self._splits
+
+    def _unchunked_totals(self) -> dict[str, float]:
+        """The instance's feature sums with every prompt prefilled in one chunk and every later token decoded: what
+        `_kept_piece` ranks the pieces of a term on."""
+        a = self.full
+        return {"n_tokens": float(a.prompt.sum() + a.decode_items.sum()), "prefill_tokens": float(a.prompt.sum()),
+                "prefill_sq_tokens": float(a.prompt_sq.sum()), "n_prefill_seqs": float(len(a)),
+                "n_decode_seqs": float(a.decode_items.sum()), "decode_kv_tokens": float(a.decode_read.sum())}
 
     def _work_alone_s(self, I: int, O: int, marginal: tuple[CostTerm, ...]) -> float:
         """A lower bound on the intercept-free time of the items that give one request of prompt I its first O

@@ -76,3 +76,43 @@ def test_online_latency_bound_below_schedules_at_a_large_token_budget():
         summary = simulate(reqs, scheduler, limits, cost).summary
         assert latency.value_s <= summary["mean_latency_s"] * len(reqs)
         assert ttft.value_s <= summary["mean_ttft_s"]
+
+
+_chunks = st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 6000)), max_size=4)
+_decodes = st.lists(st.integers(0, 8000), max_size=300)
+
+
+@given(_chunks, _decodes, st.sampled_from([0.0, 0.5, 1.0]), st.booleans(), st.sampled_from([4096, 8192]))
+@settings(max_examples=200, deadline=None)
+def test_split_is_below_every_batch_of_the_fitted_model(chunks, decodes, share, ranked, C):
+    """Every split the bounds use (each share, pieces kept by intercept or ranked on a workload's totals) is below the
+    fitted model's time of any batch: its gate intercepts (``a_p`` with a prefill item, else ``a0``) plus its
+    marginal terms on the batch's features."""
+    if not chunks and not decodes:
+        chunks = [(1, 0)]
+    f = BatchFeatures()
+    for c, m in chunks:
+        f.add_prefill(c, m)
+    for m in decodes:
+        f.add_decode(m)
+    if f.n_tokens > C:
+        return
+    cost = load_cost_model()
+    totals = {"prefill_tokens": 2.2e6, "prefill_sq_tokens": 5e9, "n_prefill_seqs": 2000, "n_decode_seqs": 5e5,
+              "decode_kv_tokens": 6e8, "n_tokens": 2.7e6} if ranked else None
+    a0, a_p, marginal = additive_split(cost.milp_terms(), C, share, totals)
+    estimate = (a_p if chunks else a0) + sum(t.value_s(f) for t in marginal)
+    assert estimate <= cost.batch_time_s(f) * (1 + 1e-12)
+
+
+def test_ranked_piece_prefers_slopes_of_a_non_negative_intercept():
+    """Given a workload's totals the split keeps, of the pieces with intercept >= 0, the one whose slopes are worth
+    most on them (here the second); without totals, the largest intercept (the first)."""
+    from solvers.lower_bound import _kept_piece
+
+    pieces = (AffinePiece(0.002, {"prefill_tokens": 1e-7}), AffinePiece(0.001, {"prefill_sq_tokens": 1e-9}),
+              AffinePiece(-0.5, {"prefill_tokens": 1e-3}))
+    term = CostTerm("prefill_attention", "n_prefill_seqs", pieces)
+    totals = {"prefill_tokens": 1e6, "prefill_sq_tokens": 1e9}
+    assert _kept_piece(term, None) is pieces[0]
+    assert _kept_piece(term, totals) is pieces[1]
