@@ -44,8 +44,8 @@ def item_by_item(monkeypatch):
 
         def groups_copied(self):
             gs, priority = (rr_groups if isinstance(self, RoundRobinScheduler) else groups)(self)
-            if priority is None:  # decode_first: the decode list then the prefill list
-                priority = self._decoding + self._prefilling
+            if priority is None:  # decode_first: the decode list then the prefill list; a ranking: its running requests
+                priority = self._priority()
             return [(list(c), stop) for c, stop in gs], list(priority)
 
         def plan_forgotten(self, now_s):
@@ -79,6 +79,9 @@ def checked_totals(monkeypatch):
         assert self._decode_items == [(s.id, 1) for s in self._decoding]
         if not self.policy.eviction_free:
             assert self._kv_used == sum(self.limits.blocks(m(s)) for s in running)
+        if self.policy.grouping == "rank" and self._rank_key_fn is not None:  # the ranking group, kept sorted
+            assert self._ranked == sorted([*running, *self.waiting], key=self._rank_key_fn)
+            assert self._ranked_running == [s for s in self._ranked if s.id in self._running_ids]
 
     monkeypatch.setattr(Algorithm1Scheduler, "batch_done", checked)
     return calls

@@ -20,6 +20,7 @@ of ``Rw``; a failed candidate ends its FCFS group (head-of-line blocking, as vLL
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -77,6 +78,19 @@ _RANK_KEY = {
 }
 
 
+def _insert_ranked(states: list[RequestState], keys: list, s: RequestState, key) -> None:
+    """Insert ``s`` under ``key`` into the parallel sorted lists (keys are unique: they end with the id)."""
+    i = bisect.bisect_right(keys, key)
+    keys.insert(i, key)
+    states.insert(i, s)
+
+
+def _remove_ranked(states: list[RequestState], keys: list, s: RequestState, key) -> None:
+    i = bisect.bisect_left(keys, key)
+    if i < len(keys) and states[i] is s:
+        del states[i], keys[i]
+
+
 class Algorithm1Scheduler(Scheduler):
     """Algorithm 1 of the InferMax paper, configured by an `Algorithm1Policy`.
 
@@ -96,6 +110,9 @@ class Algorithm1Scheduler(Scheduler):
     # Decision 11 of docs/design.md ("Algorithm 1 template"): a plan with no item is made again after evictions,
     # or with running prefills allowed to evict in a deadlock. Round robin turns the other class's way instead.
     replan_after_evictions = True
+    # A candidate holding no KV that certainly fails CanAllocate (C, Rmax, or M for an eviction-free reservation) is
+    # skipped without the call (`next_batch`); False runs every CanAllocate (the tests' reference).
+    skip_certain_failures = True
 
     def __init__(self, limits: Limits, policy: Algorithm1Policy, cost_model: CostModel | None = None,
                  name: str = "algorithm1"):
@@ -121,11 +138,30 @@ class Algorithm1Scheduler(Scheduler):
         # matches; a ranking (or a subclass's own grouping) reads every candidate each batch, so it
         # gets current states instead.
         self.lazy_decode_ok = type(self) is Algorithm1Scheduler and policy.grouping != "rank"
+        # The ranking group, Rr ∪ Rw by rank, kept sorted as requests arrive and finish (ranks are static, and an
+        # eviction only moves a request between Rr and Rw): ``_ranked`` and its keys, same order.
+        self._ranked: list[RequestState] = []
+        self._ranked_keys: list = []
+        self._rank_key_fn = None  # `_rank_key()`, taken at the first arrival (a subclass's key may need its fields)
+        # The running requests by rank (``_ranked`` less the waiting ones) and, for an eviction-free ranking with
+        # chunked prefills, a heap of (KV reserved at admission, id) over the waiting requests, stale entries
+        # (admitted or finished) dropped when met: `_groups` leaves the waiting requests out of a plan in which
+        # none can be admitted.
+        self._ranked_running: list[RequestState] = []
+        self._ranked_running_keys: list = []
+        self._waiting_needs: list[tuple[int, int]] = []
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
             self._by_id[s.id] = s
             self.waiting.append(s)
+        if self.policy.grouping == "rank" and arrived:
+            key = self._rank_key_fn = self._rank_key_fn or self._rank_key()
+            for s in arrived:
+                _insert_ranked(self._ranked, self._ranked_keys, s, key(s))
+            if self._closes_waiting():
+                for s in arrived:
+                    heapq.heappush(self._waiting_needs, (self.limits.blocks(s.req.peak_kv_tokens), s.id))
 
     # GroupRequests: [(candidates, stop_group_on_failure)] and running requests by priority.
     def _groups(self):
@@ -135,8 +171,35 @@ class Algorithm1Scheduler(Scheduler):
             return [(self.waiting, True), (self.running if self._prefilling else self._decoding, True)], self.running
         if g == "decode_first":  # (priority None: the decode list then the prefill list, built if needed)
             return [(self._decoding, True), (self._prefilling, True), (self.waiting, True)], None
-        ranked = sorted([*self.running, *self.waiting], key=self._rank_key())
-        return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
+        if self._closes_waiting() and self._waiting_closed():
+            return [(self._ranked_running, False)], None
+        return [(self._ranked, False)], None  # the running requests by rank: `_priority`, at the first eviction
+
+    def _closes_waiting(self) -> bool:
+        """Whether `_waiting_closed` applies: an eviction-free ranking with chunked prefills (no candidate evicts, so
+        within a plan the free KV and the token budget only shrink and the KV holders only grow; and no prompt is
+        refused for its size, which CanAllocate would raise at the candidate's turn)."""
+        return self.policy.grouping == "rank" and self.policy.eviction_free and self.policy.chunked_prefill
+
+    def _waiting_closed(self) -> bool:
+        """Whether no waiting request can pass CanAllocate in this plan: ``Rmax`` holders already, or less free KV
+        than the least reservation ``blocks(I + O − 1)`` of a waiting request. Budgets only shrink within the plan
+        (`_closes_waiting`), so every waiting candidate would fail at its turn, with no other effect; leaving them
+        out of the ranking group keeps the running ones in the same order, so the plan is the same."""
+        lim, heap = self.limits, self._waiting_needs
+        if lim.Rmax is not None and len(self.running) >= lim.Rmax:
+            return True
+        by_id = self._by_id
+        while heap and (by_id[heap[0][1]].m > 0 or by_id[heap[0][1]].finished):
+            heapq.heappop(heap)  # admitted (holding KV) or finished: not waiting any more (no evictions here)
+        return not heap or heap[0][0] > lim.M - self._reserved_total
+
+    def _priority(self) -> list[RequestState]:
+        """The running requests by priority, for a group list that gave none: by rank in the ranking group, else the
+        decode list then the prefill list (Sarathi's)."""
+        if self.policy.grouping == "rank":
+            return list(self._ranked_running)
+        return self._decoding + self._prefilling
 
     def _rank_key(self):
         """The ranking group's sort key (``rank_by``); the schedule search's `WorkRankedScheduler` gives its own."""
@@ -149,6 +212,7 @@ class Algorithm1Scheduler(Scheduler):
         position: dict[int, int] | None = None  # built on the first eviction only
         victim_ptr = None  # into priority, set at the first eviction
         tokens_left, prefill_left = lim.C, lim.prefill_budget
+        prefill_cap, rmax, skip_failures = min(lim.C, lim.prefill_budget), lim.Rmax, self.skip_certain_failures
         unit_blocks = lim.block_size == 1
         kv_free = lim.M - (self._reserved_total if pol.eviction_free else self._kv_used)
         holders = len(self.running)
@@ -210,6 +274,15 @@ class Algorithm1Scheduler(Scheduler):
                             if batch_is_prefill is None:
                                 batch_is_prefill = False
                             continue
+                    if m == 0 and skip_failures and (pol.chunked_prefill or s.input_tokens <= prefill_cap) and (
+                            tokens_left < 1 or (rmax is not None and holders >= rmax)
+                            or (pol.eviction_free and blocks(s.req.peak_kv_tokens) > kv_free)):
+                        # a request holding no KV that fails CanAllocate on C, Rmax or (reserving its peak) M, as
+                        # `_can_allocate` finds (it raises only for a prompt above min(C, P) without chunking); it
+                        # cannot evict, so the failure has no other effect: the common case of a long ranking group
+                        if stop_on_failure:
+                            break
+                        continue
                     while True:  # CanAllocate, evicting on M failures where allowed
                         failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free,
                                                               holders)
@@ -230,7 +303,7 @@ class Algorithm1Scheduler(Scheduler):
                             break
                         if position is None:
                             if priority is None:
-                                priority = self._decoding + self._prefilling
+                                priority = self._priority()
                             position = {r.id: i for i, r in enumerate(priority)}
                             victim_ptr = len(priority) - 1
                             taken.update(rid for rid, _ in items)
@@ -343,6 +416,8 @@ class Algorithm1Scheduler(Scheduler):
             s = self._by_id[rid]
             self._leave_running(s)
             self.waiting.appendleft(s)
+            if self._closes_waiting():
+                heapq.heappush(self._waiting_needs, (self.limits.blocks(s.req.peak_kv_tokens), s.id))
         self._prefilling, done = split_finished_prefills(self._prefilling)
         for s in done:
             self._join_decoding(s)
@@ -353,6 +428,8 @@ class Algorithm1Scheduler(Scheduler):
                 self.waiting.remove(s)
             bisect.insort(self.running, s, key=_arrival_key)
             self._running_ids.add(s.id)
+            if self.policy.grouping == "rank":
+                _insert_ranked(self._ranked_running, self._ranked_running_keys, s, self._rank_key_fn(s))
             if s.m >= s.input_tokens:
                 self._join_decoding(s)
             else:  # (a request finished in this batch has m = 0 and leaves again below)
@@ -362,6 +439,10 @@ class Algorithm1Scheduler(Scheduler):
                 self._reserved_total += self._reserved[s.id]
         for s in finished:
             self._leave_running(s)
+        if self.policy.grouping == "rank":
+            key = self._rank_key_fn
+            for s in finished:
+                _remove_ranked(self._ranked, self._ranked_keys, s, key(s))
         if self.policy.eviction_free:
             return
         if kv_used is None:
@@ -382,6 +463,8 @@ class Algorithm1Scheduler(Scheduler):
 
     def _leave_running(self, s: RequestState) -> None:
         self.running.remove(s)
+        if self.policy.grouping == "rank":
+            _remove_ranked(self._ranked_running, self._ranked_running_keys, s, self._rank_key_fn(s))
         self._running_ids.discard(s.id)
         self._reserved_total -= self._reserved.pop(s.id, 0)
         i = bisect.bisect_left(self._decoding, _arrival_key(s), key=_arrival_key)

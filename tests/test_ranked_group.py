@@ -1,0 +1,60 @@
+"""The ranking group kept sorted between batches, with waiting requests that cannot be admitted left out (`Algorithm1Scheduler`,
+docs/design.md "Engine"): the same schedules as sorting Rr ∪ Rw every batch and trying CanAllocate on every candidate."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+from test_engine_fast import LINEAR, assert_identical
+
+from infermax.engine import simulate
+from infermax.limits import Limits
+from infermax.request import Request
+from infermax.schedulers.algorithm1 import Algorithm1Scheduler
+from solvers import search
+from solvers.search_policies import WorkRankedScheduler
+
+RANKING = ["rank-i", "rank-i-ef", "rank-o", "rank-o-ef", "rank-org", "rank-org-ef"]
+
+
+def _reference(cls):
+    """``cls`` as the ranking group was first written: Rr ∪ Rw sorted at every batch, CanAllocate on every candidate."""
+    class SortEveryBatch(cls):
+        skip_certain_failures = False
+
+        def _groups(self):
+            ranked = sorted([*self.running, *self.waiting], key=self._rank_key())
+            return [(ranked, False)], [s for s in ranked if s.id in self._running_ids]
+
+    return SortEveryBatch
+
+
+@st.composite
+def ranking_cases(draw):
+    n = draw(st.integers(1, 60))
+    online = draw(st.booleans())
+    reqs, t = [], 0.0
+    for i in range(n):
+        if online:
+            t += draw(st.sampled_from([0.0, 0.001, 0.01, 0.1, 1.0]))
+        reqs.append(Request(i, t, draw(st.integers(1, 300)), draw(st.integers(1, 120))))
+    block = draw(st.sampled_from([1, 1, 4, 16]))
+    peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
+    C = draw(st.integers(max(r.prompt_tokens for r in reqs), 600))  # rank-* chunk prefills; any C >= 1 would do
+    M = draw(st.integers(peak, peak * 4))
+    Rmax = draw(st.one_of(st.none(), st.integers(1, 12)))
+    name = draw(st.sampled_from(RANKING + ["work-ranked", "work-ranked-ef"]))
+    works = {r.id: draw(st.sampled_from([0.1, 0.2, 0.3])) * r.prompt_tokens + r.output_tokens for r in reqs}
+    return reqs, Limits(C=C, M=M, Rmax=Rmax, block_size=block), name, works
+
+
+@given(ranking_cases())
+@settings(max_examples=120, deadline=None)
+def test_ranked_group_plans_as_sorting_every_batch(case):
+    reqs, limits, name, works = case
+    if name.startswith("work-ranked"):
+        policy = search._algorithm1_policy("rank-i-ef" if name.endswith("-ef") else "rank-i")
+        fast, slow = (cls(limits, policy, works, name=name) for cls in (WorkRankedScheduler, _reference(WorkRankedScheduler)))
+    else:
+        policy = search._algorithm1_policy(name)
+        fast, slow = (cls(limits, policy, name=name) for cls in (Algorithm1Scheduler, _reference(Algorithm1Scheduler)))
+    assert_identical(simulate(reqs, fast, limits, LINEAR), simulate(reqs, slow, limits, LINEAR))
