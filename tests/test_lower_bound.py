@@ -483,3 +483,23 @@ def test_a_bound_cut_short_by_its_deadline_is_still_below_the_full_bound_and_eve
     assert 0 < cut <= full * (1 + 1e-9)
     sim = simulate(reqs, "sarathi", limits, COST)
     assert cut <= objective.value(sim) * (1 + 1e-9)
+
+
+def test_with_arrivals_work_in_progress_runs_before_the_release_grid(monkeypatch):
+    """Online latency bound: mean busy times and work in progress (the strongest ingredients under load) run before the
+    release grid, which spends whatever is left of a deadline; offline, after it, as before. Each ingredient asks
+    `_past_deadline` before it runs, under its own name: the order of those questions is the order they run in."""
+    asked = []
+    original = LowerBounder._past_deadline
+    monkeypatch.setattr(LowerBounder, "_past_deadline", lambda self, what: asked.append(what) or original(self, what))
+
+    def first(what):
+        return asked.index(what)
+
+    online = [Request(i, 0.05 * i, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
+    LowerBounder(online, Limits(C=64, M=400), COST).latency_sum_s()
+    assert first("mean busy times") < first("rank grid points") and first("work in progress") < first("rank grid points")
+    asked.clear()
+    offline = [Request(i, 0.0, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
+    LowerBounder(offline, Limits(C=64, M=400), COST).latency_sum_s()
+    assert first("rank grid points") < first("work in progress")
