@@ -4,7 +4,8 @@ Each (tree, scheduler) runs in its own subprocess (``PYTHONPATH`` = the tree), o
 CPU time of the ``simulate()`` call and sha256 prefixes of the Schedule JSON and the summary, so that the two trees'
 results can be checked equal in the same run:
 
-    PYTHONPATH=. python benchmarks/ranked_group_speed.py --old /path/to/old/checkout [--schedulers rank-i-ef,rank-i,work-ranked]
+    PYTHONPATH=. python benchmarks/ranked_group_speed.py --old /path/to/old/checkout \
+        [--schedulers rank-i-ef,rank-i,work-ranked]
 
 Defaults: all 19,366 azure-conv requests with their arrival times, fitted model, C = 8,192, M = 121,752 (what
 `--gpu-mem-util 0.9` gives): overloaded, with hundreds of requests waiting at every batch. ``work-ranked`` is the
@@ -32,7 +33,8 @@ scheduler = name
 if name == "work-ranked":
     from solvers import search
     from solvers.search_policies import marginal_work_s
-    cand = search._work_ranked(limits, search._algorithm1_policy("rank-i-ef"), marginal_work_s(reqs, cost, limits), None)
+    work = marginal_work_s(reqs, cost, limits)
+    cand = search._work_ranked(limits, search._algorithm1_policy("rank-i-ef"), work, None)
     scheduler, limits = cand.build()
 cpu = time.process_time()
 result = simulate(reqs, scheduler, limits, cost)

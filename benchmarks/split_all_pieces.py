@@ -39,7 +39,8 @@ def _best_schedule(reqs, limits, cost, name: str) -> dict:
     whole trace: least own work first, rank-i-ef's admission rules)."""
     if name != "work-ranked":
         return simulate(reqs, name, limits, cost).summary
-    cand = search._work_ranked(limits, search._algorithm1_policy("rank-i-ef"), marginal_work_s(reqs, cost, limits), None)
+    work = marginal_work_s(reqs, cost, limits)
+    cand = search._work_ranked(limits, search._algorithm1_policy("rank-i-ef"), work, None)
     scheduler, lim = cand.build()
     return simulate(reqs, scheduler, lim, cost).summary
 

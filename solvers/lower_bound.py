@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -390,10 +391,10 @@ def _linearised_steps(steps: list[tuple[int, float]], max_tokens: int, shift_s: 
     return min((sum(s for t, s in steps if n > t) + shift_s) / n for n in ends)
 
 
-def _token_only_term(term: CostTerm) -> np.ndarray | None:
-    """A term active in every non-empty batch whose pieces all depend on the token count alone (``n_tokens``, its
-    steps and its padded counts): ``f`` with ``f(n)`` = the term's value at ``n`` tokens (``f[0]`` unused) as a
-    function ``f(max_tokens)``; None for any other term."""
+def _token_only_term(term: CostTerm) -> Callable[[int], np.ndarray] | None:
+    """For a term active in every non-empty batch whose pieces all depend on the token count alone (``n_tokens``, its
+    steps and its padded counts): a function of ``max_tokens`` giving the array of the term's values at 0, 1, …,
+    ``max_tokens`` tokens (the maximum of its pieces). None for any other term."""
     if term.active_if != "n_tokens":
         return None
     for piece in term.pieces:
@@ -444,9 +445,11 @@ def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, s
 
     Per term one piece is kept (the term is the maximum of its pieces, so at least any one): the one with the
     largest intercept, or, given ``totals`` (feature sums of the work to be bounded, `_kept_piece`), the piece of
-    non-negative intercept whose slopes are worth the most on them. Padded counts ``⌈n/q⌉q`` are replaced by ``n``; KV maxima and the
-    swap / hidden-recompute features are dropped (all >= 0 with slopes >= 0, which the callers check).
-    Token-count steps ``[n_tokens > t]`` are dropped too, unless ``max_tokens`` (the most tokens a batch can
+    non-negative intercept whose slopes are worth the most on them. When every piece of a term active in every
+    batch depends on the token count alone and ``max_tokens`` is given, the whole term (the maximum of its pieces)
+    is replaced by the line below it instead (`_linearised_term`). Padded counts ``⌈n/q⌉q`` are replaced by
+    ``n``; KV maxima and the swap / hidden-recompute features are dropped (all >= 0 with slopes >= 0, which the
+    callers check). Token-count steps ``[n_tokens > t]`` are dropped too, unless ``max_tokens`` (the most tokens a batch can
     hold) is given and the term is active in every non-empty batch (gate ``n_tokens``): then their sum S(n) is
     replaced by the line ``α·n − β`` below it for 1 <= n <= max_tokens, with
     β = ``step_share`` × the piece's intercept (moved out of the intercept) and α the largest slope that keeps

@@ -498,7 +498,8 @@ def test_with_arrivals_work_in_progress_runs_before_the_release_grid(monkeypatch
 
     online = [Request(i, 0.05 * i, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
     LowerBounder(online, Limits(C=64, M=400), COST).latency_sum_s()
-    assert first("mean busy times") < first("rank grid points") and first("work in progress") < first("rank grid points")
+    assert first("mean busy times") < first("rank grid points")
+    assert first("work in progress") < first("rank grid points")
     asked.clear()
     offline = [Request(i, 0.0, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
     LowerBounder(offline, Limits(C=64, M=400), COST).latency_sum_s()

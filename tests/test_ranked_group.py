@@ -1,5 +1,6 @@
-"""The ranking group kept sorted between batches, with waiting requests that cannot be admitted left out (`Algorithm1Scheduler`,
-docs/design.md "Engine"): the same schedules as sorting Rr ∪ Rw every batch and trying CanAllocate on every candidate."""
+"""The ranking group kept sorted between batches, with waiting requests that cannot be admitted left out
+(`Algorithm1Scheduler`, docs/design.md "Engine"): the same schedules as sorting Rr ∪ Rw every batch and trying
+CanAllocate on every candidate."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ RANKING = ["rank-i", "rank-i-ef", "rank-o", "rank-o-ef", "rank-org", "rank-org-e
 
 
 def _reference(cls):
-    """``cls`` as the ranking group was first written: Rr ∪ Rw sorted at every batch, CanAllocate on every candidate."""
+    """``cls`` as the ranking group was first written: Rr ∪ Rw sorted at every batch, CanAllocate on every
+    candidate."""
     class SortEveryBatch(cls):
         skip_certain_failures = False
 
@@ -53,7 +55,8 @@ def test_ranked_group_plans_as_sorting_every_batch(case):
     reqs, limits, name, works = case
     if name.startswith("work-ranked"):
         policy = search._algorithm1_policy("rank-i-ef" if name.endswith("-ef") else "rank-i")
-        fast, slow = (cls(limits, policy, works, name=name) for cls in (WorkRankedScheduler, _reference(WorkRankedScheduler)))
+        fast, slow = (cls(limits, policy, works, name=name)
+                      for cls in (WorkRankedScheduler, _reference(WorkRankedScheduler)))
     else:
         policy = search._algorithm1_policy(name)
         fast, slow = (cls(limits, policy, name=name) for cls in (Algorithm1Scheduler, _reference(Algorithm1Scheduler)))
