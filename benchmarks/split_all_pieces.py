@@ -10,9 +10,9 @@
   most on the workload's totals (`_kept_piece`), which keeps the prefill-attention piece with Σc² and prompt-token
   slopes.
 
-Each arm switches the later ones off (`_token_only_term` answering None, `_unchunked_totals` answering None). All
-run in one process on the same workload; the best schedule is simulated once for scale. Prints a markdown table;
-writes nothing.
+Each arm switches the later ones off (`_depends_on_tokens_only` answering False, `_unchunked_totals` answering
+None). All run in one process on the same workload; the best schedule is simulated once for scale. Prints a markdown
+table; writes nothing.
 
     PYTHONPATH=. python benchmarks/split_all_pieces.py [--limit 0] [--C 8192] [--M 121752] [--scheduler work-ranked]
 
@@ -60,19 +60,19 @@ def main() -> None:
     arms = ("top piece", "every piece", "+ ranked")
     print(f"| objective | {' | '.join(arms)} | last / first | gap to {args.scheduler}: {', '.join(arms)} | wall s |")
     print("|---|---:|---:|---:|---:|---|---|")
-    every_piece, totals = lower_bound._token_only_term, lower_bound.LowerBounder._unchunked_totals
-    switches = {"top piece": (lambda term: None, lambda self: None), "every piece": (every_piece, lambda self: None),
+    every_piece, totals = lower_bound._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals
+    switches = {"top piece": (lambda term: False, lambda self: None), "every piece": (every_piece, lambda self: None),
                 "+ ranked": (every_piece, totals)}
     # the gap only for latency: a schedule ranked for latency says nothing about how low TTFT can go
     for objective, scale, found in (("mean latency", len(reqs), best["mean_latency_s"]), ("mean TTFT", 1, None)):
         values, walls = {}, {}
         for arm in arms:
-            lower_bound._token_only_term, lower_bound.LowerBounder._unchunked_totals = switches[arm]
+            lower_bound._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals = switches[arm]
             t = time.perf_counter()
             bounder = lower_bound.LowerBounder(reqs, limits, cost)
             bound = bounder.latency_sum_s() if objective == "mean latency" else bounder.mean_ttft_s()
             values[arm], walls[arm] = bound.value_s / scale, time.perf_counter() - t
-        lower_bound._token_only_term, lower_bound.LowerBounder._unchunked_totals = every_piece, totals
+        lower_bound._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals = every_piece, totals
         gaps = ", ".join(f"{found / values[arm] - 1:.1%}" if found else "-" for arm in arms)
         print(f"| {objective} | {' | '.join(f'{values[arm]:.4g}' for arm in arms)} | "
               f"{values[arms[-1]] / values[arms[0]]:.2f} | {gaps} | {', '.join(f'{walls[a]:.0f}' for a in arms)} |",

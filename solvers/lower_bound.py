@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -391,38 +390,32 @@ def _linearised_steps(steps: list[tuple[int, float]], max_tokens: int, shift_s: 
     return min((sum(s for t, s in steps if n > t) + shift_s) / n for n in ends)
 
 
-def _token_only_term(term: CostTerm) -> Callable[[int], np.ndarray] | None:
-    """For a term active in every non-empty batch whose pieces all depend on the token count alone (``n_tokens``, its
-    steps and its padded counts): a function of ``max_tokens`` giving the array of the term's values at 0, 1, …,
-    ``max_tokens`` tokens (the maximum of its pieces). None for any other term."""
+def _depends_on_tokens_only(term: CostTerm) -> bool:
+    """Whether ``term`` is active in every non-empty batch and each of its pieces depends on the token count alone
+    (``n_tokens``, its steps and its padded counts)."""
     if term.active_if != "n_tokens":
-        return None
+        return False
     for piece in term.pieces:
         for f in piece.coef_s:
             step = token_step(f)
             if f != "n_tokens" and padding_quantum(f) is None and (step is None or step[0] != "n_tokens"):
-                return None
-
-    def values(max_tokens: int) -> np.ndarray:
-        n = np.arange(max_tokens + 1, dtype=float)
-        best = np.full(max_tokens + 1, -np.inf)
-        for piece in term.pieces:
-            value = np.full(max_tokens + 1, piece.intercept_s)
-            for f, c in piece.coef_s.items():
-                q, step = padding_quantum(f), token_step(f)
-                value += c * (n if f == "n_tokens" else np.ceil(n / q) * q if q is not None else n > step[1])
-            best = np.maximum(best, value)
-        return best
-
-    return values
+                return False
+    return True
 
 
-def _linearised_term(values, max_tokens: int, keep_s: float) -> float:
-    """The largest α with f(n) >= keep_s + α·n for every token count n in 1..max_tokens, ``values`` from
-    `_token_only_term` (every piece evaluated, so a piece that takes over at large counts is priced too)."""
-    f = values(max_tokens)
+def _linearised_term(term: CostTerm, max_tokens: int, keep_s: float) -> float:
+    """For a term `_depends_on_tokens_only`: the largest α with f(n) >= keep_s + α·n for every token count n in
+    1..max_tokens, f the term (the maximum of its pieces, every piece evaluated at every n, so a piece that takes over
+    at large counts is priced too)."""
     n = np.arange(1, max_tokens + 1, dtype=float)
-    return float(((f[1:] - keep_s) / n).min())
+    f = np.full(max_tokens, -np.inf)
+    for piece in term.pieces:
+        value = np.full(max_tokens, piece.intercept_s)
+        for feature, c in piece.coef_s.items():
+            q, step = padding_quantum(feature), token_step(feature)
+            value += c * (n if feature == "n_tokens" else np.ceil(n / q) * q if q is not None else n > step[1])
+        f = np.maximum(f, value)
+    return float(((f - keep_s) / n).min())
 
 
 def _kept_piece(term: CostTerm, totals: dict[str, float] | None) -> AffinePiece:
@@ -461,7 +454,8 @@ def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, s
     a_n = a_p = a_d = a_o = 0.0
     marginal = []
     for t in terms:
-        piece = _kept_piece(t, totals if _token_only_term(t) is None else None)
+        tokens_only = _depends_on_tokens_only(t)
+        piece = _kept_piece(t, None if tokens_only else totals)
         intercept = piece.intercept_s
         coefs: dict[str, float] = {}
         steps = []
@@ -475,10 +469,9 @@ def additive_split(terms: tuple[CostTerm, ...], max_tokens: int | None = None, s
             elif f not in _ADDITIVE:
                 continue
             coefs[f] = coefs.get(f, 0.0) + c
-        whole_term = _token_only_term(t) if max_tokens and len(t.pieces) > 1 else None
-        if whole_term is not None:  # every piece a function of n: the line below their maximum, all pieces priced
-            keep = intercept - step_share * max(0.0, intercept)
-            alpha = _linearised_term(whole_term, max_tokens, keep)
+        if tokens_only and max_tokens and len(t.pieces) > 1:  # every piece a function of n: the line below their
+            keep = intercept - step_share * max(0.0, intercept)  # maximum, all pieces priced
+            alpha = _linearised_term(t, max_tokens, keep)
             if alpha >= 0:
                 coefs, intercept = {"n_tokens": alpha}, keep
         elif steps and max_tokens and t.active_if == "n_tokens":  # a term active in every batch: α·n sums exactly
@@ -1063,7 +1056,9 @@ class LowerBounder:
                 parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
                 total = max(total, pairwise)
         if not first_token_only:
-            busy, progress = busy_and_progress or (self._busy_and_progress(arrays, solo) if splits else (None, None))
+            if busy_and_progress is None:  # offline: after the grid, unless its deadline cut the split-based bounds
+                busy_and_progress = self._busy_and_progress(arrays, solo) if splits else (None, None)
+            busy, progress = busy_and_progress
             if busy is not None:
                 parts["mean_busy_sum_s"] = busy - float(self.arrivals.sum())
                 total = max(total, busy)
