@@ -454,7 +454,7 @@ class Replayer:
         for s in now_plain:
             if s.finish_s is None:
                 self._plain.add(s.id)
-        if self.lazy_decoders and not batch.hidden:
+        if self.lazy_decoders:
             plain_now = self._plain
             for rid, _ in todo:
                 if rid in plain_now:
@@ -597,9 +597,9 @@ class Replayer:
         s.hidden = False
 
     # The lazy decode cohort. A batch that lists exactly the cohort's items first (same ids, c = 1, same
-    # order; C-level list equality), swaps none of them, lists none of them again and has no hidden
-    # items applies to every member what `apply`'s plain-decoder path would: one decode from m to m + 1
-    # (the members are plain decoders, so no other rule can fail). Instead of touching each member it
+    # order; C-level list equality), swaps none of them, lists none of them again and none of them as
+    # hidden (its other items may be) applies to every member what `apply`'s plain-decoder path would: one
+    # decode from m to m + 1 (the members are plain decoders, so no other rule can fail). Instead of touching each member it
     # advances ``_epoch``: Σ(m + 1), max(m + 1) and the blocks opened (members with m % block_size == 0)
     # come from running sums over ``key = m − e0``, and members whose last token falls in the batch
     # (``m = I + O − 2``) are found by epoch. Members the batch evicts leave the cohort first (brought up
@@ -614,7 +614,7 @@ class Replayer:
     def _cohort_batch(self, batch: ScheduledBatch) -> int:
         """The number of leading items applied as a cohort batch (0: the cohort was materialised)."""
         items, ids = batch.items, self._cohort_ids
-        if not batch.hidden and not batch.swap_out and not batch.swap_in:
+        if ids.isdisjoint(batch.hidden) and not batch.swap_out and not batch.swap_in:
             if not ids.isdisjoint(batch.evict):
                 states = self.states
                 for rid in batch.evict:

@@ -130,8 +130,9 @@ def test_same_decisions_as_the_plain_scheduler_with_arrays_always(run):
 class CheckedTotals(AptServeScheduler):
     """Recomputes the running totals from the request states at every plan and compares: the KV in use from
     each request's true ``m`` (``cached_tokens``: the engine's lazy decode cohort lets the field lag), the
-    summed last-token times (due at this plan's clock after a decode iteration) from the states brought up to
-    date every third plan (``sync_states`` dissolves the cohort; in between, the cohort's paths run)."""
+    summed last-token times (due at this plan's clock after a decode iteration) and the kept running columns
+    (`RunningColumns`) from the states brought up to date every third plan (``sync_states`` keeps the cohort;
+    in between, the cohort's paths run)."""
 
     plans = 0
 
@@ -146,6 +147,11 @@ class CheckedTotals(AptServeScheduler):
             self.sync_states()
             ref = len(self.running) * fixed(now_s) if self._ref_at_clock else self._ref_total
             assert ref == sum(fixed(s.last_token_s) for s in self.running)
+            # the kept columns (references due at this plan's clock filled in) equal a fresh read of the states
+            self._columns.clock(now_s)
+            kept, read = self._columns.view(self.running), aptserve_running.RunningArrays.of(self.running)
+            for name in ("ids", "m", "ref", "hidden"):
+                assert getattr(kept, name).tolist() == getattr(read, name).tolist(), name
         assert self._decode_items == [(s.id, 1) for s in self.running]
         assert self._hidden_running == sum(s.hidden for s in self.running)
         return super().next_batch(now_s)

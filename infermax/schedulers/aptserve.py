@@ -262,12 +262,11 @@ class AptServeScheduler(Scheduler):
         self._hidden_running = 0  # running requests holding a hidden-form cache
         self._planned: tuple | None = None  # (batch, KV in use after it or None) of the last decode iteration
         self._ref_at_clock = False  # every running request's last token is at the next plan's clock
-        # Decoders' state is read only after `sync_states`, so the engine's lazy decode cohort could be used;
-        # it is not, as it measured no faster: aptserve-kv on the whole azure-conv trace (C = 14,088) ran at
-        # 217 and 248 us per batch with it, 235 and 237 without (a quarter of the decode iterations preempt,
-        # and each of those reads every running request); re-measured after the cohort learnt to survive
-        # syncs and evictions, 5 interleaved runs each: 212.8 us per batch with it, 205.9 without (medians).
-        self.lazy_decode_ok = False
+        # Decoders' state is read only after `sync_states` or through `cached_tokens`, and the greedy over many
+        # running requests reads the kept columns instead (`RunningColumns`), so the engine's lazy decode cohort
+        # applies a decode iteration without touching its items one by one.
+        self.lazy_decode_ok = True
+        self._columns = aptserve_running.RunningColumns()
         self._by_id: dict[int, RequestState] = {}
         self._prefill_cap = min(limits.C, limits.prefill_budget)
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
@@ -280,6 +279,14 @@ class AptServeScheduler(Scheduler):
         # their cache_tokens; paper, their KV size blocks(m) even when held hidden); None: recompute
         self._used_total: int | None = 0
         self._ref_total = 0  # Σ fixed(ref) over the running requests (ref: their last token)
+
+    def expect(self, requests) -> None:
+        """The lazy decode cohort takes a batch's decodes as one step only when the cohort's members come first
+        in it, in order, and a request with a TBT or TPOT target (its token times are kept) never joins it;
+        mixed into the running order, such requests break every match, and each break brings every member up
+        to date (an azure-conv slice with targets on two thirds of the requests: 6,061 times in 12,398 batches,
+        1.25x slower than without the cohort). So the cohort is used only when no request keeps token times."""
+        self.lazy_decode_ok = not any(r.tbt_slo_s is not None or r.tpot_slo_s is not None for r in requests)
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -327,6 +334,7 @@ class AptServeScheduler(Scheduler):
         lim, opt, running = self.limits, self.options, self.running
         if self._ref_at_clock:  # after a decode iteration (the first plan after a batch is at its end)
             self._ref_total, self._ref_at_clock = len(running) * fixed(now_s), False
+        self._columns.clock(now_s)
         self._raise_if_too_big()
         # N enters only the hidden form's value: not computed for the KV-only variant.
         n = 0
@@ -338,18 +346,18 @@ class AptServeScheduler(Scheduler):
                     self.sync_states()
                     n -= sum(self.violates(s, self.pending_s(s, now_s)) for s in running
                              if s.id in self._running_with_slo)
-        # Many running requests: their fields are read at most once, into arrays, for every use below.
+        # Many running requests: their fields are read from the kept columns, for every use below.
         big = len(running) >= aptserve_running.NUMPY_RUNNING
         arrays = None
         if self._used_total is None:
-            self.sync_states()
-            arrays = aptserve_running.RunningArrays.of(running) if big else None
             paper, b = opt.prefill_memory == "paper", lim.block_size
             if big:
+                arrays = self._columns.view(running)
                 held = (aptserve_running.blocks(arrays.m, b) if paper
                         else aptserve_running.cache_sizes(arrays.m, arrays.hidden, b))
                 self._used_total = int(held.sum())
             else:
+                self.sync_states()
                 self._used_total = sum(lim.blocks(s.m) for s in running) if paper else self._used()
         free = lim.M - self._used_total
         chosen = self._select_waiting(now_s, n, max(free, 0), holders=len(running))
@@ -359,11 +367,13 @@ class AptServeScheduler(Scheduler):
         batch = self._decode_all()
         if batch is not None:
             return batch
-        self.sync_states()
-        if big and arrays is None:
-            arrays = aptserve_running.RunningArrays.of(running)
+        if not big:
+            self.sync_states()
+        elif arrays is None:
+            arrays = self._columns.view(running)
         batch = self._decode_iteration(now_s, n, arrays)
         if batch.evict and self._unrefillable(batch.evict):
+            self.sync_states()
             batch = self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
         if batch.items and batch.items[0][0] in self._running_ids:  # a decode iteration (never mixed with
             self._planned = (batch, None)  # prefills): it admits nobody
@@ -399,6 +409,8 @@ class AptServeScheduler(Scheduler):
             return True
         if run + run_margin < wait - wait_margin:
             return False
+        if arrays is None and len(self.running) >= aptserve_running.NUMPY_RUNNING:
+            arrays = self._columns.view(self.running)
         if arrays is not None:
             total = sum((now_s - arrays.ref).tolist())
         else:
@@ -423,6 +435,7 @@ class AptServeScheduler(Scheduler):
         if again.forms:
             prefill = self._prefill_batch(again)
             return ScheduledBatch(items=prefill.items, evict=batch.evict, hidden=prefill.hidden)
+        self.sync_states()
         return self._deferred_switch_batch(kept)
 
     def _used(self) -> int:
@@ -580,9 +593,11 @@ class AptServeScheduler(Scheduler):
 
     def _unrefillable(self, rids) -> list[RequestState]:
         """Running requests among ``rids`` whose refill after a preemption (prompt + generated tokens)
-        would exceed ``min(C, P)``: preempted, they could never be prefilled again (no chunking)."""
-        cap, by_id = self._prefill_cap, self._by_id
-        return [s for s in (by_id[rid] for rid in rids) if s.req.prompt_tokens + s.generated > cap]
+        would exceed ``min(C, P)``: preempted, they could never be prefilled again (no chunking). A lazily
+        advanced decoder's ``generated`` lags its true count by as many tokens as its ``m`` lags
+        `cached_tokens`."""
+        cap, by_id, m = self._prefill_cap, self._by_id, self.cached_tokens
+        return [s for s in (by_id[rid] for rid in rids) if s.req.prompt_tokens + s.generated + m(s) - s.m > cap]
 
     def _select_running_pinned(self, now_s: float, n: int) -> Selection:
         """The decode selection when the greedy would preempt an unrefillable request (design.md):
@@ -670,11 +685,15 @@ class AptServeScheduler(Scheduler):
             running_ids.add(rid)
             if s.req.ttft_slo_s is not None or s.req.tbt_slo_s is not None:
                 with_slo.add(rid)
+        if admitted:
+            self._columns.append(self.running[len(self.running) - len(admitted):])
         if finished:
             done = {s.id for s in finished}
             self._drop_running(done)
             with_slo.difference_update(done)
             running_ids.difference_update(done)
+        if decoded:  # every running request was an item (the others were preempted)
+            self._columns.decoded()
         if decode_all:  # what it planned, less what the finished requests held (blocks(I + O − 1) each)
             blocks = self.limits.blocks
             self._used_total = planned[1] - sum(blocks(s.req.peak_kv_tokens) for s in finished) if self.running else 0
@@ -685,10 +704,17 @@ class AptServeScheduler(Scheduler):
         self._update_totals(batch, admitted, finished)
 
     def _drop_running(self, out: set[int]) -> None:
-        """Remove these ids from the running requests (and their decode items)."""
-        keep = [s.id not in out for s in self.running]
-        self.running = list(compress(self.running, keep))
-        self._decode_items = list(compress(self._decode_items, keep))
+        """Remove these ids from the running requests (and their decode items); with many running requests the
+        rows to keep are found in the id column (one numpy comparison per dropped id)."""
+        if len(self.running) >= aptserve_running.NUMPY_RUNNING:
+            keep = self._columns.without(out)
+            flags = keep.tolist()
+        else:
+            flags = [s.id not in out for s in self.running]
+            keep = np.array(flags, bool)
+        self.running = list(compress(self.running, flags))
+        self._columns.keep(keep)
+        self._decode_items = list(compress(self._decode_items, flags))
         self._hidden_running = sum(1 for s in self.running if s.hidden) if self._hidden_running else 0
 
     def _update_totals(self, batch: ScheduledBatch, admitted: list[int], finished: list[RequestState]) -> None:
@@ -714,6 +740,7 @@ class AptServeScheduler(Scheduler):
 
     def repeated_full_decode(self, batch: ScheduledBatch, copies: int) -> None:
         """Every running request decoded ``copies`` more tokens, the last at the same time (the clock)."""
+        self._columns.decoded(copies)
         self._used_total = None
         self._ref_at_clock = bool(self.running)
 

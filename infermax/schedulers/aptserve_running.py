@@ -87,6 +87,86 @@ class RunningArrays(NamedTuple):
                    np.fromiter([s.hidden for s in states], bool, count))
 
 
+class RunningColumns:
+    """`RunningArrays`' columns kept up to date batch by batch instead of read from every running request's
+    state each time: after a decode iteration every running request that is still running decoded one token
+    (``decoded``), after a prefill iteration the admitted requests join at the end (``append``), and
+    preempted or finished ones leave (``keep``), in the running list's order. A decode iteration leaves every
+    running request's last token at its end, which is the engine's clock at the next plan, so those
+    reference times are filled in at that plan (``clock``).
+
+    Why: the paper's decode greedy reads every running request each iteration; reading them from their
+    states (``RunningArrays.of``) is a Python pass over hundreds of requests, and it needs every state to be
+    current, which keeps the engine's lazy decode cohort off. The columns need neither."""
+
+    __slots__ = ("_ids", "_m", "_ref", "_hidden", "_n", "_at_clock")
+
+    def __init__(self, capacity: int = 64):
+        self._ids = np.empty(capacity, np.int64)
+        self._m = np.empty(capacity, np.int64)
+        self._ref = np.empty(capacity, np.float64)
+        self._hidden = np.empty(capacity, bool)
+        self._n = 0
+        self._at_clock = 0  # the first rows whose reference time is the next plan's clock
+
+    def __len__(self) -> int:
+        return self._n
+
+    def without(self, ids: set[int]) -> np.ndarray:
+        """One flag per row, in order: its id is not in ``ids`` (a comparison per id: usually one or two, where
+        ``np.isin``'s set-up costs more)."""
+        column = self._ids[:self._n]
+        if len(ids) > 8:
+            return ~np.isin(column, np.fromiter(ids, np.int64, len(ids)))
+        flags = np.ones(self._n, bool)
+        for rid in ids:
+            flags &= column != rid
+        return flags
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep the rows where ``mask`` (a boolean array, one flag per row, in order) is true."""
+        n = self._n
+        idx = np.flatnonzero(mask)
+        k = len(idx)
+        if k == n:
+            return
+        for col in (self._ids, self._m, self._ref, self._hidden):
+            col[:k] = col[idx]
+        self._n = k
+
+    def decoded(self, tokens: int = 1) -> None:
+        """Every row decoded ``tokens`` tokens, the last at the next plan's clock."""
+        self._m[:self._n] += tokens
+        self._at_clock = self._n
+
+    def append(self, states: list) -> None:
+        """Rows for ``states`` (current: their cached tokens, last token and cache form), at the end."""
+        n, k = self._n, len(states)
+        if n + k > len(self._ids):
+            size = max(2 * len(self._ids), n + k)
+            for name in ("_ids", "_m", "_ref", "_hidden"):
+                col = getattr(self, name)
+                grown = np.empty(size, col.dtype)
+                grown[:n] = col[:n]
+                setattr(self, name, grown)
+        for i, s in enumerate(states, start=n):
+            self._ids[i], self._m[i], self._hidden[i] = s.id, s.m, s.hidden
+            self._ref[i] = s.req.arrival_s if s.last_token_s is None else s.last_token_s
+        self._n = n + k
+
+    def clock(self, now_s: float) -> None:
+        """At the start of a plan: the rows that decoded in the last batch have their last token at ``now_s``."""
+        if self._at_clock:
+            self._ref[:self._at_clock] = now_s
+            self._at_clock = 0
+
+    def view(self, states: list) -> RunningArrays:
+        """The columns as `RunningArrays` of ``states`` (the running list, same order), read-only views valid
+        until the next update."""
+        n = self._n
+        return RunningArrays(states, self._ids[:n], self._m[:n], self._ref[:n], self._hidden[:n])
+
+
 def blocks(tokens: np.ndarray, block: int) -> np.ndarray:
     """``Limits.blocks`` elementwise."""
     return tokens if block == 1 else -(-tokens // block) * block
