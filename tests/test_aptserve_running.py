@@ -135,6 +135,7 @@ class CheckedTotals(AptServeScheduler):
     in between, the cohort's paths run)."""
 
     plans = 0
+    columns_checked = 0
 
     def next_batch(self, now_s):
         lim, m = self.limits, self.cached_tokens
@@ -143,25 +144,51 @@ class CheckedTotals(AptServeScheduler):
             assert self._used_total == sum(lim.blocks(m(s)) if paper else cache_tokens(lim, m(s), s.hidden)
                                            for s in self.running)
         self.plans += 1
+        if self._columns is not None:  # at every plan: ids, true m and forms (reference times below, once synced)
+            kept = self._columns.view(self.running)
+            assert kept.ids.tolist() == [s.id for s in self.running]
+            assert kept.m.tolist() == [m(s) for s in self.running]
+            assert kept.hidden.tolist() == [s.hidden for s in self.running]
         if self.plans % 3 == 0:
             self.sync_states()
             ref = len(self.running) * fixed(now_s) if self._ref_at_clock else self._ref_total
             assert ref == sum(fixed(s.last_token_s) for s in self.running)
             # the kept columns (references due at this plan's clock filled in) equal a fresh read of the states
-            self._columns.clock(now_s)
-            kept, read = self._columns.view(self.running), aptserve_running.RunningArrays.of(self.running)
-            for name in ("ids", "m", "ref", "hidden"):
-                assert getattr(kept, name).tolist() == getattr(read, name).tolist(), name
+            if self._columns is not None:
+                self.columns_checked += 1
+                self._columns.clock(now_s)
+                kept, read = self._columns.view(self.running), aptserve_running.RunningArrays.of(self.running)
+                for name in ("ids", "m", "ref", "hidden"):
+                    assert getattr(kept, name).tolist() == getattr(read, name).tolist(), name
         assert self._decode_items == [(s.id, 1) for s in self.running]
         assert self._hidden_running == sum(s.hidden for s in self.running)
         return super().next_batch(now_s)
 
 
+@pytest.mark.parametrize("numpy_running", [aptserve_running.NUMPY_RUNNING, 0, 4])
 @settings(max_examples=200, deadline=None)
 @given(runs())
-def test_running_totals_match_the_states(run):
+def test_running_totals_match_the_states(numpy_running, run):
+    # 0: the running columns are built at the first decode iteration and kept throughout; 4: built and dropped
+    # again and again as the running set crosses 4 and 2.
     reqs, limits, options, cost = run
+    saved, aptserve_running.NUMPY_RUNNING = aptserve_running.NUMPY_RUNNING, numpy_running
     try:
         simulate(reqs, CheckedTotals(limits, cost, options), limits, cost)
     except (InfeasibleRequestError, NoProgressError):
         pass  # the run's own outcome; the totals were checked up to it
+    finally:
+        aptserve_running.NUMPY_RUNNING = saved
+
+
+def test_running_columns_are_checked(monkeypatch):
+    # The property test above really compares columns (here built at the first decode iteration that preempts).
+    import random
+
+    monkeypatch.setattr(aptserve_running, "NUMPY_RUNNING", 0)
+    rng = random.Random(0)
+    reqs = [Request(i, float(rng.randrange(0, 40)), rng.randrange(1, 200), rng.randrange(1, 40)) for i in range(200)]
+    limits = Limits(C=512, M=2000)
+    scheduler = CheckedTotals(limits, AffineCost(0.01, 0.0005), AptServeOptions(hybrid=False))
+    simulate(reqs, scheduler, limits, AffineCost(0.01, 0.0005))
+    assert scheduler.columns_checked > 5
