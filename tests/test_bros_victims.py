@@ -23,6 +23,17 @@ HOLDERS = st.lists(st.tuples(st.sampled_from([0.2, 0.4, 3.0]), st.sampled_from(R
                    min_size=1, max_size=25)
 
 
+def _after(stream, rank, most=math.inf):
+    """The ids ``stream.take_after(rank)`` gives, up to ``most`` of them (a FindPreemptBlock call drawing victims)."""
+    got = []
+    while len(got) < most:
+        rid = stream.take_after(rank)
+        if rid is None:
+            break
+        got.append(rid)
+    return got
+
+
 def _groups_and_full_sort(holders):
     """The per-target holder lists (keys (ref, arrival, id), sorted) and every holder's (slack, arrival, id), sorted:
     the straightforward order."""
@@ -45,7 +56,7 @@ def test_lazy_rt_victims_match_sorting_every_holder(holders, data):
                                st.tuples(st.sampled_from([f[0] for f in flat]), st.sampled_from([0.5, 1.0, 9.0]),
                                          st.integers(-1, 30))))
     expected = [rid for _, _, rid in reversed([f for f in flat if f > rank])]
-    assert [rid for _, _, rid in _VictimStream(groups, NOW).after(rank)] == expected
+    assert _after(_VictimStream(groups, NOW), rank) == expected
 
 
 @settings(max_examples=300, deadline=None)
@@ -59,17 +70,13 @@ def test_one_stream_serves_calls_with_growing_ranks(holders, data):
     for rank in ranks:
         offered = [f for f in reversed(flat) if f > rank and f[2] not in taken]
         want = data.draw(st.integers(0, len(offered) + 1))
-        got = []
-        for item in (stream.after(rank) if want else ()):
-            got.append(item)
-            if len(got) == want:
-                break
-        assert got == offered[:want]
-        taken.update(rid for _, _, rid in got)
+        got = _after(stream, rank, want)
+        assert got == [rid for _, _, rid in offered[:want]]
+        taken.update(got)
 
 
 def test_equal_slack_from_different_reference_times_is_ordered_by_arrival_then_id():
     a, b = 0.0, 1e-11
     assert a != b and 0.4 - (NOW - a) == 0.4 - (NOW - b)  # the premise: one slack from two reference times
     groups = {0.4: sorted([(a, 2.0, 0), (b, 1.0, 1), (a, 1.0, 2)])}
-    assert [rid for _, _, rid in _VictimStream(groups, NOW).after((-math.inf, 0.0, 0))] == [0, 2, 1]
+    assert _after(_VictimStream(groups, NOW), (-math.inf, 0.0, 0)) == [0, 2, 1]

@@ -34,14 +34,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import partial
 from heapq import merge
 from itertools import chain
-from operator import itemgetter
 
 from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState
 from ..schedule import ScheduledBatch
+from .append_keys import AppendKeys
 from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
 from .bros_blocks import BE, RT, BiBlockManager
 from .bros_counts import CountBlockManager
@@ -91,38 +92,52 @@ class _Batch:
     def prefill(self) -> int:
         return self.f.prefill_tokens
 
-    def add(self, s: RequestState, c: int, swap_in: int, sign: int = 1) -> None:
+    def add(self, s: RequestState, c: int, swap_in: int) -> None:
         f = self.f
-        self.n += sign
-        f.n_tokens += sign * c
-        self.swap_in += sign * swap_in
-        if s.m < s.input_tokens:
-            f.prefill_tokens += sign * c
-            f.prefill_sq_tokens += sign * c * c
-            f.n_prefill_seqs += sign
+        self.n += 1
+        f.n_tokens += c
+        self.swap_in += swap_in
+        m = s.m
+        if m < s.input_tokens:
+            f.prefill_tokens += c
+            f.prefill_sq_tokens += c * c
+            f.n_prefill_seqs += 1
         else:
-            f.n_decode_seqs += sign
+            f.n_decode_seqs += 1
+            read = m + 1
+            f.decode_kv_tokens += read
+            self.decode_reads.append(read)
+            if read > f.decode_kv_max:
+                f.decode_kv_max = read
+
+    def remove(self, s: RequestState, c: int, swap_in: int) -> None:
+        """Undo `add` (of any item in the batch)."""
+        f = self.f
+        self.n -= 1
+        f.n_tokens -= c
+        self.swap_in -= swap_in
+        if s.m < s.input_tokens:
+            f.prefill_tokens -= c
+            f.prefill_sq_tokens -= c * c
+            f.n_prefill_seqs -= 1
+        else:
+            f.n_decode_seqs -= 1
             read = s.m + 1
-            f.decode_kv_tokens += sign * read
+            f.decode_kv_tokens -= read
             reads = self.decode_reads
-            if sign > 0:
-                reads.append(read)
-                if read > f.decode_kv_max:
-                    f.decode_kv_max = read
-            else:
-                reads.remove(read)
-                if read == f.decode_kv_max:
-                    f.decode_kv_max = max(reads, default=0)
+            reads.remove(read)
+            if read == f.decode_kv_max:
+                f.decode_kv_max = max(reads, default=0)
 
     def features(self) -> BatchFeatures:
         return self.f
 
 
 class _Refiling:
-    """Removals and insertions for BROS's three per-target orders (0: every RT request, 1: the budget's
-    candidates, 2: the KV holders), collected over a batch's requests and applied per order in one call each
-    (removals first; a request's old and new keys differ). The requests a batch ran get the same, latest
-    reference time, so their new keys extend each order's last piece at once."""
+    """Changes to BROS's three per-target orders (0: the budget's candidates, 1: the RT requests found late, 2: the
+    KV holders), collected over a batch's requests and applied per target and order in one call each (removals
+    first: a request's old and new keys differ). The requests a batch ran get the same reference time, its end,
+    later than every filed key, so their new keys, sorted among themselves, are appended (`AppendKeys`)."""
 
     __slots__ = ("by_target",)
 
@@ -130,44 +145,47 @@ class _Refiling:
         self.by_target: dict[float, list[list]] = {}
 
     def at(self, target: float) -> list[list]:
-        """[removed, added] key lists of orders 0, 1, 2, flattened, for ``target``."""
+        """``target``'s [keys entering order 0 (a request filed is a budget candidate), keys entering order 2, keys
+        leaving order 0, order 1, order 2]."""
         lists = self.by_target.get(target)
         if lists is None:
-            lists = self.by_target[target] = [[], [], [], [], [], []]
+            lists = self.by_target[target] = [[], [], [], [], []]
         return lists
 
     def apply(self, orders: tuple[dict, dict, dict]) -> None:
-        for target, lists in self.by_target.items():
-            for k, by_target in enumerate(orders):
-                removed, added = lists[2 * k], lists[2 * k + 1]
-                if not removed and not added:
-                    continue
+        for target, (entered, held, *left) in self.by_target.items():
+            entered.sort()
+            held.sort()
+            for by_target, removed, added in zip(orders, left, (entered, (), held)):
                 group = by_target.get(target)
                 if removed:
-                    removed.sort()
-                    group.remove_sorted(removed)
+                    group.remove_all(removed)
                 if added:
-                    if group is None:
-                        group = by_target[target] = SortedKeys()
-                    added.sort()
-                    group.add_sorted(added)
-                if not group:
+                    _group(by_target, target).add_sorted(added)
+                elif group is not None and not group:
                     del by_target[target]
-        self.by_target.clear()
+
+
+def _group(by_target: dict[float, AppendKeys], target: float) -> AppendKeys:
+    """``target``'s group in ``by_target`` (created empty if there is none)."""
+    group = by_target.get(target)
+    if group is None:
+        group = by_target[target] = AppendKeys()
+    return group
 
 
 class BrosScheduler(Scheduler):
     """BROS; see the module docstring. ``limits.M // block_size`` bidirectional blocks.
 
-    Per-iteration cost (design.md, BROS decision 13): the RT priority order is kept incrementally
-    (``_rt_groups``: per target, requests sorted by their slack reference time, updated only for the
-    requests a batch ran) and merged lazily, so an iteration reads only the prefix of the order it
-    uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from
-    the KV holders only (RT: per-target holder lists read from the most-slack end, only when an
-    allocation fails; decision 14); the orders are ``SortedKeys`` (no whole-queue memmove per
-    update), re-filed in bulk after each batch. Decision 15: without BE requests the KV is kept as
-    counts (`bros_counts`); cost checks and ``slack ≥ C({i})`` look at the swap-in time first; the
-    compute part of ``C({i})`` is cached per (prefill tokens | decode m)."""
+    Per-iteration cost (design.md, BROS decision 13): the RT priority order is kept incrementally (per target,
+    requests sorted by their slack reference time, updated only for the requests a batch ran: the late ones, then
+    the budget's candidates, `_rank_keys`) and merged lazily, so an iteration reads only the prefix of the order it
+    uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from the KV holders
+    only (RT: per-target holder lists read from the most-slack end, only when an allocation fails; decision 14);
+    the RT orders are `AppendKeys` (keys enter at the end: appended; removals blank a slot), re-filed in bulk
+    after each batch. Decision 15: without BE requests the KV is kept as counts (`bros_counts`); cost checks and
+    ``slack ≥ C({i})`` look at the swap-in time first; the compute part of ``C({i})`` is cached per (prefill
+    tokens | decode m)."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):
@@ -180,21 +198,21 @@ class BrosScheduler(Scheduler):
         self.capacity = self.mgr.num_blocks * self.S
         self.rt: dict[int, RequestState] = {}
         self.be: dict[int, RequestState] = {}
-        # RT order: per slack target T, (reference time, arrival, id) ascending (slack = T − (now − ref)).
-        self._rt_groups: dict[float, SortedKeys] = {}
+        # RT requests: per slack target T, keys (reference time, arrival, id) (slack = T − (now − ref)).
         self._rt_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         # BE order: (−checkpointed blocks, arrival, id) ascending.
         self._be_order = SortedKeys()
         self._be_key: dict[int, tuple[int, float, int]] = {}
-        # RT KV holders (as of the iteration's start, kept by _file/_unfile), per target, like _rt_groups.
-        self._holder_groups: dict[float, SortedKeys] = {}
+        # RT KV holders (as of the iteration's start, kept by _enter_rt/_leave_rt), per target, by key.
+        self._holder_groups: dict[float, AppendKeys] = {}
         self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         self._solo: dict[int, float] = {}  # compute part of C({i}): −c for a c-token prefill, m for a decode
-        # The budget's candidates: ``_rt_groups`` less the requests found late (slack < C({i})) since their
-        # state last changed; slack only falls as time passes, so they stay late until a batch moves them.
-        self._budget_groups: dict[float, SortedKeys] = {}
-        self._late: set[int] = set()
-        self._orders = (self._rt_groups, self._budget_groups, self._holder_groups)  # _Refiling's orders 0-2
+        # Per target, by key, every RT request is in one of two orders: found late (slack < C({i})) since its
+        # state last changed (slack only falls as time passes, so it stays late until a batch moves it), or one of
+        # the budget's candidates.
+        self._budget_groups: dict[float, AppendKeys] = {}
+        self._late_groups: dict[float, AppendKeys] = {}
+        self._orders = (self._budget_groups, self._late_groups, self._holder_groups)  # _Refiling's orders 0-2
         self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
         self.max_batch = max(cap, 1)
@@ -224,63 +242,77 @@ class BrosScheduler(Scheduler):
             be = is_best_effort(s)
             (self.be if be else self.rt)[s.id] = s
             self.mgr.register(s.id, BE if be else RT)
-            self._file(s)
+            if be:
+                self._file_be(s)
+        refiling = _Refiling()
+        self._enter_rt([s for s in arrived if not is_best_effort(s)], refiling)
+        refiling.apply(self._orders)
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
         refiling = _Refiling()
+        rt, be = self.rt, self.be
         for s in finished:
             self.mgr.release(s.id)
-            (self.be if is_best_effort(s) else self.rt).pop(s.id)
-            self._unfile(s.id, refiling)
+            if is_best_effort(s):
+                be.pop(s.id)
+                self._unfile_be(s.id)
+            else:
+                rt.pop(s.id)
+                self._leave_rt((s.id,), refiling)
+                del self._rt_key[s.id]
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items} | {rid for rid, _ in batch.swap_in}
-        rt = self.rt
-        for rid in ran:
-            s = rt.get(rid)
-            if s is not None:
-                self._refile_rt(s, refiling)
-            elif rid in self.be:
-                self._unfile(rid, refiling)
-                self._file(self.be[rid], refiling)
+        ran_rt = [rid for rid in ran if rid in rt]
+        self._leave_rt(ran_rt, refiling)
+        self._enter_rt([rt[rid] for rid in ran_rt], refiling)
+        for rid in (ran if be else ()):
+            if rid in be:
+                self._unfile_be(rid)
+                self._file_be(be[rid])
         for rid, _ in batch.swap_out:
-            if rid not in ran and rid in self._holder_key and not self.mgr.gpu[rid]:
-                self._drop_holder(rid, refiling)
-            elif rid not in ran and (rid in self.rt or rid in self.be):
-                self._unfile(rid, refiling)
-                self._file(self.rt.get(rid, self.be.get(rid)), refiling)
+            if rid in ran:
+                continue
+            if rid in be:
+                self._unfile_be(rid)
+                self._file_be(be[rid])
+            elif rid in rt:
+                self._swapped_out_rt(rid, refiling)
         refiling.apply(self._orders)
 
-    def _drop_holder(self, rid: int, refiling: _Refiling) -> None:
-        """An RT request swapped out without running: only its KV-holder entry changes. Its slack reference
-        is the same; if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) can only
-        grow with its host tokens, its slack only falls), so it stays out of ``_budget_groups``."""
-        target, key = self._holder_key.pop(rid)
-        refiling.at(target)[4].append(key)
+    def _swapped_out_rt(self, rid: int, refiling: _Refiling) -> None:
+        """An RT request swapped out without running: its key stays (only a batch moves its slack reference), and
+        if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) only grows with its host
+        tokens, its slack only falls), so at most its KV-holder entry changes: it leaves the holders once it has no
+        GPU tokens. (It held KV when the iteration started, since only the selected requests gain KV and they
+        run; the block managers swap an RT request's KV out whole, so it always leaves.)"""
+        if not self.mgr.gpu[rid]:
+            target, key = self._holder_key.pop(rid)
+            refiling.at(target)[4].append(key)
 
-    def _file(self, s: RequestState, refiling: _Refiling | None = None) -> None:
-        """Enter ``s`` in its class's order under its current key (through ``refiling``, else at once)."""
-        if is_best_effort(s):
-            key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
-            self._be_key[s.id] = key
-            self._be_order.add(key)
-            return
-        target, key = self._rt_target_key(s)
-        now = refiling is None
-        if now:
-            refiling = _Refiling()
-        self._enter_rt(s.id, target, key, refiling.at(target))
-        if now:
-            refiling.apply(self._orders)
+    def _file_be(self, s: RequestState) -> None:
+        """Enter BE request ``s`` in the BE order under its current key (fewest checkpointed blocks, then arrival)."""
+        key = (-(-s.cpu_tokens // self.S), s.req.arrival_s, s.id)
+        self._be_key[s.id] = key
+        self._be_order.add(key)
 
-    def _enter_rt(self, rid: int, target: float, key: tuple, lists: list[list]) -> None:
-        """Record an RT request's new key and enter it in ``lists`` (`_Refiling.at(target)`): every RT request, the
-        budget's candidates, and the KV holders when it holds KV."""
-        self._rt_key[rid] = (target, key)
-        lists[1].append(key)
-        lists[3].append(key)
-        if self.mgr.gpu[rid]:
-            self._holder_key[rid] = (target, key)
-            lists[5].append(key)
+    def _unfile_be(self, rid: int) -> None:
+        self._be_order.remove(self._be_key.pop(rid))
+
+    def _enter_rt(self, states, refiling: _Refiling) -> None:
+        """Record the RT requests' keys (`_rt_target_key`) and enter them through ``refiling``: the budget's
+        candidates (a request filed is not yet found late), and the KV holders when they hold KV. (A loop over the
+        requests, not a call per request: it runs for every request of every batch.)"""
+        rt_key, holder_key, gpu, target_key = self._rt_key, self._holder_key, self.mgr.gpu, self._rt_target_key
+        last = lists = None
+        for s in states:
+            rid = s.id
+            target, key = rt_key[rid] = target_key(s)
+            if target != last:
+                lists, last = refiling.at(target), target
+            lists[0].append(key)
+            if gpu[rid]:
+                holder_key[rid] = (target, key)
+                lists[1].append(key)
 
     def _rt_target_key(self, s: RequestState) -> tuple[float, tuple[float, float, int]]:
         """An RT request's slack target T and its key in T's orders, (reference time, arrival, id): slack =
@@ -291,41 +323,18 @@ class BrosScheduler(Scheduler):
         target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
         return target, (s.last_token_s, s.req.arrival_s, s.id)
 
-    def _refile_rt(self, s: RequestState, refiling: _Refiling) -> None:
-        """`_unfile` then `_file` of a queued RT request (every request a batch ran): its old key leaves each
-        order it was in, its new key enters them."""
-        rid = s.id
-        old_target, old_key = self._rt_key[rid]
-        lists = refiling.at(old_target)
-        self._leave_rt(rid, old_key, lists)
-        target, key = self._rt_target_key(s)
-        self._enter_rt(rid, target, key, lists if target == old_target else refiling.at(target))
-
-    def _unfile(self, rid: int, refiling: _Refiling) -> None:
-        key = self._be_key.pop(rid, None)
-        if key is not None:
-            self._be_order.remove(key)
-            return
-        target, key = self._rt_key.pop(rid)
-        self._leave_rt(rid, key, refiling.at(target))
-
-    def _leave_rt(self, rid: int, key: tuple, lists: list[list]) -> None:
-        """An RT request's key leaves ``lists`` (`_Refiling.at` of its target): every RT request; the budget's
-        candidates, unless it was found late (then it only stops being late); the KV holders, if it held KV."""
-        lists[0].append(key)
-        if rid in self._late:
-            self._late.discard(rid)
-        else:
-            lists[2].append(key)
-        if self._holder_key.pop(rid, None) is not None:
-            lists[4].append(key)
-
-    @staticmethod
-    def _group(by_target: dict[float, SortedKeys], target: float) -> SortedKeys:
-        group = by_target.get(target)
-        if group is None:
-            group = by_target[target] = SortedKeys()
-        return group
+    def _leave_rt(self, rids, refiling: _Refiling) -> None:
+        """The keys of RT requests ``rids`` leave their targets' orders: the late requests or the budget's
+        candidates, and the KV holders, for those that held KV."""
+        rt_key, late_groups, holder_key = self._rt_key, self._late_groups, self._holder_key
+        last = lists = None
+        for rid in rids:
+            target, key = rt_key[rid]
+            if target != last:
+                lists, last, late = refiling.at(target), target, late_groups.get(target, ())
+            lists[3 if rid in late else 2].append(key)
+            if holder_key.pop(rid, None) is not None:
+                lists[4].append(key)
 
     # --- cost and priority ----------------------------------------------------------------------
 
@@ -354,21 +363,41 @@ class BrosScheduler(Scheduler):
         (slack, arrival, id), produced lazily. Within one target the slack ``T − (now − ref)`` is
         non-decreasing in ``ref`` (floating-point subtraction is monotone), so a group read by ``ref``
         is in slack order up to runs of equal slack, which are re-sorted by (arrival, id)."""
-        streams = [self._group_stream(target, group, now_s) for target, group in self._rt_groups.items()]
+        late = self._late_groups
+        targets = dict.fromkeys([*late, *self._budget_groups]) if late else self._budget_groups
+        streams = [self._group_stream(target, self._rank_keys(target), now_s) for target in targets]
         return streams[0] if len(streams) == 1 else merge(*streams)
 
-    def _group_stream(self, target: float, group: list, now_s: float):
+    def _rank_keys(self, target: float):
+        """``target``'s RT requests' keys, ascending: the late ones, then the budget's candidates. The budget's
+        scan marks a prefix of the candidates late (it stops at the first that is not), and a request filed later
+        gets a later key (its reference time is the batch's end or its arrival, and the engine files arrivals
+        before planning), so every late key precedes every candidate; a direct call filing a request below a late
+        one breaks that (tests/test_bros_late_orders.py), and then the two are merged."""
+        late, budget = self._late_groups.get(target), self._budget_groups.get(target)
+        if late is None or budget is None:
+            return budget if late is None else late
+        return chain(late, budget) if late.last() < budget.first() else merge(late, budget)
+
+    def _group_stream(self, target: float, group, now_s: float):
+        """``_ranked``'s stream of one target's requests; a run of equal slack is sorted only when several
+        reference times round to it (the keys of one reference time are in (arrival, id) order already)."""
         states = self.rt
         run: list = []
+        run_slack = last_ref = None
+        mixed = False
         for ref, arrival, rid in group:
-            slack = target - (now_s - ref)
-            if run and slack != run[0][0]:
-                if len(run) > 1:
-                    run.sort()
-                yield from run
-                run = []
+            if ref != last_ref:
+                last_ref, slack = ref, target - (now_s - ref)
+                if slack != run_slack:
+                    if mixed:
+                        run.sort()
+                    yield from run
+                    run, run_slack, mixed = [], slack, False
+                else:
+                    mixed = True
             run.append((slack, arrival, rid, states[rid]))
-        if len(run) > 1:
+        if mixed:
             run.sort()
         yield from run
 
@@ -381,7 +410,8 @@ class BrosScheduler(Scheduler):
         """The compute part of ``C({i})`` (no swap-in). Its features are those of one prefill of ``c`` tokens
         from an empty cache, or of one decode reading ``m + 1`` tokens, so it is cached per (phase, c or m) over
         all requests (at most two entries per token count)."""
-        key = -self._step(s) if s.m < s.input_tokens else s.m
+        m, prompt = s.m, s.input_tokens
+        key = m - prompt if m < prompt else m
         cost = self._solo.get(key)
         if cost is None:
             b = _Batch()
@@ -396,43 +426,39 @@ class BrosScheduler(Scheduler):
             t = max(t, self.swap_cost.time_s(s.cpu_tokens))
         return t
 
-    def _can_make_it(self, s: RequestState, slack: float) -> bool:
-        """``slack >= C({i})``; the swap-in time is checked first (no compute estimate when it alone is too
-        long: most late requests in the overload regime wait with their KV in host memory)."""
-        if s.cpu_tokens and self.swap_cost is not None and slack < self.swap_cost.time_s(s.cpu_tokens):
-            return False
-        return slack >= self._solo_compute(s)
-
     def budget(self, ranked, now_s: float) -> float:
         """``T_min^res``: the head's slack (strict), else the smallest slack of an RT request that can
         still make its deadline alone (``slack ≥ C({i})``), else infinity. ``ranked``: (slack, …, state)
         tuples in priority order (any iterable; strict mode reads its head).
 
         Not strict: a minimum, so each target's list is read in slack order up to its first feasible
-        request; the late requests passed on the way leave ``_budget_groups`` until their state changes
-        (exact: at a later ``now`` their slack is no larger, ``C({i})`` the same)."""
+        request; the late requests passed on the way move to ``_late_groups`` until their state changes
+        (exact: at a later ``now`` their slack is no larger, ``C({i})`` the same). ``slack ≥ C({i})`` tests the
+        swap-in time first (no compute estimate when it alone is too long: most late requests in the overload
+        regime wait with their KV in host memory)."""
         if self.options.strict:
             return next(iter(ranked), (math.inf,))[0]
         if now_s < self._last_now_s:  # time went back (direct calls): the late marks may not hold
-            for rid in self._late:
-                target, key = self._rt_key[rid]
-                self._group(self._budget_groups, target).add(key)
-            self._late.clear()
+            for target, late in self._late_groups.items():
+                self._budget_groups[target] = AppendKeys([*self._budget_groups.get(target, ()), *late])
+            self._late_groups.clear()
         self._last_now_s = now_s
         best = math.inf
+        rt, swap, solo_compute = self.rt, self.swap_cost, self._solo_compute
         for target, group in list(self._budget_groups.items()):
             late = 0
             for ref, _, rid in group:
                 slack = target - (now_s - ref)
                 if slack >= best:
                     break
-                if self._can_make_it(self.rt[rid], slack):
+                s = rt[rid]
+                if not (s.cpu_tokens and swap is not None and slack < swap.time_s(s.cpu_tokens)) \
+                        and slack >= solo_compute(s):  # slack ≥ C({i})
                     best = slack
                     break
                 late += 1
             if late:
-                self._late.update(rid for _, _, rid in group.first(late))
-                group.remove_first(late)
+                _group(self._late_groups, target).add_sorted(group.pop_first(late))
                 if not group:
                     del self._budget_groups[target]
         return best
@@ -469,12 +495,12 @@ class BrosScheduler(Scheduler):
             c, swap_in = (s.input_tokens - s.m if s.m < s.input_tokens else 1), s.cpu_tokens  # _step(s)
             batch.add(s, c, swap_in)
             if feats.n_tokens > C or feats.prefill_tokens > P:  # a C/P overflow is not a budget break
-                batch.add(s, c, swap_in, -1)
+                batch.remove(s, c, swap_in)
                 return rt_ready, holders, False
             if (rt_ready or not guard) and (
                     (batch.swap_in and swap is not None and swap.time_s(batch.swap_in) > budget)
                     or batch_time_s(feats) > budget):  # _over(batch, budget)
-                batch.add(s, c, swap_in, -1)
+                batch.remove(s, c, swap_in)
                 return rt_ready, holders, True  # lines 11-12
             new_holder = gpu[rid] == 0
             receipt = alloc_rt(rid, swap_in + c) if not new_holder or rmax is None or holders < rmax else None
@@ -483,7 +509,7 @@ class BrosScheduler(Scheduler):
             else:
                 receipt, holders = self._preempt_for(s, swap_in + c, new_holder, holders, item, now_s)
                 if receipt is None:
-                    batch.add(s, c, swap_in, -1)
+                    batch.remove(s, c, swap_in)
                     break
             rt_ready.append((s, receipt, c))
         return rt_ready, holders, False
@@ -493,9 +519,14 @@ class BrosScheduler(Scheduler):
         if opts.check:
             self._check_against_states()
         self._victims = None  # this iteration's RT victim stream, built when an allocation first fails
-        ranked = self._ranked(now_s)
-        head = next(ranked, None)  # the most urgent RT request (strict mode's budget), then the rest
-        budget = self.budget((head,) if head is not None else (), now_s)
+        if opts.strict:  # the budget is the head's slack
+            ranked = self._ranked(now_s)
+            head = next(ranked, None)  # the most urgent RT request, then the rest
+            budget = self.budget((head,) if head is not None else (), now_s)
+        else:  # the budget moves the requests it finds late between orders that `_ranked` reads: first
+            budget = self.budget((), now_s)
+            ranked = self._ranked(now_s)
+            head = next(ranked, None)
         self.last_budget_s = budget
         holders = len(mgr.holders)
         batch = _Batch()
@@ -503,9 +534,11 @@ class BrosScheduler(Scheduler):
         be_ready, holders = self._be_loop(batch, budget, holders, rt_ready)
         self.b_curr = min(opts.base_batch if early_return else 2 * self.b_curr, self.max_batch)
         swapped_out = mgr.end_iteration()
-        items = [(s.id, c) for s, _, c in rt_ready] + [(s.id, c) for s, c in be_ready]
+        items = [(s.id, c) for s, _, c in rt_ready]
         swap_in = [(s.id, s.cpu_tokens) for s, _, _ in rt_ready if s.cpu_tokens]
-        swap_in += [(s.id, s.cpu_tokens) for s, _ in be_ready if s.cpu_tokens]
+        if be_ready:
+            items += [(s.id, c) for s, c in be_ready]
+            swap_in += [(s.id, s.cpu_tokens) for s, _ in be_ready if s.cpu_tokens]
         swap_out = sorted(swapped_out.items())
         if (swap_in or swap_out) and self.swap_cost is None:
             raise SchedulerError(f"scheduler '{self.name}' must swap KV but the simulation has no swap cost model "
@@ -529,6 +562,8 @@ class BrosScheduler(Scheduler):
         fits, else the loop stops. Returns (the selected (state, tokens), KV holders after them)."""
         mgr, opts, lim = self.mgr, self.options, self.limits
         be_ready: list[tuple[RequestState, int]] = []
+        if not self.be:
+            return be_ready, holders
         excluded = set(mgr.checkpointed) | set(mgr.dropped)
         candidates = (key for key in self._be_order if key[2] not in excluded)
         for key in candidates:
@@ -551,16 +586,16 @@ class BrosScheduler(Scheduler):
                     if not ok and not new_holder:  # every BE holder ranked after it dropped: its own earlier blocks
                         ok = mgr.alloc_be(s.id, swap_in + c, own_blocks=True)
                 if not ok:
-                    batch.add(s, c, swap_in, -1)
+                    batch.remove(s, c, swap_in)
                     break
                 be_ready.append((s, c))
                 continue
             # Replacement of the least urgent selected RT request.
             if not rt_ready or (len(rt_ready) == 1 and not opts.strict):
-                batch.add(s, c, swap_in, -1)
+                batch.remove(s, c, swap_in)
                 break
             victim, receipt, vc = rt_ready[-1]
-            batch.add(victim, vc, victim.cpu_tokens, -1)
+            batch.remove(victim, vc, victim.cpu_tokens)
             if self._fits(batch, budget) and mgr.alloc_be(s.id, swap_in + c):
                 rt_ready.pop()
                 victim_was_new = mgr.gpu[victim.id] == sum(step[-1] for step in receipt)
@@ -569,15 +604,15 @@ class BrosScheduler(Scheduler):
                 be_ready.append((s, c))
                 continue
             batch.add(victim, vc, victim.cpu_tokens)
-            batch.add(s, c, swap_in, -1)
+            batch.remove(s, c, swap_in)
             break
         return be_ready, holders
 
-    def _be_ranked_after(self, key: tuple, excluded: set[int]):
+    def _be_ranked_after(self, key: tuple, excluded: set[int]) -> list[int]:
         """BE KV holders among the loop's candidates ranked after ``key``, last first (the guard's victims;
         requests without GPU tokens would be skipped anyway)."""
         keys = sorted(self._be_key[rid] for rid in self.mgr.be_holders if rid not in excluded)
-        return [self.be[k[2]] for k in reversed(keys[bisect_right(keys, key):])]
+        return [k[2] for k in reversed(keys[bisect_right(keys, key):])]
 
     def _preempt_for(self, s: RequestState, need: int, new_holder: bool, holders: int, item: tuple, now_s: float):
         """FindPreemptBlock after its first allocation failed (or could not be tried: ``Rmax`` holders and ``s``
@@ -585,28 +620,27 @@ class BrosScheduler(Scheduler):
         requests (most checkpointed first, then latest arrival), then RT requests ranked after it (its rank:
         ``item[:3]``, its (slack, arrival, id); the KV holders among them, most slack first), until it fits. Returns
         (receipt or None, holders). The victims are ordered here, on the failure: a failed allocation changes
-        nothing."""
-        mgr = self.mgr
-        be = sorted((self.be[rid] for rid in mgr.be_holders),
-                    key=lambda v: (v.cpu_tokens + mgr.checkpointed.get(v.id, 0), v.req.arrival_s, v.id),
-                    reverse=True) if mgr.be_holders else ()
-        victims = chain(be, self._holders_after(item[:3], now_s))
-        return self._make_room(lambda: mgr.alloc_rt(s.id, need), new_holder, holders, victims, tried=True)
+        nothing.
 
-    def _holders_after(self, rank: tuple[float, float, int], now_s: float):
-        """RT requests that held KV when the iteration started and rank after ``rank`` (slack, arrival, id),
-        most slack first, from the iteration's `_VictimStream` (built on the first call). The RT loop selects
-        in rank order, so no request ranked after the one it is placing has gained KV in this iteration;
-        those that lost it are skipped by ``_make_room``."""
+        The RT victims are the iteration's `_VictimStream` (built on the first call): the RT loop selects in rank
+        order, so no request ranked after the one it is placing has gained KV in this iteration; those that lost
+        it are skipped by ``_make_room``."""
+        mgr = self.mgr
+        be = sorted(mgr.be_holders, key=lambda rid: (self.be[rid].cpu_tokens + mgr.checkpointed.get(rid, 0),
+                                                     self.be[rid].req.arrival_s, rid), reverse=True) \
+            if mgr.be_holders else ()
         if self._victims is None:
             self._victims = _VictimStream(self._holder_groups, now_s)
-        return map(self.rt.__getitem__, map(itemgetter(2), self._victims.after(rank)))
+        rt = iter(partial(self._victims.take_after, item[:3]), None)
+        return self._make_room(partial(mgr.alloc_rt, s.id, need), new_holder, holders, chain(be, rt) if be else rt,
+                               tried=True)
 
     def _make_room(self, alloc, new_holder: bool, holders: int, victims, tried: bool = False):
-        """Try ``alloc()``; on failure drop (swap out) ``victims`` (an iterable, drawn lazily) in order, skipping
-        those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders). ``tried``:
-        the caller has just tried it (a failed allocation changes nothing), so start with a victim."""
+        """Try ``alloc()``; on failure drop (swap out) ``victims`` (request ids, an iterable drawn lazily) in order,
+        skipping those without GPU tokens, until it succeeds. Returns (``alloc``'s result or None, holders).
+        ``tried``: the caller has just tried it (a failed allocation changes nothing), so start with a victim."""
         mgr, rmax = self.mgr, self.limits.Rmax
+        gpu = mgr.gpu
         victims = iter(victims)
         while True:
             if tried:
@@ -616,22 +650,28 @@ class BrosScheduler(Scheduler):
                 if got is not None and got is not False:
                     return got, holders + new_holder
             for victim in victims:
-                if mgr.gpu[victim.id]:
+                if gpu[victim]:
                     break
             else:
                 return None, holders
-            mgr.drop(victim.id)
+            mgr.drop(victim)
             holders -= 1
 
     # --- checks -----------------------------------------------------------------------------------
 
     def _check_against_states(self) -> None:
-        """Block invariants, and every request's GPU tokens equal to the replayer's."""
+        """Block invariants, every request's GPU tokens equal to the replayer's, and the RT orders: every RT request
+        under its key in its target's late order or budget candidates (not both), the holders in the holder order."""
         self.mgr.check()
         held = sorted((target, key) for rid, (target, key) in self._rt_key.items() if self.mgr.gpu[rid])
         if sorted(self._holder_key.values()) != held or \
                 sorted((t, k) for t, group in self._holder_groups.items() for k in group) != held:
             raise SchedulerError("BROS's RT KV-holder index disagrees with the block manager")
+        filed = sorted((t, k) for groups in (self._late_groups, self._budget_groups) for t, group in groups.items()
+                       for k in group)
+        if filed != sorted(self._rt_key.values()) or not all(
+                [*group] == sorted(group) for groups in self._orders for group in groups.values()):
+            raise SchedulerError("BROS's RT orders disagree with the RT requests' keys")
         for s in (*self.rt.values(), *self.be.values()):
             if self.mgr.gpu[s.id] != s.gpu_tokens:
                 raise SchedulerError(f"BROS block manager holds {self.mgr.gpu[s.id]} GPU tokens of request {s.id}, "
@@ -642,26 +682,34 @@ class BrosScheduler(Scheduler):
                 f"{self.capacity}, B_curr={self.b_curr}")
 
 
-def _group_stream_desc(target: float, group: list, now_s: float):
+def _group_stream_desc(target: float, group, now_s: float):
     """The (slack, arrival, id) of ``group``'s requests (keys (ref, arrival, id), ascending), descending: read
-    from the end, runs of equal slack re-sorted (different reference times can round to one slack)."""
+    from the end. A run of equal slack is yielded as read when it has one reference time (its keys are then in
+    (arrival, id) order), re-sorted when several reference times round to that slack."""
     run: list = []
+    run_slack = last_ref = None
+    mixed = False
     for ref, arrival, rid in reversed(group):
-        slack = target - (now_s - ref)
-        if run and slack != run[0][0]:
-            run.sort(reverse=True)
-            yield from run
-            run = []
+        if ref != last_ref:
+            last_ref, slack = ref, target - (now_s - ref)
+            if slack != run_slack:
+                if mixed:
+                    run.sort(reverse=True)
+                yield from run
+                run, run_slack, mixed = [], slack, False
+            else:
+                mixed = True
         run.append((slack, arrival, rid))
-    run.sort(reverse=True)
+    if mixed:
+        run.sort(reverse=True)
     yield from run
 
 
 class _VictimStream:
     """One iteration's RT victims: every RT KV holder as of the iteration's start as (slack, arrival, id), most
     slack first, merged lazily from the per-target holder lists (`_group_stream_desc`), and shared by the
-    iteration's FindPreemptBlock calls. ``after(rank)`` yields the items above ``rank`` not taken by an earlier
-    call, each taken as it is yielded.
+    iteration's FindPreemptBlock calls. ``take_after(rank)`` gives the id of the next item above ``rank`` not taken
+    by an earlier call, taking it, or None.
 
     Why one stream serves every call: the RT loop places requests in rank order, so ranks only grow between
     calls, and the stream is descending, so everything above its head has been taken. A taken item above the
@@ -678,12 +726,12 @@ class _VictimStream:
         self._it = streams[0] if len(streams) == 1 else merge(*streams, reverse=True)
         self._head = self._NONE
 
-    def after(self, rank: tuple[float, float, int]):
-        while True:
-            head = self._head
-            if head is self._NONE:
-                head = self._head = next(self._it, None)
-            if head is None or head <= rank:
-                return
-            self._head = self._NONE
-            yield head
+    def take_after(self, rank: tuple[float, float, int]) -> int | None:
+        head = self._head
+        if head is self._NONE:
+            head = next(self._it, None)
+        if head is None or head <= rank:
+            self._head = head  # not taken (None: the stream is exhausted)
+            return None
+        self._head = self._NONE
+        return head[2]

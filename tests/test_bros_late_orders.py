@@ -1,0 +1,77 @@
+"""BROS keeps each target's RT requests in two `AppendKeys` orders, the late ones and the budget's candidates
+(`BrosScheduler._rank_keys`). Under direct calls in any order (arrivals filed late and out of arrival order, a
+TTFT target equal to another request's TPOT target, time going back), the priority order is still that of
+sorting every RT request by (slack, arrival, id), the budget still the smallest slack with ``slack ≥ C({i})``,
+and every request sits under its key in exactly one of its target's two orders."""
+
+from __future__ import annotations
+
+import math
+
+from conftest import AffineCost
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infermax.costmodel.swap import SwapCost
+from infermax.limits import Limits
+from infermax.replay import RequestState
+from infermax.request import Request
+from infermax.schedulers.bros import BrosScheduler
+
+TIMES = [0.0, 0.2, 0.5, 0.9, 1.0, 1.4, 2.0, 3.0]
+TARGETS = st.sampled_from([None, 0.5, 1.0, 3.0])  # shared by TTFT and TPOT targets on purpose
+
+
+@st.composite
+def rt_states(draw):
+    """RT requests waiting (no token yet) or decoding (last token at some time), some with KV in host memory."""
+    states = []
+    for rid in range(draw(st.integers(1, 10))):
+        arrival = draw(st.sampled_from(TIMES[:6]))
+        s = RequestState(Request(rid, arrival, draw(st.integers(1, 5)), 4, ttft_slo_s=draw(TARGETS),
+                                 tpot_slo_s=draw(TARGETS)))
+        if draw(st.booleans()):  # decoding: m = prompt + generated − 1
+            s.generated = draw(st.integers(1, 3))
+            s.m = s.input_tokens + s.generated - 1
+            s.last_token_s = arrival + draw(st.sampled_from([0.0, 0.1, 0.5]))
+            s.cpu_tokens = draw(st.sampled_from([0, s.m]))
+        states.append(s)
+    return states
+
+
+@settings(max_examples=300, deadline=None)
+@given(rt_states(), st.data())
+def test_late_and_candidate_orders_rank_and_budget_as_sorting_everything(states, data):
+    sched = BrosScheduler(Limits(C=1000, M=10_000, block_size=1), AffineCost(0.1, 0.1))
+    sched.swap_cost = SwapCost(per_token_s=0.3, fixed_s=0.1)
+    unfiled, filed = list(states), []
+    for _ in range(data.draw(st.integers(1, 12))):
+        if unfiled and data.draw(st.booleans()):  # some of the rest arrive, in any order
+            batch = data.draw(st.lists(st.sampled_from(unfiled), min_size=1, unique_by=id))
+            sched.add_arrivals(batch)
+            filed += batch
+            unfiled = [s for s in unfiled if s not in batch]
+        now = data.draw(st.sampled_from(TIMES))  # forward or back
+        want = sorted((sched.slack(s, now), s.req.arrival_s, s.id) for s in filed)
+        feasible = [slack for slack, _, rid in want if slack >= sched._solo_cost(states[rid])]
+        assert sched.budget((), now) == min(feasible, default=math.inf)
+        assert [item[:3] for item in sched._ranked(now)] == want
+        filed_keys = sorted((t, k) for groups in (sched._late_groups, sched._budget_groups)
+                            for t, group in groups.items() for k in group)
+        assert filed_keys == sorted(sched._rt_key.values()) and len(filed_keys) == len(filed)
+
+
+def test_a_candidate_filed_below_a_late_request_is_ranked_by_merging():
+    """The one case where a target's late requests do not all precede its candidates: a request filed after the
+    budget found a later-arrived one late (a direct call; the engine files arrivals before planning). Cost 0.1 + 0.1
+    per token, TTFT target 0.5. At t = 1: L (arrived at 1.0, 5 tokens) has slack 0.5 < C({L}) = 0.6: late. Then B
+    (arrived at 0.9, 1 token) is filed: slack 0.4 ≥ C({B}) = 0.2, a candidate ranked before L."""
+    late = RequestState(Request(0, 1.0, 5, 4, ttft_slo_s=0.5))
+    early = RequestState(Request(1, 0.9, 1, 4, ttft_slo_s=0.5))
+    sched = BrosScheduler(Limits(C=1000, M=10_000, block_size=1), AffineCost(0.1, 0.1))
+    sched.add_arrivals([late])
+    assert sched.budget((), 1.0) == math.inf and 0 in sched._late_groups[0.5]
+    sched.add_arrivals([early])
+    assert sched.budget((), 1.0) == sched.slack(early, 1.0) and 1 in sched._budget_groups[0.5]
+    assert sched._late_groups[0.5].last() > sched._budget_groups[0.5].first()
+    assert [item[2] for item in sched._ranked(1.0)] == [1, 0]
