@@ -90,3 +90,36 @@ def test_a_run_past_its_deadline_stops_and_says_where(affine):
     timed = simulate(reqs, "vllm", Limits(M=10_000), affine, deadline_s=time.perf_counter() + 3600.0)
     assert timed.schedule.to_json() == free.schedule.to_json()
     assert timed.summary == free.summary
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_collector_is_restored_after_a_run_and_after_a_failed_one(affine, monkeypatch, enabled_before):
+    # The loop turns automatic garbage collection off and collects the young generations itself (engine.py,
+    # `_young_collections_only`); afterwards the collector is as the caller had it, also when the run raised.
+    import gc
+
+    import infermax.engine as engine
+
+    collected, inside = [], []
+    real_collect = gc.collect
+    monkeypatch.setattr(engine, "GC_YOUNG_EVERY", 2)
+    monkeypatch.setattr(engine.gc, "collect", lambda generation=2: collected.append(generation) or real_collect(
+        generation))
+
+    def one_token_at_a_time(arrived, j):
+        inside.append(gc.isenabled())
+        return ScheduledBatch(items=[(0, 1)])
+
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        result = simulate([Request(0, 0.0, 8, 1)], Scripted(one_token_at_a_time), Limits(M=100), affine)
+        assert len(result.schedule.batches) == 8
+        assert gc.isenabled() == enabled_before
+        with pytest.raises(SchedulerError):
+            simulate([Request(0, 0.0, 8, 1)], Scripted(lambda arrived, j: ScheduledBatch(items=[(0, 8)])),
+                     Limits(C=4, M=100), affine)
+        assert gc.isenabled() == enabled_before
+        assert inside and not any(inside)  # off inside the loop
+        assert collected == [1, 1, 1, 1]  # the young generations, every second iteration of the first run
+    finally:
+        gc.enable()
