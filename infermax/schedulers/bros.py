@@ -338,12 +338,6 @@ class BrosScheduler(Scheduler):
 
     # --- cost and priority ----------------------------------------------------------------------
 
-    def _cost(self, b: _Batch) -> float:
-        t = self.cost_model.batch_time_s(b.features())
-        if b.swap_in and self.swap_cost is not None:
-            t = max(t, self.swap_cost.time_s(b.swap_in))
-        return t
-
     def _over(self, b: _Batch, budget: float) -> bool:
         """``C(b) > budget``. ``C`` is max(compute, swap-in), so when the swap-in time alone exceeds the budget
         the compute estimate is not needed (in the overload regime most candidates swap in thousands of
