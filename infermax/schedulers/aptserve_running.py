@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .aptserve_waiting import ref_s
+
 NUMPY_RUNNING = 24  # fewer running requests than this: the plain loop is cheaper than numpy's per-call cost
 
 KV, HIDDEN, UPGRADE = 0, 1, 2
@@ -151,7 +153,7 @@ class RunningColumns:
                 setattr(self, name, grown)
         for i, s in enumerate(states, start=n):
             self._ids[i], self._m[i], self._hidden[i] = s.id, s.m, s.hidden
-            self._ref[i] = s.req.arrival_s if s.last_token_s is None else s.last_token_s
+            self._ref[i] = ref_s(s)
         self._n = n + k
 
     def clock(self, now_s: float) -> None:
