@@ -27,6 +27,11 @@ class ScheduleViolation(ValueError):
         super().__init__(f"batch {batch}{who}: [{rule}] {detail}")
 
 
+def keeps_token_times(req: Request) -> bool:
+    """Whether every token's emission time is kept for ``req`` (it has a TBT or TPOT target)."""
+    return req.tbt_slo_s is not None or req.tpot_slo_s is not None
+
+
 class RequestState:
     """Mutable progress of one request (the Semantics' ``m``, ``Icur``, ``g``)."""
 
@@ -58,7 +63,7 @@ class RequestState:
         self.e0 = 0  # the replayer's cohort epoch when m, generated, last_token_s were last brought up to date
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
-        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
+        self.token_times: list[float] | None = [] if keeps_token_times(req) else None
 
     @property
     def in_prefill(self) -> bool:
@@ -144,7 +149,7 @@ class Replayer:
         self.batch_rows: list[tuple] = []
         self.batches: list[ScheduledBatch] = []
         # Ids of "plain decoders": unfinished requests in decode phase (m ≥ Icur > 0) holding their whole
-        # cache on the GPU in KV form, without token timestamps to keep. `apply` checks such an item
+        # cache on the GPU in KV form (token times, where kept, are appended like anyone's). `apply` checks such an item
         # with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
         self._plain: set[int] = set()
         self.prefix_cache = None
@@ -157,6 +162,10 @@ class Replayer:
         # batch listed, in its order, whose m, generated and last_token_s lag by ``_epoch − e0`` tokens.
         self.lazy_decoders = lazy_decoders
         self._epoch = 0  # batches applied to the whole cohort at once
+        # The end of each cohort batch since every member was last up to date (epoch ``_ends_base + i`` at index
+        # i): a member that keeps its token times (a TBT or TPOT target) takes its lagging ones from here.
+        self._epoch_ends: list[float] = []
+        self._ends_base = 0
         self._synced_epoch = -1  # every member is up to date when this equals _epoch (`sync`)
         self._cohort_end_s = 0.0  # end of the last such batch
         self._cohort: list[tuple[int, int]] = []  # (id, 1) per member, in item order
@@ -322,7 +331,7 @@ class Replayer:
                 s.prefill_processed += c
                 if m0 + c == icur:
                     generators.append(s)
-                    if s.token_times is None and not s.hidden and rid not in hidden_ids:
+                    if not s.hidden and rid not in hidden_ids:
                         now_plain.append(s)
             else:
                 if c != 1:
@@ -333,7 +342,7 @@ class Replayer:
                     decode_max = m0 + 1
                 n_decode += 1
                 generators.append(s)
-                if s.token_times is None and not s.hidden and rid not in hidden_ids:
+                if not s.hidden and rid not in hidden_ids:
                     now_plain.append(s)
             if m0 == 0:
                 holders += 1
@@ -406,13 +415,15 @@ class Replayer:
                 s.finish_s = end
                 self._release(s)
                 finished.append(s)
-        if fast:  # plain decoders: first token long emitted, no timestamps kept
+        if fast:  # plain decoders: first token long emitted
             fast_done = []
             for s in fast:
                 m = s.m
                 s.m = m + 1
                 s.generated += 1
                 s.last_token_s = end
+                if s.token_times is not None:
+                    s.token_times.append(end)
                 if m == s.last_decode_m:  # its last token: m + 1 = I + O − 1, evicted or not
                     fast_done.append(s)
             for s in fast_done:
@@ -431,6 +442,7 @@ class Replayer:
         order (the epoch index keeps join order, i.e. item order), their cache freed."""
         e = self._epoch
         self._epoch, self._cohort_end_s = e + 1, end
+        self._epoch_ends.append(end)
         cohort_done = []
         for s in self._finish_at.pop(e, ()):
             if s.id in self._cohort_ids and s.last_decode_m - (s.m - s.e0) == e:  # not a stale entry
@@ -579,7 +591,7 @@ class Replayer:
                 self._epoch += done  # cohort batches, so each member's key m − e0 stands (no finish among them)
                 for rid in self._cohort_ids:
                     self.states[rid].e0 = self._epoch
-                self._cohort_end_s, self._synced_epoch = clock, self._epoch
+                self._cohort_end_s, self._synced_epoch, self._ends_base = clock, self._epoch, self._epoch
         return done
 
     def _release(self, s: RequestState) -> None:
@@ -660,6 +672,9 @@ class Replayer:
             s.m += lag
             s.generated += lag
             s.last_token_s = self._cohort_end_s
+            if s.token_times is not None:
+                base = self._ends_base
+                s.token_times.extend(self._epoch_ends[s.e0 - base:self._epoch - base])
             s.e0 = self._epoch
         return key
 
@@ -678,7 +693,8 @@ class Replayer:
         states = self.states
         for rid in self._cohort_ids:
             self._bring_up_to_date(states[rid])
-        self._synced_epoch = self._epoch
+        self._synced_epoch = self._ends_base = self._epoch
+        self._epoch_ends.clear()
 
     def materialize(self) -> None:
         """Bring every cohort member's ``m``, ``generated`` and ``last_token_s`` up to date and dissolve

@@ -62,7 +62,11 @@ def cases(draw):
     for i in range(n):
         if online:
             t += draw(st.sampled_from([0.0, 0.005, 0.05, 0.5, 2.0]))
-        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 80))))
+        # a TBT or TPOT target keeps the request's token times, which every fast path must record as well
+        target = draw(st.sampled_from([None, None, "tbt", "tpot"]))
+        slo_s = draw(st.sampled_from([0.02, 0.2, 2.0])) if target else None
+        reqs.append(Request(i, t, draw(st.integers(1, 40)), draw(st.integers(1, 80)), ttft_slo_s=slo_s and 10 * slo_s,
+                            tbt_slo_s=slo_s if target == "tbt" else None, tpot_slo_s=slo_s if target == "tpot" else None))
     block = draw(st.sampled_from([1, 1, 2, 4, 16]))
     peak = max(-(-r.peak_kv_tokens // block) * block for r in reqs)
     need = max(r.peak_kv_tokens for r in reqs)  # non-chunking schedulers must fit any refill in one batch

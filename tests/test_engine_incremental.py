@@ -179,6 +179,29 @@ def test_lazy_cohort_equals_eager_replayer():
     pd.testing.assert_frame_equal(tables[0].batches, tables[1].batches)
 
 
+def test_cohort_members_keep_their_token_times():
+    """Requests with a TBT or TPOT target are plain decoders and cohort members too: their token times, filled
+    in from the cohort batches' ends when they are brought up to date (a sync, a dissolving batch, their finish),
+    equal the eager replayer's."""
+    reqs = [Request(i, 0.0, 3 + i, 9, tbt_slo_s=0.1 if i % 2 else None, tpot_slo_s=0.1 if i == 2 else None)
+            for i in range(4)]
+    times, joined = [], []
+    for lazy in (False, True):
+        rp = Replayer(reqs, Limits(block_size=2), LINEAR, lazy_decoders=lazy)
+        rp.apply(ScheduledBatch(items=[(i, 3 + i) for i in range(4)]))
+        decode = [(i, 1) for i in range(4)]
+        for step in range(8):
+            if step == 3:
+                rp.sync()  # up to date, cohort kept
+            rp.apply(ScheduledBatch(items=decode if step != 5 else decode[::-1]))  # step 5 dissolves it
+            joined.append(lazy and {1, 2, 3} <= rp._cohort_ids)
+        rp.check_complete()
+        times.append({i: list(rp.states[i].token_times) for i in (1, 2, 3)})
+        assert all(len(t) == 9 for t in times[-1].values())
+    assert times[0] == times[1]
+    assert any(joined)
+
+
 def _with_cohort(reqs: list[Request], members: int, lazy: bool) -> tuple[Replayer, list]:
     """A replayer (block size 2) in which requests 0..members − 1 (prompt 4 + i) prefilled and decoded once
     together, so that with ``lazy`` they form the cohort; returns it and their decode items."""

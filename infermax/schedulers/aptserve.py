@@ -280,14 +280,6 @@ class AptServeScheduler(Scheduler):
         self._used_total: int | None = 0
         self._ref_total = 0  # Σ fixed(ref) over the running requests (ref: their last token)
 
-    def expect(self, requests) -> None:
-        """The lazy decode cohort takes a batch's decodes as one step only when the cohort's members come first
-        in it, in order, and a request with a TBT or TPOT target (its token times are kept) never joins it;
-        mixed into the running order, such requests break every match, and each break brings every member up
-        to date (an azure-conv slice with targets on two thirds of the requests: 6,061 times in 12,398 batches,
-        1.25x slower than without the cohort). So the cohort is used only when no request keeps token times."""
-        self.lazy_decode_ok = not any(r.tbt_slo_s is not None or r.tpot_slo_s is not None for r in requests)
-
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
             self._by_id[s.id] = s
