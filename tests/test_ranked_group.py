@@ -10,6 +10,7 @@ from test_engine_fast import LINEAR, assert_identical
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.request import Request
+from infermax.schedulers import available, make_scheduler
 from infermax.schedulers.algorithm1 import Algorithm1Scheduler
 from solvers import search
 from solvers.search_policies import WorkRankedScheduler
@@ -61,3 +62,31 @@ def test_ranked_group_plans_as_sorting_every_batch(case):
         policy = search._algorithm1_policy(name)
         fast, slow = (cls(limits, policy, name=name) for cls in (Algorithm1Scheduler, _reference(Algorithm1Scheduler)))
     assert_identical(simulate(reqs, fast, limits, LINEAR), simulate(reqs, slow, limits, LINEAR))
+
+
+ALGORITHM1 = [n for n in available() if isinstance(make_scheduler(n, Limits(), LINEAR)[0], Algorithm1Scheduler)]
+
+
+def _outcome(scheduler, reqs, limits):
+    """The run's result, or the error that ended it (type and message)."""
+    try:
+        return simulate(reqs, scheduler, limits, LINEAR)
+    except Exception as exc:  # noqa: BLE001 (the two runs must end the same way)
+        return f"{type(exc).__name__}: {exc}"
+
+
+@given(ranking_cases(), st.data())
+@settings(max_examples=150, deadline=None)
+def test_skipping_certain_failures_changes_no_plan(case, data):
+    """Every Algorithm 1 policy (FCFS groupings, chunked or not, with or without evictions, and the rankings) plans
+    the same with the candidates that certainly fail CanAllocate skipped as with every CanAllocate called."""
+    reqs, limits, _, _ = case
+    name = data.draw(st.sampled_from(ALGORITHM1))
+    fast, limits = make_scheduler(name, limits, LINEAR)
+    slow, _ = make_scheduler(name, limits, LINEAR)
+    slow.skip_certain_failures = False
+    a, b = _outcome(fast, reqs, limits), _outcome(slow, reqs, limits)
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+    else:
+        assert_identical(a, b)

@@ -110,8 +110,9 @@ class Algorithm1Scheduler(Scheduler):
     # Decision 11 of docs/design.md ("Algorithm 1 template"): a plan with no item is made again after evictions,
     # or with running prefills allowed to evict in a deadlock. Round robin turns the other class's way instead.
     replan_after_evictions = True
-    # A candidate holding no KV that certainly fails CanAllocate (C, Rmax, or M for an eviction-free reservation) is
-    # skipped without the call (`next_batch`); False runs every CanAllocate (the tests' reference).
+    # A candidate holding no KV that certainly fails CanAllocate (C, Rmax, or M: an eviction-free reservation, or the
+    # first chunk otherwise) is skipped without the call (`next_batch`); False runs every CanAllocate (the tests'
+    # reference).
     skip_certain_failures = True
 
     def __init__(self, limits: Limits, policy: Algorithm1Policy, cost_model: CostModel | None = None,
@@ -276,10 +277,14 @@ class Algorithm1Scheduler(Scheduler):
                             continue
                     if m == 0 and skip_failures and (pol.chunked_prefill or s.input_tokens <= prefill_cap) and (
                             tokens_left < 1 or (rmax is not None and holders >= rmax)
-                            or (pol.eviction_free and blocks(s.req.peak_kv_tokens) > kv_free)):
-                        # a request holding no KV that fails CanAllocate on C, Rmax or (reserving its peak) M, as
-                        # `_can_allocate` finds (it raises only for a prompt above min(C, P) without chunking); it
-                        # cannot evict, so the failure has no other effect: the common case of a long ranking group
+                            or blocks(s.req.peak_kv_tokens if pol.eviction_free else
+                                      min(s.input_tokens, tokens_left, prefill_left)) > kv_free):
+                        # a request holding no KV that fails CanAllocate on C, Rmax or M (reserving its peak, or
+                        # taking its first chunk: the whole prompt without chunking, where a prompt over the token
+                        # or prefill budget fails on C or P first, failing all the same), as `_can_allocate` finds
+                        # (it raises only for a prompt above min(C, P) without chunking); it holds no KV, so it is
+                        # not running and cannot evict, and the failure has no other effect: the common case of a
+                        # long ranking group
                         if stop_on_failure:
                             break
                         continue
