@@ -90,3 +90,16 @@ def test_skipping_certain_failures_changes_no_plan(case, data):
         assert a == b
     else:
         assert_identical(a, b)
+
+
+def test_waiting_request_taken_on_a_chunk_cut_by_the_budget():
+    """Found by random search against a `_waiting_closed` that took the first chunk at the whole budget C: decodes
+    that open no block use tokens but no KV, so the token budget left can fall below the free KV, and a waiting
+    request whose Icur exceeds the free KV is admitted on a chunk that short. The plan must keep such requests."""
+    sizes = [(0.0, 60, 7), (0.01, 29, 2), (0.0, 32, 20), (0.0, 36, 7), (0.0, 3, 2), (0.0, 16, 15), (0.06, 40, 8)]
+    reqs = [Request(i, t, prompt, output) for i, (t, prompt, output) in enumerate(sizes)]
+    limits = Limits(C=17, P=17, M=116, block_size=16)
+    fast, _ = make_scheduler("rank-org", limits, LINEAR)
+    slow, _ = make_scheduler("rank-org", limits, LINEAR)
+    slow.skip_certain_failures = False
+    assert_identical(simulate(reqs, fast, limits, LINEAR), simulate(reqs, slow, limits, LINEAR))

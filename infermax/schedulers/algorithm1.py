@@ -144,13 +144,16 @@ class Algorithm1Scheduler(Scheduler):
         self._ranked: list[RequestState] = []
         self._ranked_keys: list = []
         self._rank_key_fn = None  # `_rank_key()`, taken at the first arrival (a subclass's key may need its fields)
-        # The running requests by rank (``_ranked`` less the waiting ones) and, for an eviction-free ranking with
-        # chunked prefills, a heap of (KV reserved at admission, id) over the waiting requests, stale entries
-        # (admitted or finished) dropped when met: `_groups` leaves the waiting requests out of a plan in which
-        # none can be admitted.
+        # The running requests by rank (``_ranked`` less the waiting ones) and, for a ranking with chunked
+        # prefills, a heap of (`_waiting_need`, id, Icur) over the waiting requests, stale entries (admitted,
+        # finished, or evicted since with a longer Icur) dropped when met: `_groups` leaves the waiting requests
+        # out of a plan in which none can be admitted (`_waiting_closed`). Where requests may be evicted, that plan
+        # is made again with them if it evicts (``_left_waiting_out``, ``_keep_waiting``).
         self._ranked_running: list[RequestState] = []
         self._ranked_running_keys: list = []
-        self._waiting_needs: list[tuple[int, int]] = []
+        self._waiting_needs: list[tuple[int, int, int]] = []
+        self._left_waiting_out = False
+        self._keep_waiting = False
 
     def add_arrivals(self, arrived: list[RequestState]) -> None:
         for s in arrived:
@@ -162,7 +165,7 @@ class Algorithm1Scheduler(Scheduler):
                 _insert_ranked(self._ranked, self._ranked_keys, s, key(s))
             if self._closes_waiting():
                 for s in arrived:
-                    heapq.heappush(self._waiting_needs, (self.limits.blocks(s.req.peak_kv_tokens), s.id))
+                    self._push_waiting_need(s)
 
     # GroupRequests: [(candidates, stop_group_on_failure)] and running requests by priority.
     def _groups(self):
@@ -172,28 +175,53 @@ class Algorithm1Scheduler(Scheduler):
             return [(self.waiting, True), (self.running if self._prefilling else self._decoding, True)], self.running
         if g == "decode_first":  # (priority None: the decode list then the prefill list, built if needed)
             return [(self._decoding, True), (self._prefilling, True), (self.waiting, True)], None
-        if self._closes_waiting() and self._waiting_closed():
+        if not self._keep_waiting and self._closes_waiting() and self._waiting_closed():
+            self._left_waiting_out = not self.policy.eviction_free
             return [(self._ranked_running, False)], None
         return [(self._ranked, False)], None  # the running requests by rank: `_priority`, at the first eviction
 
     def _closes_waiting(self) -> bool:
-        """Whether `_waiting_closed` applies: an eviction-free ranking with chunked prefills (no candidate evicts, so
-        within a plan the free KV and the token budget only shrink and the KV holders only grow; and no prompt is
-        refused for its size, which CanAllocate would raise at the candidate's turn)."""
-        return self.policy.grouping == "rank" and self.policy.eviction_free and self.policy.chunked_prefill
+        """Whether `_waiting_closed` applies: a ranking with chunked prefills (no prompt is refused for its size,
+        which CanAllocate would raise at the candidate's turn) that skips certain failures."""
+        return self.policy.grouping == "rank" and self.policy.chunked_prefill and self.skip_certain_failures
+
+    def _waiting_need(self, s: RequestState) -> int:
+        """The least KV a waiting request takes at admission: its reservation ``blocks(I + O − 1)`` (eviction-free),
+        else its ``Icur``, which its first chunk takes unless a budget cuts it."""
+        return self.limits.blocks(s.req.peak_kv_tokens) if self.policy.eviction_free else s.input_tokens
+
+    def _push_waiting_need(self, s: RequestState) -> None:
+        heapq.heappush(self._waiting_needs, (self._waiting_need(s), s.id, s.input_tokens))
 
     def _waiting_closed(self) -> bool:
-        """Whether no waiting request can pass CanAllocate in this plan: ``Rmax`` holders already, or less free KV
-        than the least reservation ``blocks(I + O − 1)`` of a waiting request. Budgets only shrink within the plan
-        (`_closes_waiting`), so every waiting candidate would fail at its turn, with no other effect; leaving them
-        out of the ranking group keeps the running ones in the same order, so the plan is the same."""
-        lim, heap = self.limits, self._waiting_needs
+        """Whether no waiting request can pass CanAllocate in this plan, evictions aside: ``Rmax`` holders already,
+        or the free KV below every waiting request's least need at admission.
+
+        Until a candidate evicts, within a plan the free KV and the budgets only shrink and the KV holders only grow,
+        and each waiting candidate (holding no KV, so it evicts nobody) fails at its turn with no other effect;
+        leaving them out of the ranking group keeps the running ones in the same order, so the plan is the same.
+        Eviction-free, the least need is the least reservation. Otherwise it is ``blocks(c)`` for the first chunk
+        ``c = min(Icur, tokens left, prefill tokens left)``: before the first admission only running candidates
+        take tokens (a decode one, a running prefill at most its remaining prefill), so both budgets stay at least
+        ``C`` (``P``) less what they can take, and ``c`` at least the smaller of that and the least ``Icur``. A plan
+        that would evict may free KV a waiting request could take, so it is made again with them at its first
+        eviction (`_plan_with_waiting`)."""
+        lim, heap, by_id = self.limits, self._waiting_needs, self._by_id
         if lim.Rmax is not None and len(self.running) >= lim.Rmax:
             return True
-        by_id = self._by_id
-        while heap and (by_id[heap[0][1]].m > 0 or by_id[heap[0][1]].finished):
-            heapq.heappop(heap)  # admitted (holding KV) or finished: not waiting any more (no evictions here)
-        return not heap or heap[0][0] > lim.M - self._reserved_total
+        while heap:
+            _, rid, icur = heap[0]
+            s = by_id[rid]
+            if s.m == 0 and not s.finished and s.input_tokens == icur:
+                break
+            heapq.heappop(heap)  # admitted (holding KV), finished, or evicted since (a newer entry holds it)
+        if not heap:
+            return True
+        if self.policy.eviction_free:
+            return heap[0][0] > lim.M - self._reserved_total
+        prefill = sum(s.input_tokens - s.m for s in self._prefilling)
+        budget = min(lim.C - len(self._decoding) - prefill, lim.prefill_budget - prefill)
+        return budget >= 1 and lim.blocks(min(heap[0][0], budget)) > lim.M - self._kv_used
 
     def _priority(self) -> list[RequestState]:
         """The running requests by priority, for a group list that gave none: by rank in the ranking group, else the
@@ -209,6 +237,7 @@ class Algorithm1Scheduler(Scheduler):
     def next_batch(self, now_s: float) -> ScheduledBatch:
         lim, pol = self.limits, self.policy
         blocks = lim.blocks
+        self._left_waiting_out = False
         groups, priority = self._groups()
         position: dict[int, int] | None = None  # built on the first eviction only
         victim_ptr = None  # into priority, set at the first eviction
@@ -319,6 +348,8 @@ class Algorithm1Scheduler(Scheduler):
                             if v.id not in taken:
                                 victim = v
                                 break
+                        if self._left_waiting_out:  # the KV this frees may admit a waiting request
+                            return self._plan_with_waiting(now_s)
                         target = victim or s
                         evict.append(target.id)
                         taken.add(target.id)
@@ -337,6 +368,16 @@ class Algorithm1Scheduler(Scheduler):
         batch = ScheduledBatch(items=items, evict=evict)
         self._planned = (batch, admitted, lim.M - kv_free)
         return batch
+
+    def _plan_with_waiting(self, now_s: float) -> ScheduledBatch:
+        """The plan made again from the start with the waiting requests in the ranking group, abandoning one made
+        without them (`_waiting_closed`) at its first eviction."""
+        self._breaking_deadlock = False
+        self._keep_waiting = True
+        try:
+            return self.next_batch(now_s)
+        finally:
+            self._keep_waiting = False
 
     def _plan_again(self, items: list, evicted: bool) -> bool:
         """After a pass over the groups: whether to make another (docs/design.md, Algorithm 1 decision 11). Only
@@ -422,7 +463,7 @@ class Algorithm1Scheduler(Scheduler):
             self._leave_running(s)
             self.waiting.appendleft(s)
             if self._closes_waiting():
-                heapq.heappush(self._waiting_needs, (self.limits.blocks(s.req.peak_kv_tokens), s.id))
+                self._push_waiting_need(s)
         self._prefilling, done = split_finished_prefills(self._prefilling)
         for s in done:
             self._join_decoding(s)
