@@ -27,11 +27,6 @@ class ScheduleViolation(ValueError):
         super().__init__(f"batch {batch}{who}: [{rule}] {detail}")
 
 
-def keeps_token_times(req: Request) -> bool:
-    """Whether every token's emission time is kept for ``req`` (it has a TBT or TPOT target)."""
-    return req.tbt_slo_s is not None or req.tpot_slo_s is not None
-
-
 class RequestState:
     """Mutable progress of one request (the Semantics' ``m``, ``Icur``, ``g``)."""
 
@@ -63,7 +58,7 @@ class RequestState:
         self.e0 = 0  # the replayer's cohort epoch when m, generated, last_token_s were last brought up to date
         # Every token's emission time, kept only for requests with a TBT or TPOT target (P99 TBT and the
         # share of on-time gaps need them).
-        self.token_times: list[float] | None = [] if keeps_token_times(req) else None
+        self.token_times: list[float] | None = [] if req.tbt_slo_s is not None or req.tpot_slo_s is not None else None
 
     @property
     def in_prefill(self) -> bool:
@@ -149,8 +144,8 @@ class Replayer:
         self.batch_rows: list[tuple] = []
         self.batches: list[ScheduledBatch] = []
         # Ids of "plain decoders": unfinished requests in decode phase (m ≥ Icur > 0) holding their whole
-        # cache on the GPU in KV form (token times, where kept, are appended like anyone's). `apply` checks such an item
-        # with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
+        # cache on the GPU in KV form (token times, where kept, are appended as for any generator). `apply` checks
+        # such an item with a set lookup instead of the per-field rules, which all hold for it (see `apply`).
         self._plain: set[int] = set()
         self.prefix_cache = None
         if limits.prefix_caching:
