@@ -419,7 +419,7 @@ class AptServeScheduler(Scheduler):
             total = sum((now_s - arrays.ref).tolist())
         else:
             self.sync_states()
-            total = sum([now_s - (s.req.arrival_s if s.last_token_s is None else s.last_token_s) for s in self.running])
+            total = sum([self.pending_s(s, now_s) for s in self.running])
         return self.waiting.pending_sum_below(total, now_s)
 
     def _decode_iteration(self, now_s: float, n: int,

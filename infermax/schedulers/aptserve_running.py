@@ -84,8 +84,7 @@ class RunningArrays(NamedTuple):
         count = len(states)
         return cls(states, np.fromiter([s.id for s in states], np.int64, count),
                    np.fromiter([s.m for s in states], np.int64, count),
-                   np.fromiter([s.req.arrival_s if s.last_token_s is None else s.last_token_s for s in states],
-                               np.float64, count),
+                   np.fromiter([ref_s(s) for s in states], np.float64, count),
                    np.fromiter([s.hidden for s in states], bool, count))
 
 
