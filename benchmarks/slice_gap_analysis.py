@@ -1,5 +1,5 @@
 """Where the optimality study's Azure slice loses its mean-latency gap (docs/design.md, "Crowded service", the
-paragraph after it). Prints seven measurements; nothing here is a bound or enters one:
+paragraph after it). Prints ten measurements; nothing here is a bound or enters one:
 
 1. Per rank k, the k-th finish of the best schedule found (work-ranked, Rmax 64) against the queued bound's E_k
    (SRPT on one machine of rate 1): where along the ranks the gap lay before "Work in progress" (104%).
@@ -30,8 +30,12 @@ paragraph after it). Prints seven measurements; nothing here is a bound or enter
    requests with the least remaining work decode in every batch, the others in every m-th only, so that the first
    finish sooner at the others' expense), and hill climbing over the per-request keys of work-ranked Rmax 64 (a random
    few percent of the keys scaled by exp(σ·z), kept when the mean latency falls; seed 0, ``--key-search-s`` seconds).
+10. Work-ranked Rmax 64 with other keys and prefill budgets (2026-11-28, fifth session), each replayed by the engine:
+   the work plus λ·a0 per output token (each token needs a batch of its own, at least an intercept long), plus
+   λ·Rmax·a0·(KV area)/M (a request's share of the memory its batches hold, scaled to a full batch), the prompt's
+   work plus λ times the decodes' (λ ≠ 1 weights one phase more), and prefill budgets P below C.
 
-    PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~2 min on the 2-core machine
+    PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~5 min on the 2-core machine
 
 The slice, limits and model are the optimality study's (first 2,000 azure-conv requests, C = 4,096, M = 100K, the
 paper's linear model).
@@ -290,6 +294,7 @@ def main() -> None:
     over_time(best_run, a0)
     d0, d1 = (float(x) for x in item_marginal_s(marginal, decode_read=np.array([0.0, 1.0])))
     lanes_and_keys(reqs, cost, work, (d0, d1 - d0), best_lim, args.key_search_s)
+    other_keys(reqs, cost, work, a0, marginal, best_lim)
 
 
 def over_time(best, a0: float, window_s: float = 40.0) -> None:
@@ -335,6 +340,29 @@ def lanes_and_keys(reqs, cost, work: dict, decode_s: tuple[float, float], lim: L
             best, best_keys = value, keys
     print(f"   key hill climbing, {tries} tries in {budget_s:.0f} s: {start:.3f} -> {best:.3f} s "
           f"({1 - best / start:.2%} lower)")
+
+
+def other_keys(reqs, cost, work: dict, a0: float, marginal, lim: Limits) -> None:
+    """Item 10: work-ranked (eviction-free, ``lim``'s Rmax) under other ranking keys and smaller prefill budgets."""
+    policy = _algorithm1_policy("rank-i-ef")
+
+    def mean_latency(keys: dict, limits: Limits = lim) -> float:
+        return float(simulate(reqs, WorkRankedScheduler(limits, policy, keys), limits, cost).summary["mean_latency_s"])
+
+    prefill = {r.id: float(item_marginal_s(marginal, chunk=np.array([r.prompt_tokens]), context=np.array([0]))[0])
+               for r in reqs}
+    area = {r.id: r.output_tokens * r.prompt_tokens + r.output_tokens * (r.output_tokens - 1) / 2 for r in reqs}
+    keys = {
+        "per token": lambda lam: {r.id: work[r.id] + lam * a0 * r.output_tokens for r in reqs},
+        "KV area": lambda lam: {r.id: work[r.id] + lam * lim.Rmax * a0 * area[r.id] / lim.M for r in reqs},
+        "decodes weighted": lambda lam: {r.id: prefill[r.id] + lam * (work[r.id] - prefill[r.id]) for r in reqs},
+    }
+    print(f"10. work-ranked Rmax {lim.Rmax}, mean latency (s): keys as they are {mean_latency(work):.2f}")
+    for label, lams in (("per token", (0.25, 1.0, 4.0)), ("KV area", (0.25, 1.0, 4.0)),
+                        ("decodes weighted", (0.5, 0.75, 1.5))):
+        print(f"   {label}: " + ", ".join(f"λ={lam:g}: {mean_latency(keys[label](lam)):.2f}" for lam in lams))
+    print("   prefill budget: " + ", ".join(f"P={P}: {mean_latency(work, replace(lim, P=P)):.2f}"
+                                           for P in (128, 256, 384, 1024)))
 
 
 def swap_preemption(reqs, cost, marginal) -> None:
