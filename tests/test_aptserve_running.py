@@ -29,13 +29,16 @@ def candidate_sets(draw):
     n_rho = draw(st.sampled_from([0.0, 1e-4, 0.01, 0.3]))
     block = draw(st.sampled_from([1, 1, 4, 16]))
     integral = draw(st.booleans())  # integer pending times: many exact ties
+    # a set without any hidden option (the KV-only variants) takes feasible_items' shortcut
+    kinds = (["kv-only", "kv-only", "demoted"] if draw(st.booleans())
+             else ["plain", "plain", "kv-only", "demoted", "decayed"])
     cands = []
     for i in range(draw(st.integers(0, 30))):
         kv_blocks = draw(st.integers(1, 12))
         kv = kv_blocks * block
         hidden = block * -(-kv_blocks // 2)
         p = float(draw(st.integers(0, 4))) if integral else draw(st.floats(0.0, 5.0))
-        kind = draw(st.sampled_from(["plain", "plain", "kv-only", "demoted", "decayed"]))
+        kind = draw(st.sampled_from(kinds))
         if kind == "demoted":
             cands.append(Candidate(i, DEMOTED_DENSITY * kv, kv))
         elif kind == "kv-only":

@@ -40,8 +40,16 @@ class CandidateArrays(NamedTuple):
 
 def feasible_items(c: CandidateArrays, capacity: int) -> tuple[np.ndarray, ...]:
     """``_feasible_items`` for every candidate: ``(θ, size, step, candidate index, rank)`` per item, items of
-    one candidate adjacent and in rank order."""
+    one candidate adjacent and in rank order. Without any hidden option (the KV-only variants, or every request
+    demoted) each candidate whose KV fits has one KV item and nothing else is computed: the general expressions
+    give the same arrays then (no hidden step, no upgrade), at about a sixth of the cost for a few hundred."""
     kv_v, kv_s, hv, hs, has = c.kv_value, c.kv_size, c.hidden_value, c.hidden_size, c.has_hidden
+    if not has.any():
+        idx = np.flatnonzero(kv_s <= capacity)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            theta = kv_v[idx] / kv_s[idx]
+        zeros = np.zeros(len(idx), dtype=np.int64)
+        return theta, kv_s[idx], zeros + KV, idx, zeros
     kv_fits = kv_s <= capacity
     with np.errstate(divide="ignore", invalid="ignore"):
         kv_density = kv_v / kv_s
@@ -186,7 +194,10 @@ def greedy_masks(c: CandidateArrays, capacity: int, token_cap: int,
     form (both boolean arrays), and the memory the selection uses."""
     count = len(c.keys)
     theta, size, step, cand, rank = feasible_items(c, capacity)
-    order = np.lexsort((rank, cand, -theta + 0.0))  # (−θ, candidate order, rank), −0.0 as 0.0
+    if rank.any():
+        order = np.lexsort((rank, cand, -theta + 0.0))  # (−θ, candidate order, rank), −0.0 as 0.0
+    else:  # no upgrade: one item per candidate, in candidate order, so a stable sort by −θ is the same order
+        order = np.argsort(-theta + 0.0, kind="stable")
     size, step, cand = size[order], step[order], cand[order]
     used = np.cumsum(size)
     cut = int(np.searchsorted(used, capacity, side="right"))  # first item that does not fit
