@@ -47,6 +47,43 @@ def test_head_arrays_follow_adds_and_removes(ops):
         assert len(q) == len(live)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "remove", "demote"]), st.integers(1, 6), st.integers(0, 20),
+                          st.sampled_from([None, 0.5, 3.0])), min_size=1, max_size=120))
+def test_demoted_buckets_hold_exactly_the_late_requests(ops):
+    """After each `_demote(now)` a request is in its size's demoted bucket (key ~tokens) exactly when it was waiting
+    then and ``now − arrival > TTFT target`` (time may go back: the demotions are undone); a request added since
+    waits undemoted. The buckets' head arrays follow."""
+    q, live, demoted, next_id = WaitingQueue(), {}, set(), 0
+    for op, tokens, when, slo in ops:
+        if op == "add" or not live:
+            s = RequestState(Request(next_id, float(when), tokens, 3, slo, slo))
+            (q.append if when % 2 else lambda x: q.extendleft_in_order([x]))(s)
+            live[next_id] = s
+            next_id += 1
+        elif op == "remove":
+            rid = sorted(live)[when % len(live)]
+            assert q.remove(rid) is live.pop(rid)
+            demoted.discard(rid)
+        else:
+            now = when / 2
+            q._demote(now)
+            demoted = {rid for rid, s in live.items() if slo_of(s) is not None and now - s.req.arrival_s > slo_of(s)}
+        keys = {rid: ~s.input_tokens if rid in demoted else s.input_tokens for rid, s in live.items()}
+        assert {rid: q._entry[rid][2] for rid in live} == keys
+        n = len(q._slot)
+        heads = {int(t): float(r) for t, r in zip(q._head_tokens[:n], q._head_refs[:n])}
+        expected = {}
+        for rid, s in live.items():
+            expected[keys[rid]] = min(expected.get(keys[rid], np.inf), s.req.arrival_s)
+        assert heads == expected
+        assert [bool(d) for d in q._head_demoted[:n]] == [int(t) < 0 for t in q._head_tokens[:n]]
+
+
+def slo_of(s: RequestState) -> float | None:
+    return s.req.ttft_slo_s
+
+
 # Both ways of computing the buckets' head bounds make the plain scheduler's decisions: the random
 # workloads of test_aptserve_equivalence.py have few sizes (the loop), so they are run here with numpy
 # for every bucket count, and a loaded queue with many sizes with the loop only.

@@ -768,14 +768,20 @@ class _DensityBound:
     Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
     if that fits, ``(p − N·ρ·kv)/hidden`` at most; a demoted request's KV density is below twice
     ``DEMOTED_DENSITY``, a decayed one below the undecayed, an upgrade below its hidden step;
-    ``BOUND_SLACK`` covers rounding."""
+    ``BOUND_SLACK`` covers rounding. The waiting queue keeps the requests it knows to be demoted (late for
+    their target) in buckets keyed ``~tokens``; theirs is the demoted bound: ``2·DEMOTED_DENSITY`` (near
+    zero: KV only, when it fits) or ``decay`` times the bound above (their values are the undemoted ones times
+    ``decay``, so their densities too, up to rounding the slack covers)."""
 
     def __init__(self, scheduler: AptServeScheduler, n: int, capacity: int):
         self.hybrid, self.n_rho = scheduler.options.hybrid, n * scheduler.rho
         self.sizes, self.prefill_sizes, self.capacity = scheduler._bucket_sizes, scheduler._prefill_sizes, capacity
+        self.near_zero, self.decay = scheduler.options.demotion == "near-zero", scheduler.options.decay
 
-    def __call__(self, tokens: int, p: float) -> float | None:
-        kv, hidden = self.sizes.get(tokens) or self.prefill_sizes(tokens)
+    def __call__(self, key: int, p: float) -> float | None:
+        if key < 0:
+            return self._demoted(~key, p)
+        kv, hidden = self.sizes.get(key) or self.prefill_sizes(key)
         b = None
         if kv <= self.capacity:
             b = p / kv
@@ -789,11 +795,19 @@ class _DensityBound:
                 b = h
         return None if b is None else b * (1 + BOUND_SLACK)
 
-    def heads_array(self, kv: np.ndarray, hidden: np.ndarray, refs: np.ndarray, now_s: float) -> np.ndarray:
-        """``__call__`` for many requests at once (their KV and hidden sizes, pending since ``refs``); −inf for
-        None. The same float operations elementwise. When every KV option fits ``capacity`` (the usual case),
-        the KV density is at least ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and the masks
-        change nothing and are skipped."""
+    def _demoted(self, tokens: int, p: float) -> float | None:
+        if self.near_zero:
+            kv, _ = self.sizes.get(tokens) or self.prefill_sizes(tokens)
+            return 2 * DEMOTED_DENSITY * (1 + BOUND_SLACK) if kv <= self.capacity else None
+        b = self(tokens, p)
+        return None if b is None else b * self.decay
+
+    def heads_array(self, kv: np.ndarray, hidden: np.ndarray, refs: np.ndarray, now_s: float,
+                    demoted: np.ndarray | None = None) -> np.ndarray:
+        """``__call__`` for many requests at once (their KV and hidden sizes, pending since ``refs``, demoted or
+        not); −inf for None. The same float operations elementwise. When every KV option fits ``capacity`` (the
+        usual case), the KV density is at least ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and
+        the masks change nothing and are skipped."""
         p = now_s - refs
         if len(kv) and kv.max() <= self.capacity:
             out = p / kv
@@ -809,6 +823,13 @@ class _DensityBound:
                 h = np.maximum((p - self.n_rho * kv) / hidden, 0.0)
                 out = np.where(hidden <= self.capacity, np.maximum(out, h), out)
         out *= 1 + BOUND_SLACK
+        if demoted is not None and demoted.any():
+            if self.near_zero:
+                low = np.where(kv <= self.capacity, 2 * DEMOTED_DENSITY * (1 + BOUND_SLACK), -np.inf)
+            else:
+                with np.errstate(invalid="ignore"):  # −inf · 0 (decay 0) is nan: replaced by −inf
+                    low = np.where(out > -np.inf, out * self.decay, -np.inf)
+            out = np.where(demoted, low, out)
         return out
 
 

@@ -24,6 +24,12 @@ its prefill size are fixed while it waits, so the index keeps them by ``ref``:
   first, so the waiting requests' densities crowd just below the one it stops at (on azure-conv,
   hundreds within 0.1%), and a bound loose by a bucket's width (6%, the former size buckets)
   expanded ~400 requests per batch to emit ~25.
+  *Demoted requests* (SLO violators: ``now − ref > slo``; the greedy decays or zeroes their value)
+  have their own bucket per size, keyed ``~tokens``, whose bound is the demoted one: without it their
+  undemoted bound kept them ahead of the densities the greedy stops at, and a batch under SLO pressure
+  expanded hundreds of violators to emit a few (1.2 ms per batch on azure-conv's first 1,500 requests
+  with targets and M = 60,000). A request moves there once, at the first ``items`` call that finds it
+  late (``now − ref`` only grows while it waits), from a per-target heap of refs (the late are a prefix).
 - **Violators** (``violators``): per SLO value, refs sorted; ``now − ref > slo`` holds on a prefix.
 - **Summed pending time** (``pending_sum_below``): ``|W|·now − Σ ref`` kept exactly (fixed point); the
   float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
@@ -85,7 +91,10 @@ class WaitingQueue:
         self._head_refs = np.zeros(64)
         self._head_kv = np.zeros(64)  # sizes(_head_tokens[i]), as floats
         self._head_hidden = np.zeros(64)
+        self._head_demoted = np.zeros(64, dtype=bool)  # slot i is a bucket of demoted requests (key ~tokens)
         self._slo_refs: dict[float, list[float]] = {}
+        self._undemoted: dict[float, list[tuple[float, int, int]]] = {}  # target -> heap of (ref, pos, id), lazy
+        self._demoted_at = -np.inf  # the latest ``now`` at which the late requests were moved to demoted buckets
         self._ref_sum = 0  # Σ ref, fixed point (fixed)
 
     def __len__(self) -> int:
@@ -119,28 +128,17 @@ class WaitingQueue:
         exact = fixed(ref)
         self._entry[s.id] = (pos, ref, low, slo, s.input_tokens, exact)
         self._order.add((pos, s.id))
-        bucket = self._buckets.get(low)
-        if bucket is None:
-            bucket = self._buckets[low] = []
-            self._open_slot(low)
-        bisect.insort(bucket, (ref, pos, s.id, s.input_tokens))
-        if bucket[0][0] == ref:
-            self._head_refs[self._slot[low]] = ref
+        self._bucket_add(low, (ref, pos, s.id, s.input_tokens))
         if slo is not None:
             bisect.insort(self._slo_refs.setdefault(slo, []), ref)
+            heapq.heappush(self._undemoted.setdefault(slo, []), (ref, pos, s.id))  # demoted at the next `items`
         self._ref_sum += exact
 
     def remove(self, rid: int) -> RequestState:
-        pos, ref, low, slo, tokens, exact = self._entry.pop(rid)
+        pos, ref, key, slo, tokens, exact = self._entry.pop(rid)
         self._order.remove((pos, rid))
-        bucket = self._buckets[low]
-        _delete(bucket, (ref, pos, rid, tokens))
-        if not bucket:
-            del self._buckets[low]
-            self._close_slot(low)
-        else:
-            self._head_refs[self._slot[low]] = bucket[0][0]
-        if slo is not None:
+        self._bucket_remove(key, (ref, pos, rid, tokens))
+        if slo is not None:  # its entry in the heap of undemoted requests, if any, is dropped when met
             refs = self._slo_refs[slo]
             _delete(refs, ref)
             if not refs:
@@ -148,24 +146,74 @@ class WaitingQueue:
         self._ref_sum -= exact
         return self._states.pop(rid)
 
-    def _open_slot(self, low: int) -> None:
+    def _bucket_add(self, key: int, item: tuple) -> None:
+        """File ``item`` (ref, pos, id, tokens) in bucket ``key`` (tokens, or ~tokens: demoted)."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = []
+            self._open_slot(key)
+        bisect.insort(bucket, item)
+        if bucket[0] is item:
+            self._head_refs[self._slot[key]] = item[0]
+
+    def _bucket_remove(self, key: int, item: tuple) -> None:
+        bucket = self._buckets[key]
+        _delete(bucket, item)
+        if not bucket:
+            del self._buckets[key]
+            self._close_slot(key)
+        else:
+            self._head_refs[self._slot[key]] = bucket[0][0]
+
+    def _demote(self, now_s: float) -> None:
+        """Move the requests late at ``now_s`` (``now − ref > slo``, the greedy's own test) to their size's demoted
+        bucket. Within a target the late are a prefix of the refs, so each heap is read from its top; an entry whose
+        request has left (or left and come back: another position) is dropped. If time went back (direct calls),
+        every demotion is undone first."""
+        if now_s < self._demoted_at:
+            for rid, (pos, ref, key, slo, tokens, exact) in list(self._entry.items()):
+                if key < 0:
+                    self._move(rid, ~key)
+            self._undemoted = {}
+            for rid, (pos, ref, key, slo, tokens, exact) in self._entry.items():
+                if slo is not None:
+                    heapq.heappush(self._undemoted.setdefault(slo, []), (ref, pos, rid))
+        self._demoted_at = now_s
+        entry = self._entry
+        for slo, heap in self._undemoted.items():
+            while heap and now_s - heap[0][0] > slo:
+                _, pos, rid = heapq.heappop(heap)
+                e = entry.get(rid)
+                if e is not None and e[0] == pos and e[2] >= 0:
+                    self._move(rid, ~e[2])
+
+    def _move(self, rid: int, key: int) -> None:
+        pos, ref, old, slo, tokens, exact = self._entry[rid]
+        item = (ref, pos, rid, tokens)
+        self._bucket_remove(old, item)
+        self._entry[rid] = (pos, ref, key, slo, tokens, exact)
+        self._bucket_add(key, item)
+
+    def _open_slot(self, key: int) -> None:
         i = len(self._slot)
         if i == len(self._head_tokens):
             self._head_tokens = np.concatenate([self._head_tokens, np.zeros(i, dtype=np.int64)])
+            self._head_demoted = np.concatenate([self._head_demoted, np.zeros(i, dtype=bool)])
             self._head_refs, self._head_kv, self._head_hidden = (
                 np.concatenate([a, np.zeros(i)]) for a in (self._head_refs, self._head_kv, self._head_hidden))
-        self._slot[low] = i
-        self._head_tokens[i] = low
-        self._head_kv[i], self._head_hidden[i] = self._sizes(low)
+        self._slot[key] = i
+        self._head_tokens[i], self._head_demoted[i] = key, key < 0
+        self._head_kv[i], self._head_hidden[i] = self._sizes(key if key >= 0 else ~key)
 
-    def _close_slot(self, low: int) -> None:
+    def _close_slot(self, key: int) -> None:
         """The last slot moves into the emptied one."""
-        i, last = self._slot.pop(low), len(self._slot)
+        i, last = self._slot.pop(key), len(self._slot)
         if i != last:
             moved = int(self._head_tokens[last])
             self._slot[moved] = i
             self._head_tokens[i], self._head_refs[i] = moved, self._head_refs[last]
             self._head_kv[i], self._head_hidden[i] = self._head_kv[last], self._head_hidden[last]
+            self._head_demoted[i] = self._head_demoted[last]
 
     # -- the aggregates -----------------------------------------------------------------------------
     def violators(self, now_s: float) -> int:
@@ -201,17 +249,19 @@ class WaitingQueue:
     def items(self, now_s: float, bound, expand: Callable[[RequestState, float], list[tuple]]) -> Iterator[tuple]:
         """The greedy's items ``(−θ, position, rank, size, step, candidate)`` in ascending order.
 
-        ``bound(tokens, p)``: an upper bound on the density of any item of a request with that prefill
-        waiting ``p`` (nondecreasing in ``p``; never None for a bucket ``heads_array`` offers), and
-        ``bound.heads_array(kv, hidden, refs, now)`` the same for every bucket's head at once, from the heads'
-        ``sizes`` (an array, −inf where the request has no item, e.g. no option fits; used above
-        ``NUMPY_HEADS`` buckets); ``expand(state, p)``: the request's items ``(θ, size, step, candidate)`` in
-        rank order.
+        ``bound(key, p)``: an upper bound on the density of any item of a request of bucket ``key`` (its
+        prefill tokens, or ``~tokens`` when it is demoted: late for its target) waiting ``p`` (nondecreasing in
+        ``p``; never None for a bucket ``heads_array`` offers), and ``bound.heads_array(kv, hidden, refs, now,
+        demoted)`` the same for every bucket's head at once, from the heads' ``sizes`` and demoted flags (an array,
+        −inf where the request has no item, e.g. no option fits; used above ``NUMPY_HEADS`` buckets);
+        ``expand(state, p)``: the request's items ``(θ, size, step, candidate)`` in rank order.
         """
+        self._demote(now_s)
         buckets, states = self._buckets, self._states
         n = len(self._slot)
         if n > NUMPY_HEADS:
-            bounds = bound.heads_array(self._head_kv[:n], self._head_hidden[:n], self._head_refs[:n], now_s)
+            bounds = bound.heads_array(self._head_kv[:n], self._head_hidden[:n], self._head_refs[:n], now_s,
+                                       self._head_demoted[:n])
             heads = _descending(bounds, self._head_tokens[:n])
         else:  # a few buckets: numpy's per-call cost would exceed the loop's
             found = [(-b, low) for low, bucket in buckets.items() for b in (bound(low, now_s - bucket[0][0]),)
