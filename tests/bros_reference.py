@@ -2,7 +2,8 @@
 (straightforward: every RT request sorted every iteration, one KV slot per allocation step, victim lists
 rebuilt per request), with one change: where that code took "the first block" of a candidate set in
 Python's set iteration order (an interpreter detail), it takes the lowest block id, the tie rule the
-production manager documents. Kept verbatim otherwise; do not optimise it."""
+production manager documents; and strict mode's BE loop stops at Rmax KV holders on an empty batch too (it admitted
+one more, a batch the replayer rejects: fixed in both on 2026-11-28). Kept verbatim otherwise; do not optimise it."""
 
 from __future__ import annotations
 
@@ -455,7 +456,7 @@ class RefBrosScheduler(Scheduler):
                 continue
             c, swap_in = self._step(s), s.cpu_tokens
             new_holder = mgr.gpu[s.id] == 0
-            if new_holder and lim.Rmax is not None and holders >= lim.Rmax and (rt_ready or be_ready):
+            if new_holder and lim.Rmax is not None and holders >= lim.Rmax and (rt_ready or be_ready or opts.strict):
                 break  # FindBlock: no room for another KV holder
             batch.add(s, c, swap_in)
             if self._fits(batch, budget):  # packing

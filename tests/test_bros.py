@@ -171,6 +171,29 @@ def test_strict_budget_is_the_head_slack_and_fails_fast():
                  Limits(M=100), AffineCost(), swap_cost=SWAP)
 
 
+def test_strict_be_loop_keeps_rmax_on_an_empty_batch():
+    """Strict BROS's BE loop, on a batch the RT loop left empty, admitted a new KV holder past Rmax (the replayer
+    rejected batch 39: 2 requests holding KV with Rmax = 1). Found by a random campaign (an H100 cost model, 80
+    requests, reduced to these 12). It must stop there instead: strict mode then ends with its NoProgressError."""
+    from infermax.costmodel import load_cost_model
+    from infermax.schedulers.base import SchedulerError
+
+    shapes = [(925, 125, "rt"), (1, 1, "rt"), (339, 12, "rt"), (460, 26, "rt"), (970, 11, "rt"), (26, 209, "rt"),
+              (740, 15, "rt"), (25, 1, "be"), (586, 16, "rt"), (986, 12, "rt"), (13, 1, "rt"), (31, 30, "rt")]
+    reqs = [Request(i, 0.3, p, o, request_class=c) for i, (p, o, c) in enumerate(shapes)]
+    limits = Limits(C=1024, P=1017, M=1987, Rmax=1, block_size=1)
+    cost, swap = load_cost_model(gpu="h100"), SwapCost.for_system("h100", "llama-2-7b", 1)
+    try:
+        result = simulate(reqs, "bros-strict", limits, cost, swap_cost=swap)
+    except NoProgressError:
+        pass
+    except SchedulerError as exc:
+        pytest.fail(f"bros-strict planned an invalid batch: {exc}")
+    else:
+        assert result.batches["running_peak"].max() <= 1
+    assert simulate(reqs, "bros", limits, cost, swap_cost=swap).batches["running_peak"].max() <= 1
+
+
 def test_replacement_of_the_least_urgent_rt_and_its_guard():
     # RT 0 (TTFT 5) more urgent than RT 1 (TTFT 9), BE 2; all I=1. Budget 5 (RT 0's slack at t=0).
     reqs = [Request(0, 0.0, 1, 2, ttft_slo_s=5.0), Request(1, 0.0, 1, 2, ttft_slo_s=9.0),

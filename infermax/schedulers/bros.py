@@ -566,8 +566,8 @@ class BrosScheduler(Scheduler):
                 continue
             c, swap_in = self._step(s), s.cpu_tokens
             new_holder = mgr.gpu[s.id] == 0
-            if new_holder and lim.Rmax is not None and holders >= lim.Rmax and (rt_ready or be_ready):
-                break  # FindBlock: no room for another KV holder
+            if new_holder and lim.Rmax is not None and holders >= lim.Rmax and (rt_ready or be_ready or opts.strict):
+                break  # FindBlock: no room for another KV holder (only the guard below may drop holders for it)
             batch.add(s, c, swap_in)
             if self._fits(batch, budget):  # packing
                 alloc = lambda s=s, n=swap_in + c: mgr.alloc_be(s.id, n)  # noqa: E731
