@@ -190,13 +190,16 @@ class _LP:
     rows: list = field(default_factory=list)  # (coef dict, sense, rhs) with sense in ("<=", ">=", "==")
     upper: dict = field(default_factory=dict)
     integer: set = field(default_factory=set)
+    free: set = field(default_factory=set)  # variables without the lower bound 0 (a term's time that can be < 0)
 
-    def var(self, name: str, upper: float | None = None, integer: bool = False) -> str:
+    def var(self, name: str, upper: float | None = None, integer: bool = False, free: bool = False) -> str:
         self.names.append(name)
         if upper is not None:
             self.upper[name] = upper
         if integer:
             self.integer.add(name)
+        if free:
+            self.free.add(name)
         return name
 
     def add(self, coefs: dict, sense: str, rhs: float) -> None:
@@ -226,7 +229,7 @@ class _LP:
         c = np.zeros(n)
         for name, coef in objective.items():
             c[index[name]] = coef
-        bounds = [(0, self.upper.get(name)) for name in self.names]
+        bounds = [(None if name in self.free else 0, self.upper.get(name)) for name in self.names]
         integrality = np.array([1 if name in self.integer else 0 for name in self.names]) if self.integer else None
         from .backends import quiet_stdout
 
@@ -276,7 +279,7 @@ class _LP:
         for name, coef in objective.items():
             cost[index[name]] = coef
         lp.col_cost_ = cost
-        lp.col_lower_ = np.zeros(n)
+        lp.col_lower_ = np.array([-inf if name in self.free else 0.0 for name in self.names])
         lp.col_upper_ = np.array([inf if self.upper.get(name) is None else self.upper[name] for name in self.names])
         lp.row_lower_, lp.row_upper_ = np.array(lower), np.array(upper)
         a = lp.a_matrix_
@@ -348,6 +351,36 @@ def term_floor_s(term: CostTerm, d: Demand) -> float:
     feats = {f for p in term.pieces for f in p.coef_s}
     low = _floor_features(term.active_if, d, feats)
     return max(p.intercept_s + sum(c * low[f] for f, c in p.coef_s.items()) for p in term.pieces)
+
+
+def nonnegative_gated_terms(terms: tuple[CostTerm, ...], d: Demand) -> tuple[CostTerm, ...]:
+    """``terms`` with every term gated on something else than ``n_tokens`` (prefills, decodes, swaps, hidden-form
+    recompute) that can be negative when active (``term_floor_s`` below 0, e.g. the H100 linear fit's prefill-
+    attention intercept, −94 µs) raised by its floor's magnitude, and one term active in every non-empty batch (gate
+    ``n_tokens``) lowered by their sum; ``terms`` itself when there is no such term, or when no always-active term's
+    floor covers the sum (nothing can be done then: `LowerBounder` refuses such a model).
+
+    The result is a *lower* cost model: a batch in which every raised term is active costs the same, any other less
+    (by the floors of the raised terms it lacks), so every schedule's batches, finish times and objectives are at
+    most what ``terms`` give, and a bound for it is a bound for ``terms``. Its every active term is ``>= 0`` on the
+    demand ``d`` (the instance's, whose least features bound every subset's), which the busy-time LP assumes (its
+    per-term times are non-negative variables) and the bounds over subsets of the requests need (removing items
+    then never lengthens a batch)."""
+    # each raised by a hair more than its floor's magnitude, so that it stays >= 0 in floats
+    shifts = {t.name: -term_floor_s(t, d) * (1 + 1e-9) for t in terms
+              if t.active_if != "n_tokens" and term_floor_s(t, d) < 0}
+    if not shifts:
+        return terms
+    total = sum(shifts.values())
+    base = next((t.name for t in terms if t.active_if == "n_tokens" and term_floor_s(t, d) >= total), None)
+    if base is None:
+        return terms
+
+    def moved(t: CostTerm, by_s: float) -> CostTerm:
+        return replace(t, pieces=tuple(replace(p, intercept_s=p.intercept_s + by_s) for p in t.pieces))
+
+    return tuple(moved(t, shifts[t.name]) if t.name in shifts else moved(t, -total) if t.name == base else t
+                 for t in terms)
 
 
 def monotone_terms(terms: tuple[CostTerm, ...]) -> str | None:
@@ -719,12 +752,12 @@ def _price_terms(lp: _LP, v: _Aggregates, terms: tuple[CostTerm, ...], d: Demand
     floor per gated batch); returns the ``τ`` variables, whose sum the LP minimises."""
     taus = []
     for i, term in enumerate(terms):
-        tau = lp.var(f"tau{i}")
+        floor = term_floor_s(term, d) * TIME_SCALE
+        tau = lp.var(f"tau{i}", free=floor < 0)  # a term that can be negative: its sum can be too
         taus.append(tau)
         gate = term.active_if
         count = (v.K if gate == "n_tokens" else v.Kp if gate in PREFILL_FEATURES
                  else v.Kd if gate in DECODE_FEATURES else None)
-        floor = term_floor_s(term, d) * TIME_SCALE
         if count is None:
             # charged only in batches with swaps or hidden-form caches: at least min(0, floor) per batch
             if floor < 0:
@@ -813,9 +846,10 @@ def _price_per_bin(lp: _LP, terms: tuple[CostTerm, ...], taus: list[str], bins: 
             g = x if gate == "n_tokens" else xp if gate in PREFILL_FEATURES else xd if gate in DECODE_FEATURES else None
             if g is None:
                 continue  # swap / hidden-form terms: their whole-schedule floor stands
-            tau_b = lp.var(f"tau{i}_bin{b}")
+            floor = term_floor_s(term, d) * TIME_SCALE
+            tau_b = lp.var(f"tau{i}_bin{b}", free=floor < 0)
             per_bin.setdefault(taus[i], []).append(tau_b)
-            lp.add({tau_b: 1, g: -term_floor_s(term, d) * TIME_SCALE}, ">=", 0)
+            lp.add({tau_b: 1, g: -floor}, ">=", 0)
 
             def in_bin(feat: str, c: float, gate=gate, g=g, f=f, n=n, lo=lo) -> dict | None:
                 v, per_batch = _bin_feature(feat, gate, f, n, lo, d)
@@ -901,11 +935,15 @@ class LowerBounder:
             raise ValueError("the workload has no requests")
         check_policies_feasible(requests, limits, policies)  # a bound over no schedule at all would mean nothing
         self.requests, self.limits, self.policies, self.hidden = list(requests), limits, policies, hidden_cache
-        self.terms = cost_model.milp_terms()
         self.progress = progress
         self.arrivals = np.array([r.arrival_s for r in requests], dtype=float)
         self.t0 = float(self.arrivals.min())
         self.full = DemandArrays.of(self.requests, limits)
+        # The whole instance's busy time prices the model itself (a term that can be negative has a free sum in the
+        # LP); the bounds over subsets of the requests restrict batches to some of their items, which needs every
+        # active term >= 0, so they price a lower model that has none (`nonnegative_gated_terms`), or refuse.
+        self.model_terms = cost_model.milp_terms()
+        self.terms = nonnegative_gated_terms(self.model_terms, self.full.total())
         self.first = DemandArrays.of(self.requests, limits, first_token_only=True)
         self._monotone_problem = monotone_terms(self.terms)
         self._busy_cache: dict = {}
@@ -923,23 +961,26 @@ class LowerBounder:
         return True
 
     def busy_s(self, d: Demand, integer_counts: bool = False, binned_terms: bool = False,
-               time_limit_s: float | None = None) -> float:
+               time_limit_s: float | None = None, model_terms: bool = False) -> float:
         """`busy_time_lb_s` of ``d``, cached; a MILP gets ``time_limit_s`` (default: ``mip_budget_s``, at most
-        `MIP_TIME_LIMIT_S` without ``binned_terms``)."""
+        `MIP_TIME_LIMIT_S` without ``binned_terms``). ``model_terms``: the cost model's own terms (only for the whole
+        instance), not the lower model the subset bounds need (the same unless a term can be negative)."""
         key = (d.requests, d.prompt_tokens, d.decode_items, d.generated, d.prompt_sq, d.decode_read, d.kv_area,
                d.longest_chain, d.longest_output, tuple(sorted(d.prompt_sq_cap.items())), d.longest_read,
-               tuple(sorted(d.longest_read_cap.items())), integer_counts, binned_terms)
+               tuple(sorted(d.longest_read_cap.items())), integer_counts, binned_terms, model_terms)
         if key not in self._busy_cache:
             self._busy_cache[key] = busy_time_lb_s(
-                d, self.limits, self.terms, self.policies, self.hidden, integer_counts=integer_counts,
+                d, self.limits, self.model_terms if model_terms else self.terms, self.policies, self.hidden,
+                integer_counts=integer_counts,
                 binned_terms=binned_terms, time_limit_s=time_limit_s if time_limit_s is not None else
                 self.mip_budget_s if binned_terms else min(MIP_TIME_LIMIT_S, self.mip_budget_s))
         return self._busy_cache[key]
 
     def _need_monotone(self, what: str) -> None:
+        """Removing items from a batch never lengthens it: every slope ``>= 0`` and every active term ``>= 0`` in the
+        lower model (`nonnegative_gated_terms`; only a model whose always-active term cannot absorb the others'
+        negative floors fails that)."""
         for t in self.terms:
-            if t.active_if not in ("n_tokens",) + PREFILL_FEATURES + DECODE_FEATURES:
-                continue
             if term_floor_s(t, self.full.total()) < 0:
                 raise BoundUnavailable(f"{what} needs every active cost term to be >= 0; {t.name!r} can be negative")
         if self._monotone_problem:
@@ -954,11 +995,11 @@ class LowerBounder:
         # one call: worth the small MILP, and its terms priced bin by bin (the larger of the two, in case the binned
         # one stops at its time limit with a weaker dual bound)
         start = time.perf_counter()
-        whole = self.busy_s(self.full.total(), integer_counts=True)
+        whole = self.busy_s(self.full.total(), integer_counts=True, model_terms=True)
         left = max(0.1, self.mip_budget_s - (time.perf_counter() - start))  # the two MILPs share the budget
         try:
             whole = max(whole, self.busy_s(self.full.total(), integer_counts=True, binned_terms=True,
-                                           time_limit_s=left))
+                                           time_limit_s=left, model_terms=True))
         except RuntimeError:  # HiGHS can fail on the larger model's numerics (20,000 requests); the plain one stands
             pass
         best, best_at = whole, self.t0

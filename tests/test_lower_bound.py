@@ -139,6 +139,55 @@ def test_negative_slope_refused_where_monotonicity_is_needed():
     assert lower_bound(reqs, Limits(C=8, M=8), Dip(), Objective(makespan=1)).value_s > 0  # makespan needs none
 
 
+def _random_features(draw):
+    from infermax.costmodel.base import BatchFeatures
+
+    prefill, decodes = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    chunks = [draw(st.integers(1, 300)) for _ in range(prefill)]
+    reads = [draw(st.integers(1, 900)) for _ in range(decodes)]
+    return BatchFeatures(n_tokens=sum(chunks) + decodes, prefill_tokens=sum(chunks), n_prefill_seqs=prefill,
+                         prefill_sq_tokens=sum(c * c for c in chunks), n_decode_seqs=decodes,
+                         decode_kv_tokens=sum(reads), decode_kv_max=max(reads, default=0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_negative_gated_terms_are_moved_into_a_lower_model(data):
+    """The H100 linear fit's prefill-attention term is negative at one prefill token (intercept −94 µs). The bounds
+    over subsets of requests price a model with that term raised by its floor and the token term lowered as much:
+    never above the model's batch time, equal when a prefill is in the batch, every active term >= 0."""
+    from infermax.costmodel.base import terms_time_s
+    from solvers.lower_bound import nonnegative_gated_terms, term_floor_s
+
+    terms = load_cost_model(gpu="h100", kind="linear").milp_terms()
+    d = DemandArrays.of([Request(0, 0.0, 5, 3), Request(1, 0.0, 1, 1)], Limits()).total()
+    lower = nonnegative_gated_terms(terms, d)
+    assert lower != terms and all(term_floor_s(t, d) >= 0 for t in lower if t.active_if != "hidden_recompute_tokens")
+    f = _random_features(data.draw)
+    if f.n_tokens:
+        assert terms_time_s(lower, f) <= terms_time_s(terms, f) + 1e-15
+        if f.n_prefill_seqs:
+            assert terms_time_s(lower, f) == pytest.approx(terms_time_s(terms, f), rel=1e-12, abs=1e-15)
+    assert nonnegative_gated_terms(COST.milp_terms(), d) == COST.milp_terms()  # nothing to move: the model itself
+
+
+H100_LINEAR = load_cost_model(gpu="h100", kind="linear")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from(["vllm", "sarathi", "rank-i", "aptserve-kv", "roundrobin"]))
+def test_bound_with_a_negative_gated_term_below_every_scheduler(data, scheduler):
+    """Latency and TTFT bounds for a model whose prefill term can be negative (they used to be unavailable:
+    BoundUnavailable on the H100 linear fit), online and offline, against registered schedulers."""
+    reqs, limits = data.draw(workloads())
+    result = simulate(reqs, scheduler, limits, H100_LINEAR, swap_cost=SWAP)
+    bounder = LowerBounder(reqs, result.schedule.limits, H100_LINEAR,
+                           hidden_cache=bool(result.batches["hidden_seqs"].sum()))
+    for objective in (Objective(makespan=1), Objective(latency=1), Objective(ttft=1)):
+        lb, got = bounder.of(objective).value_s, objective.value(result)
+        assert 0 < lb <= got * (1 + TOL) + 1e-12, f"{objective}: bound {lb} > {scheduler}'s {got}"
+
+
 SCHEDULERS = [n for n in available() if n != "bros-strict"]
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
 
