@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+# Largest block size accepted: the replayer keeps a count per offset in a block (a list that long).
+MAX_BLOCK_SIZE = 1 << 20
+
+
 @dataclass(frozen=True)
 class Limits:
     """The paper's batch limits.
@@ -29,6 +33,8 @@ class Limits:
         _require_int("C", self.C, 1)
         _require_int("M", self.M, 1)
         _require_int("block_size", self.block_size, 1)
+        if self.block_size > MAX_BLOCK_SIZE:  # the replayer keeps a count per offset in a block
+            raise ValueError(f"block_size = {self.block_size} is above {MAX_BLOCK_SIZE:,} tokens (servers use 1-256)")
         if self.P is not None:
             _require_int("P", self.P, 1)
             if self.P > self.C:

@@ -333,9 +333,17 @@ def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_pe
         if process == "poisson":
             gaps = rng.exponential(1.0 / rate_per_s, max(n - 1, 0))
         else:
-            shape = 1.0 / cv**2
+            try:
+                shape = 1.0 / cv**2
+            except (OverflowError, ZeroDivisionError):  # cv² overflows or underflows to 0
+                shape = math.nan
+            if not (math.isfinite(shape) and math.isfinite(rate_per_s * shape) and rate_per_s * shape > 0):
+                raise ValueError(f"cv = {cv!r} is too extreme for Gamma inter-arrival times (1/cv² = {shape!r}); "
+                                 "use a cv between about 1e-100 and 1e100")
             gaps = rng.gamma(shape, 1.0 / (rate_per_s * shape), max(n - 1, 0))
         arrivals = np.concatenate([[0.0], np.cumsum(gaps)])[:n]
+        if not np.isfinite(arrivals).all():
+            raise ValueError(f"the {process} arrival times overflow (rate {rate_per_s!r} per second is too small)")
     return [replace(r, arrival_s=float(t)) for r, t in zip(requests, arrivals)]
 
 

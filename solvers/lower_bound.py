@@ -1493,7 +1493,7 @@ def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: 
 def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
                         time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
-    allow one (`BoundUnavailable`). ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued
+    allow one (`BoundUnavailable`) or an LP fails in HiGHS (a `RuntimeError`, seen once at O = 10^8). ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued
     bound's LPs and the makespan's binned MILP get at most a quarter of it, and past half of it the optional
     ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which)."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
@@ -1507,4 +1507,6 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
         return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s" + (f"; skipped for time: {', '.join(cut)})"
                                                                            if cut else ")")
     except BoundUnavailable as exc:
+        return 0.0, f"no aggregate bound: {exc}"
+    except RuntimeError as exc:  # HiGHS failing on an LP's numerics (seen at O = 10^8): the trivial bound stands
         return 0.0, f"no aggregate bound: {exc}"

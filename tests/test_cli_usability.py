@@ -64,6 +64,52 @@ def test_errors_name_the_option_on_one_line(args, message):
     assert res.output.count("\n") == 1 and "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("args, message", [
+    # a ':word:' the user typed prints as typed (rich turned ':100:' into an emoji)
+    (["simulate", "--input-dist", "uniform:100:10", "--output-dist", "const:4"], "'uniform:100:10'"),
+    (["simulate", "--arrival", "gamma", "--rate", "4", "--cv", "1e-200"], "cv = 1e-200 is too extreme"),
+    (["simulate", "--arrival", "gamma", "--rate", "4", "--cv", "1e200"], "cv = 1e+200 is too extreme"),
+    (["simulate", "--arrival", "poisson", "--rate", "1e-320"], "arrival times overflow"),
+    (["simulate", "--block-size", "99999999999", "--M", "99999999999"], "block_size = 99999999999 is above"),
+    (["optimize", "--time-limit", "nan"], "--time-limit must be a finite number > 0"),
+    (["better", "--time-limit", "inf"], "--time-limit must be a finite number > 0"),
+])
+def test_extreme_numbers_are_refused_on_one_line(args, message):
+    """Found by a random campaign of the command line (2026-11-28): each of these was a traceback (or, for NaN, an
+    accepted time limit)."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["optimize", "--time-limit", "5"], ["better", "--time-limit", "5"]])
+def test_an_output_directory_that_cannot_be_made_is_refused_before_any_work(tmp_path, command):
+    """``--out`` naming an existing file used to end in a FileExistsError traceback, after the whole solve."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    res = runner.invoke(app, [*command, "--I", "4", "--O", "2", "--B", "2", "--out", str(afile)])
+    assert res.exit_code == 2 and "--out" in res.output and "cannot create directory" in res.output, res.output
+    made = tmp_path / "new" / "dir"
+    res = runner.invoke(app, ["simulate", "--I", "4", "--O", "2", "--B", "2", "--out", str(made)])
+    assert res.exit_code == 0 and (made / "summary.json").exists(), res.output
+
+
+def test_a_failing_bound_lp_leaves_the_trivial_bound(monkeypatch):
+    """HiGHS failing on an LP (seen at O = 10^8) gives the trivial bound with the reason, not a traceback."""
+    from infermax.costmodel import load_cost_model
+    from infermax.limits import Limits
+    from infermax.workload import fixed
+    from solvers import Objective
+    from solvers import lower_bound as lb
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("lower-bound LP failed: (HiGHS Status 4: Solve error)")
+
+    monkeypatch.setattr(lb.LowerBounder, "of", fail)
+    value, how = lb.lower_bound_or_zero(fixed(4, 2, 2), Limits(), load_cost_model(), Objective(makespan=1))
+    assert value == 0.0 and "HiGHS Status 4" in how
+
+
 def test_a_distribution_alone_is_still_an_error_after_it_parses():
     res = runner.invoke(app, ["simulate", "--input-dist", "const:4"])
     assert res.exit_code == 2 and "--input-dist and --output-dist go together" in res.output

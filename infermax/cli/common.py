@@ -22,14 +22,26 @@ from ..jsonio import nan_to_null
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Simulate LLM inference schedulers on cost models fitted to GPU profiles.")
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: a user's ':word:' (a distribution 'uniform:100:10', a file name) must print as typed, not as an emoji
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: message`` to stderr and exit with ``code`` (2: bad input, 1: invalid schedule)."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def out_dir(value: Optional[Path]) -> Optional[Path]:
+    """Option callback for an output directory: created now (with its parents), so that a path that cannot be one
+    (an existing file, a read-only place) fails before any work, with the option named, not as a traceback after."""
+    if value is not None:
+        try:
+            value.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot create directory {value}: {exc.strerror or exc}") from None
+    return value
 
 
 def summary_table(summary: dict, title: str) -> Table:
@@ -164,7 +176,7 @@ SystemTokensOpt = Annotated[Optional[int], typer.Option(help="system-prompt: tok
 ShotsOpt = Annotated[Optional[int], typer.Option(help="few-shot: worked examples per task template (default 5).", callback=at_least(0), rich_help_panel=PREFIX_PANEL)]
 PrefixesOpt = Annotated[Optional[int], typer.Option(help="system-prompt / few-shot: distinct system prompts or task templates (default 1 / 4).", callback=at_least(1), rich_help_panel=PREFIX_PANEL)]
 PrefixShareOpt = Annotated[Optional[float], typer.Option(help="system-prompt / few-shot: share of requests that use one, in [0, 1] (default 1).", rich_help_panel=PREFIX_PANEL)]
-OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.", rich_help_panel=OUTPUT_PANEL)]
+OutOpt = Annotated[Optional[Path], typer.Option(help="Write summary.json, requests/batches Parquet and schedule.json here.", rich_help_panel=OUTPUT_PANEL, callback=out_dir)]
 PredictorOpt = Annotated[Optional[str], typer.Option(help="Predicted output lengths for every request: noisy (calibrated log-normal error), noisy:MU:SIGMA or oracle. EcoServe predicts unpredicted requests itself (noisy).", rich_help_panel=WORKLOAD_PANEL)]
 JsonOpt = Annotated[bool, flag("--json", help="Print the summary as JSON instead of a table.", panel=OUTPUT_PANEL)]
 ProgressOpt = Annotated[bool, flag("--progress/--no-progress", help="Show a progress bar.", panel=OUTPUT_PANEL)]

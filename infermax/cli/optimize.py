@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..jsonio import nan_to_null
-from .common import (ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
+from .common import (out_dir, ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RateOpt,
                      RmaxOpt, SeedOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, at_least, config_header,
                      console, err_console, fail, flag, run_config, scheduler_name, summary_table)
@@ -36,8 +36,8 @@ def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limi
 
     if solver not in BACKENDS:
         fail(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
-    if time_limit <= 0 or not 0 <= gap < 1:
-        fail("--time-limit must be > 0 and --gap in [0, 1)")
+    if not (0 < time_limit < math.inf) or not 0 <= gap < 1:  # (a NaN fails both comparisons)
+        fail("--time-limit must be a finite number > 0 and --gap in [0, 1)")
     try:
         obj = Objective.parse(objective)
         config = run_config(scheduler, **{k: options[k] for k in _RUN_KEYS})
@@ -91,7 +91,7 @@ def optimize(
     eviction_free: EvictionFreeOpt = False,
     warm_start: str = typer.Option("vllm", help="Scheduler whose schedule seeds the solver and bounds the slots ('none': no seed)."),
     slots: Optional[int] = typer.Option(None, help="Batch slots (default: the bound derived from the warm start)."),
-    out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here."),
+    out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
     """Best schedule and lower bound for an objective, with the certified gap, at any size: the exact MILP
@@ -141,7 +141,7 @@ def better(
     objective: str = ObjectiveOpt, solver: str = SolverOpt, time_limit: float = TimeLimitOpt, gap: float = GapOpt,
     threads: Optional[int] = ThreadsOpt, no_hybrid: NoHybridOpt = False, no_chunked_prefill: NoChunkOpt = False,
     eviction_free: EvictionFreeOpt = False,
-    out: Optional[Path] = typer.Option(None, help="Write the better schedule (if found) and the answer here."),
+    out: Optional[Path] = typer.Option(None, help="Write the better schedule (if found) and the answer here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
     """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown (exit 0)."""

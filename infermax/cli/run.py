@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import (ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
+from .common import (out_dir, ArrivalOpt, BeBatchOpt, DurationOpt, RtDatasetOpt, RtRateOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, DatasetOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, PredictorOpt, MixOpt, ModelOpt, MOpt, OOpt, OutOpt, OutputDistOpt, POpt, PrefixCachingOpt,
                      ProgressOpt, RateOpt, RmaxOpt, SchedulerOpt, SeedOpt, SloOpt, SloTbtOpt, SloTtftOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, config_header, fail,
                      report, run_config, PrefixesOpt, PrefixShareOpt, ShotsOpt, SystemTokensOpt, ThinkTimeOpt, TurnsOpt, err_console,
@@ -61,7 +61,7 @@ def validate(
     cost_model: Optional[str] = typer.Option(None, "--cost-model", help="Cost-model family (default: the "
                                              "schedule's, else auto)."),
     costmodel: CostModelPathOpt = None,
-    out: Optional[Path] = typer.Option(None, help="Write the recomputed metrics here."),
+    out: Optional[Path] = typer.Option(None, help="Write the recomputed metrics here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a Schedule: check every rule of the semantics and limits, recompute all metrics. The batches are timed

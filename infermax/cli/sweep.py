@@ -8,13 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import ProgressOpt, app, at_least, console, err_console, fail, flag
+from .common import ProgressOpt, app, at_least, console, err_console, fail, flag, out_dir
 
 
 @app.command()
 def sweep(
     spec: Path = typer.Argument(..., help="Sweep spec (TOML): a base configuration, the axes to sweep, optional plots."),
-    out: Optional[Path] = typer.Option(None, help="Results directory (default: results/<name> next to the spec)."),
+    out: Optional[Path] = typer.Option(None, help="Results directory (default: results/<name> next to the spec).", callback=out_dir),
     backend: str = typer.Option("local", help="local (processes on this machine) or ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (ray backend; default: a local instance)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel workers (default: every core).",
