@@ -105,6 +105,9 @@ def simulate(
     if isinstance(scheduler, str):
         scheduler, limits = make_scheduler(scheduler, limits, cost_model)
     check_fits(requests, limits)
+    from .workload import check_fits_in_memory
+
+    check_fits_in_memory(len(requests), "", batches=max(r.output_tokens for r in requests))
     if limits.prefix_caching and not scheduler.supports_prefix_caching:
         raise ValueError(f"scheduler '{scheduler.name}' does not support prefix caching; schedulers that do: "
                          f"{', '.join(caching_schedulers()) or 'none'}")

@@ -53,6 +53,9 @@ def _check_positive(name: str, value: object) -> float:
 # and Schedule. Measured with `simulate` on fixed workloads (peak RSS, 1,000 vs 100,000 / 200,000 requests,
 # O = 1..512): 1.1-1.4 KB per request, nearly independent of O; rounded up.
 BYTES_PER_REQUEST = 1500
+# And each simulated batch (the Schedule keeps it, the result table has its row): `simulate --I 1 --O 400000 --B 1`
+# peaks 295 MB above `--O 1` (754 bytes per batch; 2026-11-28), rounded up.
+BYTES_PER_BATCH = 800
 
 
 def physical_memory_bytes() -> int | None:
@@ -63,18 +66,23 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
-def check_fits_in_memory(num_requests: int, name: str = "num_requests") -> None:
+def check_fits_in_memory(num_requests: int, name: str = "num_requests", batches: int = 0) -> None:
     """Refuse a workload whose simulation cannot fit in physical memory, before allocating anything.
 
-    The estimate is ``num_requests × BYTES_PER_REQUEST``; a workload over the machine's physical memory
-    would only swap, grow and be killed, so it is an input error, not a run.
+    The estimate is ``num_requests × BYTES_PER_REQUEST + batches × BYTES_PER_BATCH`` (``batches``: a lower bound on
+    the run's batch count, such as the longest output: each token of a request comes from a batch of its own); a
+    workload over the machine's physical memory would only swap, grow and be killed, so it is an input error, not a
+    run. ``name``: how the message names the count ("" for none).
     """
     total = physical_memory_bytes()
-    need = num_requests * BYTES_PER_REQUEST
+    need = num_requests * BYTES_PER_REQUEST + batches * BYTES_PER_BATCH
     if total is not None and need > total:
-        raise ValueError(f"{name} = {num_requests:,} requests need about {need / 2**30:,.0f} GiB to simulate "
-                         f"(~{BYTES_PER_REQUEST:,} bytes per request for the requests, the engine state and the "
-                         f"result tables); this machine has {total / 2**30:,.1f} GiB of physical memory")
+        per_batch = (f" and at least {batches:,} batches (~{BYTES_PER_BATCH:,} bytes each: the Schedule and the batch "
+                     f"table keep every one)") if batches else ""
+        subject = f"{name} = {num_requests:,} requests" if name else f"{num_requests:,} requests"
+        raise ValueError(f"{subject}{per_batch} need about {need / 2**30:,.0f} GiB to "
+                         f"simulate (~{BYTES_PER_REQUEST:,} bytes per request for the requests, the engine state and "
+                         f"the result tables); this machine has {total / 2**30:,.1f} GiB of physical memory")
 
 
 def _check_count(value: object, name: str = "num_requests") -> int:

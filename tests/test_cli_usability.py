@@ -144,6 +144,18 @@ def test_memory_check_compares_the_estimate_with_physical_memory(monkeypatch):
         workload.sampled(101, "const:1", "const:1")
 
 
+def test_a_run_with_more_batches_than_memory_holds_is_refused_before_it_starts(monkeypatch):
+    """Every batch is kept (the Schedule, the batch table), and a request's tokens come from distinct batches: a
+    100,000,000-token output needed ~75 GiB and ran until memory was gone. The engine refuses it up front."""
+    from infermax.engine import simulate
+    from infermax.request import Request
+
+    monkeypatch.setattr(workload, "physical_memory_bytes", lambda: 1_000_000)
+    with pytest.raises(ValueError, match="at least 2,000 batches .* GiB to simulate"):
+        simulate([Request(0, 0.0, 1, 2000)], "vllm")
+    assert simulate([Request(0, 0.0, 1, 500)], "vllm").summary["num_batches"] == 500  # 0.4 MB: runs
+
+
 def test_simulate_help_groups_options_into_panels_and_flags_are_plain():
     out = run_cli("simulate", "--help", columns=100).stdout
     for panel in ("Cost model", "Workload", "Arrivals", "Limits", "Latency targets", "Output"):
