@@ -145,6 +145,11 @@ _DIST_HELP = ", ".join(
 )
 
 
+# The longest prompt or output a length distribution draws (and the largest parameter it takes): far above any
+# model's context, and within the integers numpy draws and stores.
+MAX_LENGTH_TOKENS = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class LengthDist:
     """A token-length distribution; samples are rounded and clipped to ``[1, max_tokens]``."""
@@ -168,7 +173,8 @@ class LengthDist:
             x = rng.exponential(p[0], n)
         else:
             x = rng.normal(p[0], p[1], n)
-        return np.clip(np.rint(x), 1, self.max_tokens or np.inf).astype(np.int64)
+        # (a very wide lognormal draws inf: clipped like any other long sample, before the cast to integers)
+        return np.clip(np.rint(x), 1, min(self.max_tokens or MAX_LENGTH_TOKENS, MAX_LENGTH_TOKENS)).astype(np.int64)
 
 
 def parse_length_dist(spec: str) -> LengthDist:
@@ -197,6 +203,8 @@ def parse_length_dist(spec: str) -> LengthDist:
         if not (values[-1].is_integer() and values[-1] >= 1):
             raise bad("MAX must be an integer >= 1")
         max_tokens = int(values[-1])
+    if any(v > MAX_LENGTH_TOKENS for v in values):
+        raise bad(f"lengths above {MAX_LENGTH_TOKENS:,} tokens are not supported")
     if kind in ("const", "uniform") and not all(v.is_integer() and v >= 1 for v in params):
         raise bad(f"{'/'.join(names)} must be integers >= 1")
     if kind == "uniform" and params[0] > params[1]:

@@ -73,6 +73,9 @@ def test_errors_name_the_option_on_one_line(args, message):
     (["simulate", "--block-size", "99999999999", "--M", "99999999999"], "block_size = 99999999999 is above"),
     (["optimize", "--time-limit", "nan"], "--time-limit must be a finite number > 0"),
     (["better", "--time-limit", "inf"], "--time-limit must be a finite number > 0"),
+    (["simulate", "--input-dist", "uniform:1e30:1e31", "--output-dist", "const:4"], "lengths above 2,147,483,647"),
+    # an infinite lognormal draw is clipped like any long one (it was cast to -2^63 with a numpy warning)
+    (["simulate", "--B", "50", "--input-dist", "lognormal:512:1e6", "--output-dist", "const:4"], "I=2147483647"),
 ])
 def test_extreme_numbers_are_refused_on_one_line(args, message):
     """Found by a random campaign of the command line (2026-11-28): each of these was a traceback (or, for NaN, an
