@@ -144,7 +144,8 @@ def better(
     out: Optional[Path] = typer.Option(None, help="Write the better schedule (if found) and the answer here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
-    """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown (exit 0)."""
+    """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown (exit 0); exit 1 when
+    SCHEDULER's own simulation, which sets the target, cannot finish within --time-limit."""
     from solvers.better import better as ask
 
     if not 0 < margin < 1:
