@@ -312,7 +312,8 @@ def _parse_trace_row(path: Path, line: int, row: list[str], columns: Sequence[st
 
 def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_per_s: float | None = None,
                   cv: float | None = None, time_scale: float = 1.0, seed: int = 0) -> list[Request]:
-    """Copies of ``requests`` (same ids and lengths) with arrival times from ``process``.
+    """``requests`` (same ids and lengths) with arrival times from ``process``: copies, or the request itself where
+    its arrival time does not change.
 
     - ``offline``: everything arrives at 0.
     - ``poisson``: exponential inter-arrival times with rate ``rate_per_s``.
@@ -360,7 +361,9 @@ def with_arrivals(requests: Sequence[Request], process: str = "offline", rate_pe
         arrivals = np.concatenate([[0.0], np.cumsum(gaps)])[:n]
         if not np.isfinite(arrivals).all():
             raise ValueError(f"the {process} arrival times overflow (rate {rate_per_s!r} per second is too small)")
-    return [replace(r, arrival_s=float(t)) for r, t in zip(requests, arrivals)]
+    # a request that already arrives then is kept as it is (requests are frozen): offline arrivals for a million fixed
+    # requests took 9 s of `dataclasses.replace`
+    return [r if r.arrival_s == t else replace(r, arrival_s=float(t)) for r, t in zip(requests, arrivals)]
 
 
 @dataclass(frozen=True)
