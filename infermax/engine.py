@@ -60,6 +60,18 @@ class SimulationTimeout(RuntimeError):
     """A simulation given a deadline (`simulate`'s ``deadline_s``) did not finish by it; nothing is returned."""
 
 
+# Under a deadline, one fast-forward applies at most this many copies before the clock is looked at again: a single
+# request decoding 10^7 tokens is one fast-forward of 10^7 batches, which ran for minutes past a 5 s time limit.
+# (Stopping a fast-forward early changes nothing: the scheduler plans the same decode batch again.)
+FAST_FORWARD_UNDER_DEADLINE = 1 << 16
+
+
+def _timeout(scheduler, rp, now_s: float) -> SimulationTimeout:
+    return SimulationTimeout(
+        f"scheduler '{scheduler.name}' stopped at its deadline after {len(rp.batch_rows):,} batches, with "
+        f"{rp.unfinished:,} of {len(rp.states):,} requests unfinished at t={now_s:.6g}s")
+
+
 def check_fits(requests: Sequence[Request], limits: Limits) -> None:
     """Every request must fit ``M`` at its last step (``I + O − 1`` KV tokens) under any schedule."""
     for r in requests:
@@ -133,9 +145,7 @@ def simulate(
             if not steps % GC_YOUNG_EVERY:
                 gc.collect(1)
             if deadline_s is not None and not steps % DEADLINE_CHECK_EVERY and time.perf_counter() > deadline_s:
-                raise SimulationTimeout(
-                    f"scheduler '{scheduler.name}' stopped at its deadline after {len(rp.batch_rows):,} batches, with "
-                    f"{rp.unfinished:,} of {len(rp.states):,} requests unfinished at t={now:.6g}s")
+                raise _timeout(scheduler, rp, now)
             first = next_arrival
             while next_arrival < len(arrivals) and arrivals[next_arrival].req.arrival_s <= now:
                 next_arrival += 1
@@ -166,9 +176,12 @@ def simulate(
             generated = rp.last_generated
             if fast_forward and rp.last_full_decode and scheduler.repeats_full_decode(batch):
                 stop = arrivals[next_arrival].req.arrival_s if next_arrival < len(arrivals) else None
-                copies = rp.repeat_full_decode(batch, stop)
+                copies = rp.repeat_full_decode(
+                    batch, stop, None if deadline_s is None else FAST_FORWARD_UNDER_DEADLINE)
                 if copies:
                     scheduler.repeated_full_decode(batch, copies)
+                    if deadline_s is not None and time.perf_counter() > deadline_s:
+                        raise _timeout(scheduler, rp, rp.clock_s)
                 generated += generated * copies
             now = rp.clock_s
             batches_without_token = 0 if generated else batches_without_token + 1

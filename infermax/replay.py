@@ -533,7 +533,8 @@ class Replayer:
             moved.append(total)
         return moved[0], moved[1]
 
-    def repeat_full_decode(self, batch: ScheduledBatch, stop_at_s: float | None = None) -> int:
+    def repeat_full_decode(self, batch: ScheduledBatch, stop_at_s: float | None = None,
+                           max_copies: int | None = None) -> int:
         """Apply further copies of ``batch`` while that is exactly what ``apply`` would do; return how many.
 
         Precondition: ``batch`` was the last batch applied and ``last_full_decode`` (every item was a
@@ -541,7 +542,8 @@ class Replayer:
         repeated. Copies stop before one that would start at or after ``stop_at_s`` (an arrival),
         exceed ``M``, or finish a request, so each copy decodes the same requests one token further. Each copy is recorded like ``apply``
         records it (a Schedule batch and a table row with the same arithmetic), at O(1) cost per copy
-        plus O(len(batch.items)) once. The copies share one ``items`` list.
+        plus O(len(batch.items)) once. The copies share one ``items`` list. At most ``max_copies`` (a caller
+        under a deadline looks at its clock in between).
         """
         if not self.last_full_decode or batch is not self.batches[-1]:
             raise ValueError("repeat_full_decode needs the last applied batch, a full decode-only batch")
@@ -551,6 +553,8 @@ class Replayer:
         sts = [self.states[rid] for rid, _ in batch.items]
         n, b, M = len(sts), self.limits.block_size, self.limits.M
         copies = min(s.req.output_tokens - s.generated for s in sts) - 1
+        if max_copies is not None:
+            copies = min(copies, max_copies)
         new_block_at = None
         if b > 1:  # a decode from m to m+1 takes a new block when m % b == 0
             new_block_at = [0] * b

@@ -92,6 +92,24 @@ def test_a_run_past_its_deadline_stops_and_says_where(affine):
     assert timed.summary == free.summary
 
 
+def test_a_fast_forward_under_a_deadline_looks_at_the_clock(affine, monkeypatch):
+    """One request decoding many tokens is one fast-forward of all of them: under a deadline it stops every
+    `FAST_FORWARD_UNDER_DEADLINE` copies to look at the clock (a 10^7-token decode ran minutes past a 5 s limit, at
+    10 GB), and a deadline it never reaches still changes nothing."""
+    import time
+
+    from infermax import engine
+    from infermax.engine import SimulationTimeout
+
+    monkeypatch.setattr(engine, "FAST_FORWARD_UNDER_DEADLINE", 1000)
+    reqs = [Request(0, 0.0, 16, 5000)]
+    with pytest.raises(SimulationTimeout, match=r"after 1,002 batches, with 1 of 1"):  # prefill, decode, 1,000 copies
+        simulate(reqs, "vllm", Limits(M=10_000), affine, deadline_s=time.perf_counter() - 1.0)
+    free = simulate(reqs, "vllm", Limits(M=10_000), affine)
+    timed = simulate(reqs, "vllm", Limits(M=10_000), affine, deadline_s=time.perf_counter() + 3600.0)
+    assert timed.schedule.to_json() == free.schedule.to_json() and timed.summary == free.summary
+
+
 @pytest.mark.parametrize("enabled_before", [True, False])
 def test_the_collector_is_restored_after_a_run_and_after_a_failed_one(affine, monkeypatch, enabled_before):
     # The loop turns automatic garbage collection off and collects the young generations itself (engine.py,
