@@ -60,8 +60,9 @@ class SimulationTimeout(RuntimeError):
     """A simulation given a deadline (`simulate`'s ``deadline_s``) did not finish by it; nothing is returned."""
 
 
-# Under a deadline, one fast-forward applies at most this many copies before the clock is looked at again: a single
-# request decoding 10^7 tokens is one fast-forward of 10^7 batches, which ran for minutes past a 5 s time limit.
+# Under a deadline, one fast-forward applies at most this many copies, and the clock is looked at whenever this many
+# have been fast-forwarded since the last look (as it is every `DEADLINE_CHECK_EVERY` loop iterations): a single
+# request decoding 10^7 tokens was one fast-forward of 10^7 batches, which ran for minutes past a 5 s time limit.
 # (Stopping a fast-forward early changes nothing: the scheduler plans the same decode batch again.)
 FAST_FORWARD_UNDER_DEADLINE = 1 << 16
 
@@ -137,7 +138,7 @@ def simulate(
     waited_until: float | None = None
     total_tokens = sum(r.prompt_tokens + r.output_tokens for r in requests)
     batches_without_token = 0
-    steps = 0
+    steps = copied = 0  # loop iterations; batches fast-forwarded since the clock was last looked at
     bar = _Tracker(sum(r.output_tokens for r in requests)) if progress else nullcontext(None)
     with bar as tracker, _young_collections_only():
         while rp.unfinished:
@@ -180,8 +181,11 @@ def simulate(
                     batch, stop, None if deadline_s is None else FAST_FORWARD_UNDER_DEADLINE)
                 if copies:
                     scheduler.repeated_full_decode(batch, copies)
-                    if deadline_s is not None and time.perf_counter() > deadline_s:
-                        raise _timeout(scheduler, rp, rp.clock_s)
+                    copied += copies
+                    if deadline_s is not None and copied >= FAST_FORWARD_UNDER_DEADLINE:
+                        copied = 0
+                        if time.perf_counter() > deadline_s:
+                            raise _timeout(scheduler, rp, rp.clock_s)
                 generated += generated * copies
             now = rp.clock_s
             batches_without_token = 0 if generated else batches_without_token + 1
