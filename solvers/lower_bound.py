@@ -279,7 +279,8 @@ class _LP:
         for name, coef in objective.items():
             cost[index[name]] = coef
         lp.col_cost_ = cost
-        lp.col_lower_ = np.array([-inf if name in self.free else 0.0 for name in self.names])
+        lp.col_lower_ = (np.array([-inf if name in self.free else 0.0 for name in self.names]) if self.free
+                         else np.zeros(n))  # (free sums only for a model with a term that can be negative)
         lp.col_upper_ = np.array([inf if self.upper.get(name) is None else self.upper[name] for name in self.names])
         lp.row_lower_, lp.row_upper_ = np.array(lower), np.array(upper)
         a = lp.a_matrix_
@@ -363,16 +364,15 @@ def nonnegative_gated_terms(terms: tuple[CostTerm, ...], d: Demand) -> tuple[Cos
     The result is a *lower* cost model: a batch in which every raised term is active costs the same, any other less
     (by the floors of the raised terms it lacks), so every schedule's batches, finish times and objectives are at
     most what ``terms`` give, and a bound for it is a bound for ``terms``. Its every active term is ``>= 0`` on the
-    demand ``d`` (the instance's, whose least features bound every subset's), which the busy-time LP assumes (its
-    per-term times are non-negative variables) and the bounds over subsets of the requests need (removing items
-    then never lengthens a batch)."""
+    demand ``d`` (the instance's, whose least features bound every subset's), which the bounds over subsets of the
+    requests need (removing items then never lengthens a batch)."""
+    floors = {t.name: term_floor_s(t, d) for t in terms}
     # each raised by a hair more than its floor's magnitude, so that it stays >= 0 in floats
-    shifts = {t.name: -term_floor_s(t, d) * (1 + 1e-9) for t in terms
-              if t.active_if != "n_tokens" and term_floor_s(t, d) < 0}
+    shifts = {t.name: -floors[t.name] * (1 + 1e-9) for t in terms if t.active_if != "n_tokens" and floors[t.name] < 0}
     if not shifts:
         return terms
     total = sum(shifts.values())
-    base = next((t.name for t in terms if t.active_if == "n_tokens" and term_floor_s(t, d) >= total), None)
+    base = next((t.name for t in terms if t.active_if == "n_tokens" and floors[t.name] >= total), None)
     if base is None:
         return terms
 
@@ -1493,9 +1493,10 @@ def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: 
 def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
                         time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
-    allow one (`BoundUnavailable`) or an LP fails in HiGHS (a `RuntimeError`, seen once at O = 10^8). ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued
-    bound's LPs and the makespan's binned MILP get at most a quarter of it, and past half of it the optional
-    ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which)."""
+    allow one (`BoundUnavailable`) or an LP fails in HiGHS (a `RuntimeError`, seen once at O = 10^8).
+    ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued bound's LPs and the makespan's
+    binned MILP get at most a quarter of it, and past half of it the optional ingredients are skipped
+    (`LowerBounder`'s ``deadline_s``; the method string says which)."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
