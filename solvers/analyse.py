@@ -21,7 +21,8 @@ from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, optimize
 from .policy import Policies, check_policies_feasible, policy_violations
-from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
+from .scale import (Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching,
+                    simulation_setup_refusal)
 
 # "optimal" when the incumbent is within this relative distance of a valid lower bound. It must exceed the lower
 # bound's own safety margin (`lower_bound.LP_SAFETY_RTOL`, 1e-6, which keeps LP round-off from lifting a bound above
@@ -67,11 +68,12 @@ def meets(incumbent_s: float, bound_s: float) -> bool:
 def analyse(requests, limits, cost_model, objective: Objective = Objective(makespan=1), policies: Policies = Policies(),
             warm_start: str | None = "vllm", slots: int | None = None, options: SolveOptions | None = None,
             time_limit_s: float | None = None, progress=None, memory_budget_bytes: int | None = None,
-            cut: bool = True) -> Analysis:
+            cut: bool = True, started_s: float | None = None) -> Analysis:
     """Best schedule and lower bound for ``objective`` (see the module docstring). ``cut``: give the MILP the
-    lower bound as an objective cut."""
+    lower bound as an objective cut. ``started_s`` (``time.perf_counter()`` time): when the time limit began (default:
+    now; the command line passes its own start, so that building the workload counts)."""
     options = options or SolveOptions()
-    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
+    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
     check_fits(requests, limits)
@@ -83,7 +85,9 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     say(f"lower bound {bound_s:.6g} s")
     best_s, best_by, best = math.inf, None, None
     warm = None
-    if warm_start:
+    if warm_start and (too_big := simulation_setup_refusal(len(requests), deadline.left())):
+        details["warm_start_error"] = f"not run: {too_big}"
+    elif warm_start:
         try:  # its objective from the simulation's own replayer, as `better` takes the scheduler's
             sim = simulate(requests, warm_start, limits, cost_model, deadline_s=deadline.at())
             warm = sim.schedule
@@ -110,7 +114,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
 
     found = search_within(requests, limits, cost_model, objective, deadline.left() * share, policies, say)
     if found is None:
-        details["search_skipped"] = "no time left after the lower bound"
+        details["search_skipped"] = "too little time left after the lower bound for one simulation"
     else:
         details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s)
         if found.schedule is not None and found.value_s < best_s:

@@ -23,7 +23,8 @@ from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies, check_policies_feasible, policy_violations
-from .scale import Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching
+from .scale import (Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching,
+                    simulation_setup_refusal)
 
 BOUND_RTOL = 1e-6  # a bound must clear the target by this much to answer "no"
 SEARCH_SHARE_WITH_MILP = 0.25  # share of the time the search gets when the MILP runs after it
@@ -55,18 +56,22 @@ class BetterAnswer:
 
 def better(requests, limits, cost_model, scheduler: str, margin: float, objective: Objective = Objective(makespan=1),
            policies: Policies = Policies(), options: SolveOptions | None = None, time_limit_s: float | None = None,
-           progress=None, memory_budget_bytes: int | None = None, swap_cost=None) -> BetterAnswer:
+           progress=None, memory_budget_bytes: int | None = None, swap_cost=None,
+           started_s: float | None = None) -> BetterAnswer:
     """Search for a schedule with objective <= (1 − margin) × the scheduler's on the same workload and limits.
     ``swap_cost`` times the scheduler's KV swaps (`simulate`; BROS swaps, and without it cannot be compared): a swap
     only lengthens a batch, so the bound, which charges swaps nothing, stays valid.
 
     ``time_limit_s`` (default: the solver options' limit) covers everything: the scheduler's own simulation,
-    bound, search, model building and solving."""
+    bound, search, model building and solving; ``started_s`` (``time.perf_counter()`` time, default now): when it began."""
     options = options or SolveOptions()
-    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s)
+    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
     check_policies_feasible(requests, limits, policies)
+    if too_big := simulation_setup_refusal(len(requests), deadline.left()):
+        raise SimulationTimeout(f"{scheduler}'s own simulation, which sets the target, cannot finish within the time "
+                                f"limit of {deadline.limit_s:g} s: {too_big}; raise the time limit")
     try:
         sim = simulate(requests, scheduler, limits, cost_model, swap_cost=swap_cost, deadline_s=deadline.at())
     except SimulationTimeout as exc:  # without the scheduler's objective there is no target to answer for

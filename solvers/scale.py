@@ -80,12 +80,47 @@ def milp_refusal(est: MilpEstimate, time_left_s: float, memory_budget_bytes: int
     return None
 
 
-class Deadline:
-    """One time limit over a whole command: ``left()`` seconds remain."""
+# Per-request costs below which a command cannot even start on its workload (this machine, 2 cores, fixed-grid
+# requests, 2026-11-28; B = 20,000 and 1,000,000 alike): building a request ~2 µs, the lower bound's core (its
+# makespan LP; the optional ingredients stop at their deadline) ~1.9 µs, a simulation's state before its first batch
+# (the replayer's and the scheduler's) ~1.5 µs. `startup_refusal` refuses only when these lower rates alone exceed
+# the limit: 1,000,000 requests under --time-limit 1 spent 16 s, 3.9 s of it in a warm start's set-up.
+BUILD_AND_BOUND_S_PER_REQUEST = 3.5e-6
+SIMULATION_SETUP_S_PER_REQUEST = 1.5e-6
 
-    def __init__(self, limit_s: float):
+
+def startup_refusal(num_requests: int, time_limit_s: float) -> str | None:
+    """Why a command under ``time_limit_s`` must not start on ``num_requests`` requests (None: it may): building
+    them and their lower bound alone would take longer (`BUILD_AND_BOUND_S_PER_REQUEST`)."""
+    need_s = num_requests * BUILD_AND_BOUND_S_PER_REQUEST
+    if need_s <= time_limit_s:
+        return None
+    return (f"{num_requests:,} requests: building them and their lower bound alone take about {need_s:.1f} s here "
+            f"(~{BUILD_AND_BOUND_S_PER_REQUEST * 1e6:.1f} µs per request), more than the time limit of "
+            f"{time_limit_s:g} s; raise --time-limit to at least {math.ceil(2 * need_s)} s")
+
+
+def simulation_setup_refusal(num_requests: int, time_left_s: float) -> str | None:
+    """Why a simulation of ``num_requests`` requests must not start with ``time_left_s`` left (None: it may): its
+    set-up alone would take longer (`SIMULATION_SETUP_S_PER_REQUEST`), before its first look at the clock. Runs of
+    at most the engine's `LARGE_RUN_REQUESTS` always may: their first iterations go unwatched anyway, so that a
+    small instance's warm start or first search candidate finishes under any time limit (its set-up takes < 0.1 s)."""
+    from infermax.engine import LARGE_RUN_REQUESTS
+
+    need_s = num_requests * SIMULATION_SETUP_S_PER_REQUEST
+    if num_requests <= LARGE_RUN_REQUESTS or need_s <= time_left_s:
+        return None
+    return (f"setting up a simulation of {num_requests:,} requests takes about {need_s:.1f} s, more than the "
+            f"{time_left_s:.1f} s left")
+
+
+class Deadline:
+    """One time limit over a whole command: ``left()`` seconds remain. ``start_s`` (a ``time.perf_counter()``
+    time; default: now): when the command began, so that building its workload counts too."""
+
+    def __init__(self, limit_s: float, start_s: float | None = None):
         self.limit_s = limit_s
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() if start_s is None else start_s
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -98,8 +98,11 @@ class _State:
 
 def search_within(requests, limits, cost_model, objective: Objective, time_limit_s: float, policies: Policies,
                   progress: Callable[[str], None] | None = None) -> "SearchResult | None":
-    """`search` for a caller under a deadline: None when no time is left (the bound may have used it all)."""
-    if time_limit_s <= 0:
+    """`search` for a caller under a deadline: None when no time is left (the bound may have used it all), or, on a
+    large run, too little to set up one simulation of ``requests`` (`scale.simulation_setup_refusal`)."""
+    from .scale import simulation_setup_refusal
+
+    if time_limit_s <= 0 or simulation_setup_refusal(len(requests), time_limit_s):
         return None
     return search(requests, limits, cost_model, objective, time_limit_s=time_limit_s, policies=policies,
                   progress=progress)

@@ -92,6 +92,25 @@ def test_a_run_past_its_deadline_stops_and_says_where(affine):
     assert timed.summary == free.summary
 
 
+def test_a_large_run_looks_at_the_clock_before_its_first_batch(affine, monkeypatch):
+    """Runs of more than `LARGE_RUN_REQUESTS` requests look at the clock from the first iteration (vLLM on 10^6
+    requests ran 255 batches, 1.5 s, past a 1 s limit before its first look); smaller runs still wait for
+    `DEADLINE_CHECK_EVERY` iterations. The threshold is lowered here so that two requests make a large run."""
+    import time
+
+    from infermax import engine
+    from infermax.engine import SimulationTimeout
+
+    reqs = [Request(0, 0.0, 16, 40), Request(1, 0.0, 8, 5)]
+    small = simulate(reqs, "vllm", Limits(M=10_000), affine, fast_forward=False, deadline_s=time.perf_counter() - 1.0)
+    assert small.summary["num_requests"] == 2  # 44 batches: never looked
+    monkeypatch.setattr(engine, "LARGE_RUN_REQUESTS", 1)
+    with pytest.raises(SimulationTimeout, match=r"after 0 batches, with 2 of 2"):
+        simulate(reqs, "vllm", Limits(M=10_000), affine, fast_forward=False, deadline_s=time.perf_counter() - 1.0)
+    timed = simulate(reqs, "vllm", Limits(M=10_000), affine, deadline_s=time.perf_counter() + 3600.0)
+    assert timed.schedule.to_json() == small.schedule.to_json()
+
+
 def test_a_fast_forward_under_a_deadline_looks_at_the_clock(affine, monkeypatch):
     """One request decoding many tokens is one fast-forward of all of them: under a deadline it stops every
     `FAST_FORWARD_UNDER_DEADLINE` copies to look at the clock (a 10^7-token decode ran minutes past a 5 s limit, at

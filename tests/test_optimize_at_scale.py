@@ -227,7 +227,7 @@ def test_optimize_answers_when_the_bound_uses_up_the_time_limit():
     raise "time_limit_s must be > 0"), and the warm start and the bound are still reported."""
     reqs = [Request(i, 0.01 * i, 33, 2) for i in range(12)]
     res = analyse(reqs, Limits(C=4096, M=3000), COST, Objective(makespan=1), time_limit_s=1e-6)
-    assert res.details["search_skipped"] == "no time left after the lower bound"
+    assert res.details["search_skipped"] == "too little time left after the lower bound for one simulation"
     assert res.incumbent_s is not None and 0 < res.bound_s <= res.incumbent_s * (1 + TOL)
     ans = better(reqs, Limits(C=4096, M=3000), COST, "vllm", 0.05, Objective(makespan=1), time_limit_s=1e-6)
     assert ans.answer in ("no", "unknown")
@@ -259,3 +259,38 @@ def test_better_cli_reports_a_simulation_cut_by_the_time_limit():
     assert result.exit_code == 1
     assert "did not finish within the time limit of 0.05 s" in result.output and "raise the time limit" in result.output
     assert "Traceback" not in result.output
+
+
+def test_time_limit_covers_building_the_workload(monkeypatch):
+    """`optimize` / `better` refuse a workload whose building and lower bound alone would outlast --time-limit,
+    before building it (1,000,000 requests under 1 s ran 16 s), with the estimate and the limit to raise it to."""
+    from infermax.config import RunConfig
+
+    def never(self):
+        raise AssertionError("the workload was built")
+
+    monkeypatch.setattr(RunConfig, "requests", never)
+    for cmd in (["optimize"], ["better", "-s", "vllm"]):
+        res = runner.invoke(app, [*cmd, "--B", "1000000", "--time-limit", "1"])
+        assert res.exit_code == 2, res.output
+        assert "1,000,000 requests" in res.output and "raise --time-limit to at least" in res.output
+
+
+def test_large_simulations_are_not_started_without_time_for_their_set_up(monkeypatch):
+    """`simulation_setup_refusal`: a simulation of more than the engine's `LARGE_RUN_REQUESTS` whose set-up alone
+    outlasts the time left is not started (the warm start is reported as not run, the search skipped, `better`
+    stops with the reason); a small one always starts. The threshold is lowered so that 12 requests are large."""
+    from infermax import engine
+    from infermax.engine import SimulationTimeout
+    from solvers.scale import simulation_setup_refusal
+
+    assert simulation_setup_refusal(12, 0.0) is None
+    monkeypatch.setattr(engine, "LARGE_RUN_REQUESTS", 1)
+    assert "setting up a simulation of 12 requests" in simulation_setup_refusal(12, 0.0)
+    assert simulation_setup_refusal(12, 1.0) is None
+    reqs = [Request(i, 0.01 * i, 33, 2) for i in range(12)]
+    res = analyse(reqs, Limits(C=4096, M=3000), COST, Objective(makespan=1), time_limit_s=1e-6)
+    assert res.details["warm_start_error"].startswith("not run: setting up a simulation of 12 requests")
+    assert res.incumbent_s is None and "search_skipped" in res.details and res.bound_s > 0
+    with pytest.raises(SimulationTimeout, match="cannot finish within the time limit"):
+        better(reqs, Limits(C=4096, M=3000), COST, "vllm", 0.05, Objective(makespan=1), time_limit_s=1e-6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,7 +23,7 @@ _RUN_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mi
              "seed")
 ObjectiveOpt = typer.Option("makespan", help="makespan (total latency) | latency (sum) | ttft (mean) | e.g. makespan=1,ttft=0.5")
 SolverOpt = typer.Option("highs", help="highs | cbc | gurobi")
-TimeLimitOpt = typer.Option(60.0, help="Time limit in seconds for the whole command after the workload is built: bound, search, model building and solving.")
+TimeLimitOpt = typer.Option(60.0, help="Time limit in seconds for the whole command: building the workload, bound, search, model building and solving.")
 GapOpt = typer.Option(1e-6, help="Relative MIP gap at which the solver stops.")
 ThreadsOpt = typer.Option(None, help="Solver threads (default: the solver's).", callback=at_least(1))
 NoHybridOpt = Annotated[bool, flag("--no-hybrid", help="Force: no batch mixes prefill and decode items.")]
@@ -32,7 +33,11 @@ EvictionFreeOpt = Annotated[bool, flag("--eviction-free", help="Force: no evicti
 
 def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limit: float, gap: float,
            threads: Optional[int], no_hybrid: bool, no_chunked_prefill: bool, eviction_free: bool, quiet: bool):
+    """The run's configuration, workload, limits, cost model, objective, policies and solver options. A workload whose
+    size is known before it is built (not a trace) and too large to build and bound within --time-limit is refused
+    before it is built (`solvers.scale.startup_refusal`); a trace is refused once read."""
     from solvers import BACKENDS, Objective, Policies, SolveOptions
+    from solvers.scale import startup_refusal
 
     if solver not in BACKENDS:
         fail(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
@@ -41,7 +46,11 @@ def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limi
     try:
         obj = Objective.parse(objective)
         config = run_config(scheduler, **{k: options[k] for k in _RUN_KEYS})
+        if not config.trace and (too_big := startup_refusal(config.B, time_limit)):
+            fail(too_big)
         requests, limits, cost = config.requests(), config.limits(), config.cost()
+        if too_big := startup_refusal(len(requests), time_limit):
+            fail(too_big)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
 
@@ -97,6 +106,7 @@ def optimize(
     """Best schedule and lower bound for an objective, with the certified gap, at any size: the exact MILP
     where its estimated size fits the time and memory at hand, the schedule search and the aggregate lower
     bound everywhere; every schedule validated by replay. --time-limit covers everything."""
+    started_s = time.perf_counter()  # --time-limit covers importing the solvers and building the workload too
     from solvers.analyse import analyse
 
     config, requests, limits, cost, obj, policies, opts = _setup(
@@ -105,7 +115,8 @@ def optimize(
         fail("--slots must be >= 1")
     say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
     res = _run(lambda: analyse(requests, limits, cost, obj, policies, warm_start=None if warm_start == "none" else warm_start,
-                               slots=slots, options=opts, time_limit_s=time_limit, progress=say))
+                               slots=slots, options=opts, time_limit_s=time_limit, progress=say,
+                               started_s=started_s))
     summary = nan_to_null(res.summary())
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -146,6 +157,7 @@ def better(
 ) -> None:
     """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown (exit 0); exit 1 when
     SCHEDULER's own simulation, which sets the target, cannot finish within --time-limit."""
+    started_s = time.perf_counter()  # --time-limit covers importing the solvers and building the workload too
     from solvers.better import better as ask
 
     if not 0 < margin < 1:
@@ -154,7 +166,7 @@ def better(
         scheduler, locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
     say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
     ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts, time_limit_s=time_limit,
-                           progress=say, swap_cost=config.swap_cost()))
+                           progress=say, swap_cost=config.swap_cost(), started_s=started_s))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         if ans.schedule is not None:
