@@ -14,7 +14,7 @@ The module draws with pyplot's current backend (inline in a notebook); the CLI s
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -197,6 +197,19 @@ def check_options(options: dict) -> str:
     return kind
 
 
+def check_figure_file(file) -> str:
+    """A ``[[plot]]`` table's ``file``: a relative path inside the sweep's ``figures`` folder (no absolute path, no
+    ``..``: a spec must not write outside its output folder), in one of `FORMATS`."""
+    if not isinstance(file, str) or not file.strip():
+        raise ValueError(f"needs 'file', a figure's name such as \"fig5.png\", got {file!r}")
+    path = PureWindowsPath(file)  # (splits at "/" and "\\" alike; its anchor is a drive, a root or both)
+    if path.anchor or ".." in path.parts:
+        raise ValueError(f"'file' must be a relative path inside the sweep's figures folder, got {file!r}")
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"'file' {file!r}: figure format must be one of {', '.join(FORMATS)}")
+    return file
+
+
 def draw(table: pd.DataFrame, options: dict):
     """A figure from one plot description (a spec's ``[[plot]]`` table; ``file`` is ignored)."""
     kind = check_options(options)
@@ -209,8 +222,10 @@ def plot_from_spec(table_path: str | Path, plots: list[dict], out_dir: str | Pat
     table = pd.read_parquet(table_path)
     written = []
     for i, options in enumerate(plots):
-        if "file" not in options:
-            raise ValueError(f"plot {i}: needs 'file' (e.g. \"fig5.png\")")
+        try:
+            check_figure_file(options.get("file"))
+        except ValueError as exc:
+            raise ValueError(f"plot {i}: {exc}") from None
         try:
             figure = draw(table, options)
         except ValueError as exc:

@@ -67,6 +67,11 @@ def test_points_are_the_product_of_the_axes_in_order(tmp_path):
     ("[axes]\nP = [100, 8192]", "point 1 (P=8192): P (prefill tokens per batch) = 8192 must not exceed C = 4096"),
     ("[[plot]]\nkind = 'pie'", "plot 0: plot kind must be one of lines, heatmap, got 'pie'"),
     ("[[plot]]\nmetric = 'tps'", "plot 0: unknown lines plot key(s) metric"),
+    ("[[plot]]\nmetrics = ['tps']\nx = 'I'", "plot 0: needs 'file'"),
+    ("[[plot]]\nfile = '../../escape.png'", "plot 0: 'file' must be a relative path inside the sweep's figures folder"),
+    ("[[plot]]\nfile = '/tmp/escape.png'", "plot 0: 'file' must be a relative path inside"),
+    ("[[plot]]\nfile = 'sub/../../escape.png'", "plot 0: 'file' must be a relative path inside"),
+    ("[[plot]]\nfile = 'fig.jpg'", "plot 0: 'file' 'fig.jpg': figure format must be one of .png, .svg, .pdf"),
     ("name = 'a/b'", "'name' must be a non-empty string without '/'"),
 ])
 def test_bad_specs_name_the_problem(tmp_path, text, message):

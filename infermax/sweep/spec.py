@@ -125,11 +125,12 @@ def parse_spec(doc: dict, source: str | Path | None = None) -> SweepSpec:
     plots = doc.get("plot", [])
     if not isinstance(plots, list) or not all(isinstance(p, dict) for p in plots):
         raise bad("'plot' must be an array of tables ([[plot]])")
-    from ..plot import check_options
+    from ..plot import check_figure_file, check_options
 
     for i, options in enumerate(plots):
         try:
             check_options(options)
+            check_figure_file(options.get("file"))
         except ValueError as exc:
             raise bad(f"plot {i}: {exc}") from None
     name = doc.get("name", Path(source).stem if source is not None else "sweep")
