@@ -20,7 +20,11 @@ Measured 2026-11-28 (2 cores, HiGHS dual simplex through scipy, one additive spl
 latency (300K rows, 53 s); DT 2.5 s, H 750 s: 16.15 s (647K rows, 402 s). If the loss is linear in DT (two points only), about
 18.1 s as DT → 0, against 17.20 s: at most ~5% more bound for minutes of LP, so not kept. The per-request batch count binds
 (its rows alone without the windows' work gave 6.4 s at DT 5 s: work done before its requests arrive is free
-then), but the work stays fungible between requests and batches hold any number of them.
+then), but the work stays fungible between requests and batches hold any number of them. Rows for that, tried the
+same day at DT 5 s (an ad-hoc variant of this script): per cohort and bucket its tokens, at most one per member per
+batch, each holding at least its prompt + 1 of KV, at most M per batch, and enough tokens for the cohort's finished
+requests: 14.181 s again (556K rows, 1,129 s). In the LP's solution the overloaded stretch runs 11-15 batches per
+second at 94-95% work, with about 130 requests unfinished at 400 s (the best schedule: 203).
 
     PYTHONPATH=. python benchmarks/cohort_lp_bound.py N DT H      e.g. 2000 5 800
 """
