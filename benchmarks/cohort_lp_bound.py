@@ -17,16 +17,16 @@ because the LP is not used). Finishes are counted at their bucket's end and coho
 bucket's start, which loses about DT per request.
 
 Measured 2026-11-28 (2 cores, HiGHS dual simplex through scipy, one additive split): DT 5 s, H 800 s: 14.18 s mean
-latency (300K rows, 53 s); DT 2.5 s, H 750 s: 16.15 s (647K rows, 402 s). If the loss is linear in DT (two points only), about
-18.1 s as DT → 0, against 17.20 s: at most ~5% more bound for minutes of LP, so not kept. The per-request batch count binds
-(its rows alone without the windows' work gave 6.4 s at DT 5 s: work done before its requests arrive is free
-then), but the work stays fungible between requests and batches hold any number of them. Rows for that, tried the
-same day at DT 5 s (an ad-hoc variant of this script): per cohort and bucket its tokens, at most one per member per
+latency (300K rows, 53 s); DT 2.5 s, H 750 s: 16.15 s (647K rows, 402 s). If the loss is linear in DT (two points
+only), about 18.1 s as DT → 0, against 17.20 s: at most ~5% more bound for minutes of LP, so not kept. The batch
+count binds only with the windows' work: with the work of all finished requests counted from time 0 instead
+(``--no-windows``: work done before its requests arrive is then free) it gives 6.4 s at DT 5 s. What it lacks is
+that work stays fungible between requests. ``--kv`` adds per cohort and bucket its tokens, at most one per member per
 batch, each holding at least its prompt + 1 of KV, at most M per batch, and enough tokens for the cohort's finished
-requests: 14.181 s again (556K rows, 1,129 s). In the LP's solution the overloaded stretch runs 11-15 batches per
-second at 94-95% work, with about 130 requests unfinished at 400 s (the best schedule: 203).
+requests: 14.181 s again at DT 5 s (556K rows, 1,129 s). In that solution the overloaded stretch runs 11-15 batches
+per second at 94-95% work, with about 130 requests unfinished at 400 s (the best schedule: 203).
 
-    PYTHONPATH=. python benchmarks/cohort_lp_bound.py N DT H      e.g. 2000 5 800
+    PYTHONPATH=. python benchmarks/cohort_lp_bound.py N DT H [--no-windows] [--kv]      e.g. 2000 5 800
 """
 import sys, time, numpy as np, scipy.sparse as sp
 from scipy.optimize import linprog
@@ -35,9 +35,9 @@ from infermax.limits import Limits
 from infermax.workload import load_trace, with_arrivals
 from solvers.lower_bound import LowerBounder
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-DT = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
-H = float(sys.argv[3]) if len(sys.argv) > 3 else 900.0
+args = [x for x in sys.argv[1:] if not x.startswith("--")]
+N, DT, H = int(args[0]), float(args[1]), float(args[2])
+WINDOWS, KV = "--no-windows" not in sys.argv, "--kv" in sys.argv
 reqs = with_arrivals(load_trace("azure-conv"), "trace")[:N]
 cost = load_cost_model(kind="linear")
 lim = Limits(C=4096, M=100_000)
@@ -58,7 +58,7 @@ for split in lb._additive_splits():
     oJ, oW, oB, oWc = 0, K, 2 * K, 3 * K + 1
     pairs = [(m, k) for m in range(K) for k in range(m, K) if (m_of == m).any()]
     idx = {p: i for i, p in enumerate(pairs)}
-    oD = 4 * K + 1; oDk = oD + len(pairs); oU = oDk + K; oV = oU + len(pairs); nvar = oV + len(pairs)
+    oD = 4 * K + 1; oDk = oD + len(pairs); oU = oDk + K; oV = oU + len(pairs); oT = oV + len(pairs); oTc = oT + len(pairs); nvar = oTc + len(pairs)
     rows, cols, vals, lo_b, hi_b = [], [], [], [], []
     r = 0
     def row(entries, lo, hi):
@@ -82,7 +82,8 @@ for split in lb._additive_splits():
         hull = []
         for x, y in zip(xs, ys):
             while hull and hull[-1][0] == x: hull.pop()
-            while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]) <= (y - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+            while len(hull) >= 2 and ((hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])
+                                      <= (y - hull[-2][1]) * (hull[-1][0] - hull[-2][0])):
                 hull.pop()
             hull.append((x, y))
         segs = [(hull[i][0], hull[i][1], hull[i + 1][0], hull[i + 1][1]) for i in range(len(hull) - 1)]
@@ -93,8 +94,9 @@ for split in lb._additive_splits():
                 row([(oD + i, 1.0), (oB + k + 1, -s), (oB + m, s)], -np.inf, y0 - s * x0)
             if k > m:
                 row([(oD + idx[(m, k - 1)], 1.0), (oD + i, -1.0)], -np.inf, 0)
-    # per-window work: Wc_k - Wc_{m-1} >= V_{m,k} = sum_{m'>=m} U_{m',k}, U_{m,k} >= sorted works of cohort m (eligible at k)
-    for (m, k), i in idx.items():
+    # per-window work: Wc_k - Wc_{m-1} >= V_{m,k} = sum_{m'>=m} U_{m',k}, U_{m,k} >= sorted works of cohort m
+    # (eligible at k)
+    for (m, k), i in (idx.items() if WINDOWS else ()):
         sel = (m_of == m)
         e = np.sort(w[sel & (lower <= tau[k + 1])]); S = np.concatenate([[0.0], np.cumsum(e)])
         for c in range(len(e)):
@@ -103,6 +105,20 @@ for split in lb._additive_splits():
         nxt = [mm for mm in range(m + 1, k + 1) if (mm, k) in idx]
         row([(oV + i, 1.0), (oU + i, -1.0)] + ([(oV + idx[(nxt[0], k)], -1.0)] if nxt else []), 0, 0)
         row([(oWc + k, 1.0), (oV + i, -1.0)] + ([(oWc + m - 1, -1.0)] if m else []), 0, np.inf)
+    # KV: tokens of cohort m in bucket k, one per member per batch; per batch the generating items' KV <= M
+    Mkv = lim.M
+    cmin = {m: float((I[m_of == m] + 1).min()) for m in range(K) if (m_of == m).any()}
+    for (m, k), i in (idx.items() if KV else ()):
+        nm = float((m_of == m).sum())
+        row([(oT + i, 1.0), (oJ + k, -nm)], -np.inf, 0)
+        row([(oTc + i, 1.0), (oT + i, -1.0)] + ([(oTc + idx[(m, k - 1)], -1.0)] if k > m else []), 0, 0)
+        e = np.sort(O[(m_of == m) & (lower <= tau[k + 1])]).astype(float); S = np.concatenate([[0.0], np.cumsum(e)])
+        for c in range(len(e)):
+            slope = S[c + 1] - S[c]
+            row([(oTc + i, 1.0), (oD + i, -slope)], S[c] - slope * c, np.inf)
+    for k in (range(K) if KV else ()):
+        ms = [(m, idx[(m, k)]) for m in range(k + 1) if (m, k) in idx]
+        row([(oT + i, cmin[m]) for m, i in ms] + [(oJ + k, -float(Mkv))], -np.inf, 0)
     base_rows = r
     ub = np.full(nvar, np.inf); lbv = np.zeros(nvar)
     for (m, k), i in idx.items():
@@ -134,6 +150,7 @@ for split in lb._additive_splits():
         A_ub = sp.vstack([A[np.isfinite(U)], -A[np.isfinite(L)]]).tocsr()
         b_ub = np.concatenate([U[np.isfinite(U)], -L[np.isfinite(L)]])
         eq = (L == U)
+        print("solving", A_ub.shape, A_ub.nnz, f"{time.time() - t:.0f} s", flush=True)
         res = linprog(obj, A_ub=A_ub, b_ub=b_ub, bounds=list(zip(lbv, ub)), method="highs")
         if res.status != 0: print("LP status", res.status, res.message); break
         x = res.x; val = const + res.fun
@@ -145,7 +162,12 @@ for split in lb._additive_splits():
             c = min(int(np.floor(d)), n - 1); need = S[c] + (S[c + 1] - S[c]) * (d - c)
             if x[oWc + k] < need - 1e-7 * max(1, need):
                 add_cut(k, c); added += 1
-        print(f"iter {it}: bound sum latency {val:.1f} s, mean {val / N:.3f} s, cuts added {added}, rows {rr}, {time.time() - t:.0f} s", flush=True)
+        print(f"iter {it}: bound sum latency {val:.1f} s, mean {val / N:.3f} s, cuts added {added}, rows {rr}, "
+              f"{time.time() - t:.0f} s", flush=True)
         if not added: break
+    Jr = x[oJ:oJ + K] / DT; Wr = x[oW:oW + K] / DT
+    for k in range(0, K, max(1, K // 16)):
+        print(f"  t={tau[k]:6.0f}  batches/s {Jr[k]:7.1f}  work/s {Wr[k]:5.2f}  D {x[oDk + k]:7.1f}  "
+              f"arrived {(a <= tau[k + 1]).sum()}")
     best = val / N if best is None else max(best, val / N)
-print("best mean latency bound", best)
+print("best mean latency bound", max(best, 0.0))

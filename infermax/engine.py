@@ -110,7 +110,8 @@ def simulate(
     release time would exceed ``closed_loop_until_s`` is never submitted and is not in the result
     (``meta["unreleased_requests"]`` counts them).
     ``deadline_s`` (a `time.perf_counter` time): past it the run stops with `SimulationTimeout` (looked at on every
-    loop iteration from the `DEADLINE_CHECK_EVERY`-th, or the first on large runs), so that a command's time limit also covers the simulations it runs.
+    loop iteration from the `DEADLINE_CHECK_EVERY`-th, or from the first on large runs), so that a command's time
+    limit also covers the simulations it runs.
     """
     if not requests:
         raise ValueError("the workload has no requests")

@@ -63,7 +63,8 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     only lengthens a batch, so the bound, which charges swaps nothing, stays valid.
 
     ``time_limit_s`` (default: the solver options' limit) covers everything: the scheduler's own simulation,
-    bound, search, model building and solving; ``started_s`` (``time.perf_counter()`` time, default now): when it began."""
+    bound, search, model building and solving; ``started_s`` (``time.perf_counter()`` time, default now): when it
+    began."""
     options = options or SolveOptions()
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
