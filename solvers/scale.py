@@ -91,7 +91,8 @@ SIMULATION_SETUP_S_PER_REQUEST = 1.5e-6
 
 def startup_refusal(num_requests: int, time_limit_s: float) -> str | None:
     """Why a command under ``time_limit_s`` must not start on ``num_requests`` requests (None: it may): building
-    them and their lower bound alone would take longer (`BUILD_AND_BOUND_S_PER_REQUEST`)."""
+    them and their lower bound alone would take longer (`BUILD_AND_BOUND_S_PER_REQUEST`). The limit it advises is
+    twice that estimate, so that the warm start and the search get about as long again."""
     need_s = num_requests * BUILD_AND_BOUND_S_PER_REQUEST
     if need_s <= time_limit_s:
         return None
