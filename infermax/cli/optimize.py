@@ -49,7 +49,7 @@ def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limi
         if not config.trace and (too_big := startup_refusal(config.B, time_limit)):
             fail(too_big)
         requests, limits, cost = config.requests(), config.limits(), config.cost()
-        if too_big := startup_refusal(len(requests), time_limit):
+        if config.trace and (too_big := startup_refusal(len(requests), time_limit)):  # its size, now known
             fail(too_big)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
@@ -118,8 +118,7 @@ def optimize(
                                slots=slots, options=opts, time_limit_s=time_limit, progress=say,
                                started_s=started_s))
     summary = nan_to_null(res.summary())
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:  # (created by `out_dir` when the option was read)
         if res.schedule is not None:
             _save_schedule(res.schedule, config, out / "schedule.json")
         (out / "summary.json").write_text(json.dumps({"summary": summary, "config": config.to_dict()}, indent=2))
@@ -167,8 +166,7 @@ def better(
     say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
     ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts, time_limit_s=time_limit,
                            progress=say, swap_cost=config.swap_cost(), started_s=started_s))
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:  # (created by `out_dir` when the option was read)
         if ans.schedule is not None:
             _save_schedule(ans.schedule, config, out / "schedule.json")
         (out / "answer.json").write_text(json.dumps(nan_to_null(ans.to_dict()), indent=2))

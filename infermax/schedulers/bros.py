@@ -629,8 +629,9 @@ class BrosScheduler(Scheduler):
             return self._make_room(partial(mgr.alloc_rt, s.id, need), new_holder, holders,
                                    chain(be, iter(partial(take, rank), None)), tried=True)
         # RT victims only (every RT-only run, and BE runs with no BE holder): `_make_room` written out, without the
-        # iterators and partials it needs for a general victim stream (about 2 calls per batch on azure-conv)
-        gpu, drop, alloc_rt, rmax, rid = mgr.gpu, mgr.drop, mgr.alloc_rt, self.limits.Rmax, s.id
+        # iterators and partials it needs for a general victim stream (about 2 calls per batch on azure-conv). Its
+        # Rmax test is always passed here: there are at most Rmax holders before a drop, so fewer after one.
+        gpu, drop, alloc_rt, rid = mgr.gpu, mgr.drop, mgr.alloc_rt, s.id
         while True:
             victim = take(rank)
             while victim is not None and not gpu[victim]:
@@ -639,10 +640,9 @@ class BrosScheduler(Scheduler):
                 return None, holders
             drop(victim)
             holders -= 1
-            if not new_holder or rmax is None or holders < rmax:
-                got = alloc_rt(rid, need)
-                if got is not None and got is not False:
-                    return got, holders + new_holder
+            got = alloc_rt(rid, need)
+            if got is not None and got is not False:
+                return got, holders + new_holder
 
     def _make_room(self, alloc, new_holder: bool, holders: int, victims, tried: bool = False):
         """Try ``alloc()``; on failure drop (swap out) ``victims`` (request ids, an iterable drawn lazily) in order,
