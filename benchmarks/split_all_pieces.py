@@ -1,6 +1,6 @@
 """What the additive split's choice of pieces buys: the online bounds under three splits, side by side.
 
-`solvers.lower_bound.additive_split` keeps, per cost term, something below the maximum of its pieces:
+`solvers.cost_terms.additive_split` keeps, per cost term, something below the maximum of its pieces:
 
 - *top piece*: the piece with the largest intercept (the split before 2026-11-28), its token steps linearised;
 - *every piece*: for a term active in every batch whose pieces all depend on the token count alone, the line below
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import solvers.cost_terms as cost_terms
 import solvers.lower_bound as lower_bound
 from infermax.costmodel import load_cost_model
 from infermax.engine import simulate
@@ -60,19 +61,19 @@ def main() -> None:
     arms = ("top piece", "every piece", "+ ranked")
     print(f"| objective | {' | '.join(arms)} | last / first | gap to {args.scheduler}: {', '.join(arms)} | wall s |")
     print("|---|---:|---:|---:|---:|---|---|")
-    every_piece, totals = lower_bound._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals
+    every_piece, totals = cost_terms._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals
     switches = {"top piece": (lambda term: False, lambda self: None), "every piece": (every_piece, lambda self: None),
                 "+ ranked": (every_piece, totals)}
     # the gap only for latency: a schedule ranked for latency says nothing about how low TTFT can go
     for objective, scale, found in (("mean latency", len(reqs), best["mean_latency_s"]), ("mean TTFT", 1, None)):
         values, walls = {}, {}
         for arm in arms:
-            lower_bound._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals = switches[arm]
+            cost_terms._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals = switches[arm]
             t = time.perf_counter()
             bounder = lower_bound.LowerBounder(reqs, limits, cost)
             bound = bounder.latency_sum_s() if objective == "mean latency" else bounder.mean_ttft_s()
             values[arm], walls[arm] = bound.value_s / scale, time.perf_counter() - t
-        lower_bound._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals = every_piece, totals
+        cost_terms._depends_on_tokens_only, lower_bound.LowerBounder._unchunked_totals = every_piece, totals
         gaps = ", ".join(f"{found / values[arm] - 1:.1%}" if found else "-" for arm in arms)
         print(f"| {objective} | {' | '.join(f'{values[arm]:.4g}' for arm in arms)} | "
               f"{values[arms[-1]] / values[arms[0]]:.2f} | {gaps} | {', '.join(f'{walls[a]:.0f}' for a in arms)} |",

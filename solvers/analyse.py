@@ -25,7 +25,7 @@ from .scale import (Deadline, certified_gap, estimate_milp, milp_refusal, refuse
                     simulation_setup_refusal)
 
 # "optimal" when the incumbent is within this relative distance of a valid lower bound. It must exceed the lower
-# bound's own safety margin (`lower_bound.LP_SAFETY_RTOL`, 1e-6, which keeps LP round-off from lifting a bound above
+# bound's own safety margin (`small_lp.LP_SAFETY_RTOL`, 1e-6, which keeps LP round-off from lifting a bound above
 # the optimum), or a bound that meets the optimum exactly could never certify it; the MILP declares optimality at a
 # relative gap of 1e-6 (`SolveOptions.mip_gap`). So "optimal" means: no schedule is better by more than 0.001%.
 OPTIMAL_RTOL = 1e-5

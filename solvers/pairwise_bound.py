@@ -2,7 +2,7 @@
 
 Offline instances only (every request arrives at the same time). The rule and its proof are in
 docs/design.md, "Pairwise completions"; in short, with the batch time split into a per-batch intercept
-``a0`` plus per-item marginal work (`lower_bound.additive_split`), and ``x_j`` the number of requests
+``a0`` plus per-item marginal work (`cost_terms.additive_split`), and ``x_j`` the number of requests
 completing in batch ``j``, every schedule of ``n`` identical requests has
 
     Σ_r (F_r − T) >= ½·n²·w + a0·Σ_j j·x_j + ½·Σ_{i,j} x_i·x_j·g(|i − j|)

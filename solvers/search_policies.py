@@ -739,10 +739,10 @@ class PrefillFirstScheduler(Scheduler):
 
 def marginal_work_s(requests: Sequence[Request], cost_model: CostModel, limits: Limits) -> dict[int, float] | None:
     """Per request id, the intercept-free cost of its own items under the cheapest additive split of the cost model
-    (`solvers.lower_bound.additive_split`): its prompt in one chunk and its ``O − 1`` decodes. None when the
+    (`solvers.cost_terms.additive_split`): its prompt in one chunk and its ``O − 1`` decodes. None when the
     model has no such split (a negative intercept)."""
     from .busy_time_bound import item_marginal_s, phase_marginals
-    from .lower_bound import additive_split
+    from .cost_terms import additive_split
 
     split = additive_split(cost_model.milp_terms(), limits.C)
     if split is None:

@@ -12,7 +12,8 @@ from infermax.costmodel.base import AffinePiece, BatchFeatures, CostTerm
 from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.workload import load_trace, with_arrivals
-from solvers.lower_bound import LowerBounder, additive_split
+from solvers.cost_terms import additive_split
+from solvers.lower_bound import LowerBounder
 
 
 def _term_at(term: CostTerm, n: int) -> float:
@@ -108,7 +109,7 @@ def test_split_is_below_every_batch_of_the_fitted_model(chunks, decodes, share, 
 def test_ranked_piece_prefers_slopes_of_a_non_negative_intercept():
     """Given a workload's totals the split keeps, of the pieces with intercept >= 0, the one whose slopes are worth
     most on them (here the second); without totals, the largest intercept (the first)."""
-    from solvers.lower_bound import _kept_piece
+    from solvers.cost_terms import _kept_piece
 
     pieces = (AffinePiece(0.002, {"prefill_tokens": 1e-7}), AffinePiece(0.001, {"prefill_sq_tokens": 1e-9}),
               AffinePiece(-0.5, {"prefill_tokens": 1e-3}))

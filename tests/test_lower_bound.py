@@ -23,8 +23,10 @@ from infermax.schedulers import available
 from infermax.workload import fixed
 from solvers import Objective, Policies
 from solvers.policy import policy_violations
-from solvers.lower_bound import (BoundUnavailable, DemandArrays, LowerBounder, busy_time_lb_s, lower_bound,
-                                 monotone_terms)
+from solvers.aggregate_lp import busy_time_lb_s
+from solvers.cost_terms import BoundUnavailable, monotone_terms
+from solvers.demand import DemandArrays
+from solvers.lower_bound import LowerBounder, lower_bound
 from tests.test_solver_bruteforce import CASES, COSTS, OBJECTIVES, SLOTS, brute_force
 
 TOL = 1e-9
@@ -157,7 +159,7 @@ def test_negative_gated_terms_are_moved_into_a_lower_model(data):
     over subsets of requests price a model with that term raised by its floor and the token term lowered as much:
     never above the model's batch time, equal when a prefill is in the batch, every active term >= 0."""
     from infermax.costmodel.base import terms_time_s
-    from solvers.lower_bound import nonnegative_gated_terms, term_floor_s
+    from solvers.cost_terms import nonnegative_gated_terms, term_floor_s
 
     terms = load_cost_model(gpu="h100", kind="linear").milp_terms()
     d = DemandArrays.of([Request(0, 0.0, 5, 3), Request(1, 0.0, 1, 1)], Limits()).total()

@@ -127,7 +127,7 @@ def test_pairwise_bound_certifies_decode_heavy_schedules():
 @settings(max_examples=200, deadline=None)
 def test_linearised_steps_stay_below_the_step_sum(steps, max_tokens, shift):
     """α·n − β never exceeds Σ s_t·[n > t] for any n in 1..max_tokens, and no larger α would do."""
-    from solvers.lower_bound import _linearised_steps
+    from solvers.cost_terms import _linearised_steps
 
     alpha = _linearised_steps(steps, max_tokens, shift)
     S = [sum(s for t, s in steps if n > t) for n in range(1, max_tokens + 1)]
