@@ -19,7 +19,7 @@ from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.workload import fixed
 from solvers.lower_bound import LowerBounder
-from solvers.pairwise_bound import (FW_RELATIVE_GAP, RequestClass, class_qp_bound, cheapest_profile, cross_kernel, joint_qp_bound,
+from solvers.pairwise_bound import (FW_RELATIVE_GAP, RequestClass, class_qp_bound, cheapest_profile, joint_qp_bound,
                                     lower_convex_envelope, step_lower)
 
 
