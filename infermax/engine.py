@@ -113,30 +113,11 @@ def simulate(
     loop iteration from the `DEADLINE_CHECK_EVERY`-th, or from the first on large runs), so that a command's time
     limit also covers the simulations it runs.
     """
-    if not requests:
-        raise ValueError("the workload has no requests")
-    if cost_model is None:
-        from .costmodel import load_cost_model
-
-        cost_model = load_cost_model()
-    limits = limits or Limits()
-    if isinstance(scheduler, str):
-        scheduler, limits = make_scheduler(scheduler, limits, cost_model)
-    check_fits(requests, limits)
-    from .workload import check_fits_in_memory
-
-    check_fits_in_memory(len(requests), "", batches=max(r.output_tokens for r in requests))
-    if limits.prefix_caching and not scheduler.supports_prefix_caching:
-        raise ValueError(f"scheduler '{scheduler.name}' does not support prefix caching; schedulers that do: "
-                         f"{', '.join(caching_schedulers()) or 'none'}")
+    scheduler, limits, cost_model = _checked_setup(requests, scheduler, limits, cost_model)
     scheduler.swap_cost = swap_cost
     scheduler.expect(requests)
     loop = ClosedLoop(requests, closed_loop_until_s)
-    rp = Replayer(loop.open_requests, limits, cost_model, swap_cost, lazy_decoders=scheduler.lazy_decode_ok)
-    scheduler.prefix_cache = rp.prefix_cache
-    if rp.lazy_decoders:
-        scheduler.cached_tokens, scheduler.sync_states = rp.cached_tokens, rp.sync
-        scheduler.cohort_block_openers = rp.cohort_block_openers
+    rp = _replayer_for(scheduler, loop.open_requests, limits, cost_model, swap_cost)
     arrivals = sorted(rp.states.values(), key=_arrival_order)
     next_arrival = 0
     now = arrivals[0].req.arrival_s
@@ -210,6 +191,42 @@ def simulate(
     if extra:
         result.meta["scheduler_summary"] = extra
     return result
+
+
+def _checked_setup(requests: Sequence[Request], scheduler: str | Scheduler, limits: Limits | None,
+                   cost_model: CostModel | None) -> tuple[Scheduler, Limits, CostModel]:
+    """The scheduler (built from its name with the limits it implies), limits and cost model of a run, after the
+    checks that refuse it before anything is simulated: no requests, a request that no schedule can finish in
+    ``M``, a run whose tables would not fit this machine's memory, prefix caching for a scheduler without it."""
+    if not requests:
+        raise ValueError("the workload has no requests")
+    if cost_model is None:
+        from .costmodel import load_cost_model
+
+        cost_model = load_cost_model()
+    limits = limits or Limits()
+    if isinstance(scheduler, str):
+        scheduler, limits = make_scheduler(scheduler, limits, cost_model)
+    check_fits(requests, limits)
+    from .workload import check_fits_in_memory
+
+    check_fits_in_memory(len(requests), "", batches=max(r.output_tokens for r in requests))
+    if limits.prefix_caching and not scheduler.supports_prefix_caching:
+        raise ValueError(f"scheduler '{scheduler.name}' does not support prefix caching; schedulers that do: "
+                         f"{', '.join(caching_schedulers()) or 'none'}")
+    return scheduler, limits, cost_model
+
+
+def _replayer_for(scheduler: Scheduler, requests: Sequence[Request], limits: Limits, cost_model: CostModel,
+                  swap_cost: SwapCost | None) -> Replayer:
+    """The replayer that validates and times the run's batches, with the scheduler given what it may read from it:
+    the prefix cache, and for a scheduler that lets decoders advance lazily, the hooks that bring them up to date."""
+    rp = Replayer(requests, limits, cost_model, swap_cost, lazy_decoders=scheduler.lazy_decode_ok)
+    scheduler.prefix_cache = rp.prefix_cache
+    if rp.lazy_decoders:
+        scheduler.cached_tokens, scheduler.sync_states = rp.cached_tokens, rp.sync
+        scheduler.cohort_block_openers = rp.cohort_block_openers
+    return rp
 
 
 def caching_schedulers() -> list[str]:
