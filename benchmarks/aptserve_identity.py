@@ -9,7 +9,9 @@ the batch rows and the summary, the batch count and the CPU seconds of ``simulat
 (comma-separated, default all): ``conv`` (azure-conv's first 3,000 requests, C = 14,088 so that every
 prefill fits), ``code`` (azure-code's first 300), ``long`` (300 long-prompt requests, Poisson 2 req/s),
 ``slo`` (azure-conv's first 1,500 with TTFT 1 s / TBT 0.15 s targets, M = 200,000, Rmax = 256, block 16),
-``tight`` (the first 1,500, targets on two thirds, M = 60,000, Rmax = 128; slow for the hybrid variants).
+``tight`` (the first 1,500, targets on two thirds, M = 60,000, Rmax = 128; slow for the hybrid variants),
+``grid-m`` and ``grid-rmax`` (offline grid points, many identical requests waiting: 400 × (500, 40) with M = 3,000, where only hidden
+forms fit and their values fall below 0; 400 × (16, 40) with Rmax = 2).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from dataclasses import replace
 from infermax.costmodel import load_cost_model
 from infermax.engine import simulate
 from infermax.limits import Limits
-from infermax.workload import load_trace, sampled, with_arrivals
+from infermax.workload import fixed, load_trace, sampled, with_arrivals
 
 VARIANTS = ["aptserve", "aptserve-kv", "aptserve-fcfs", "aptserve-decay", "aptserve-authors-rho", "aptserve-code",
             "aptserve-paper"]
-WORKLOADS = ["conv", "code", "long", "slo", "tight"]
+WORKLOADS = ["conv", "code", "long", "slo", "tight", "grid-m", "grid-rmax"]
 
 
 def workload(name: str):
@@ -38,6 +40,10 @@ def workload(name: str):
     if name == "long":
         reqs = sampled(300, "lognormal:2500:0.3:4000", "lognormal:200:1.0:3900", seed=0)
         return with_arrivals(reqs, "poisson", rate_per_s=2.0, seed=0), Limits(C=8192, M=475136, Rmax=512)
+    if name == "grid-m":
+        return fixed(500, 40, 400), Limits(C=4096, M=3000)
+    if name == "grid-rmax":
+        return fixed(16, 40, 400), Limits(C=4096, M=100_000, Rmax=2)
     reqs = with_arrivals(load_trace("azure-conv")[:1500], "trace")
     if name == "slo":
         return ([replace(r, ttft_slo_s=1.0, tbt_slo_s=0.15) for r in reqs],

@@ -21,16 +21,23 @@ OPTION_FIELDS = ("hybrid", "adaptive", "rho", "n_minus_violators", "demotion", "
 
 
 @st.composite
-def runs(draw):
-    n = draw(st.integers(1, 40))
+def runs(draw, twins: bool = False):
+    """``twins``: requests drawn from a few (arrival, prompt, output) shapes, so that many wait with the same size
+    and pending time (an offline grid point), the waiting queue's twin rule (`WaitingQueue._twins_follow`)."""
+    n = draw(st.integers(1, 60 if twins else 40))
     # Integer-valued times (tie-heavy pending times and densities) or fractional ones.
     integral = draw(st.booleans())
     reqs = []
     for i in range(n):
-        arrival = draw(st.integers(0, 30)) if integral else draw(st.floats(0.0, 3.0))
+        if twins:
+            arrival = draw(st.sampled_from([0, 0, 1] if integral else [0.0, 0.0, 0.25]))
+            prompt, output = draw(st.sampled_from([8, 8, 16, 40])), draw(st.sampled_from([1, 3, 7]))
+        else:
+            arrival = draw(st.integers(0, 30)) if integral else draw(st.floats(0.0, 3.0))
+            prompt, output = draw(st.integers(1, 60)), draw(st.integers(1, 30))
         slo = draw(st.sampled_from([None, None, 0.5, 2.0, 20.0]))
         tbt = draw(st.sampled_from([None, 0.2, 1.0, 5.0])) if slo is not None else None
-        reqs.append(Request(i, float(arrival), draw(st.integers(1, 60)), draw(st.integers(1, 30)), slo, tbt))
+        reqs.append(Request(i, float(arrival), prompt, output, slo, tbt))
     block = draw(st.sampled_from([1, 1, 4, 16]))
     c = draw(st.integers(64, 160))
     limits = Limits(C=c, P=draw(st.sampled_from([None, c, 64])), M=draw(st.integers(96, 400)) // block * block,
@@ -88,6 +95,12 @@ def check_same(reqs, limits, options, cost):
 @settings(max_examples=300, deadline=None)
 @given(runs())
 def test_same_decisions_as_the_plain_scheduler(run):
+    check_same(*run)
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs(twins=True))
+def test_same_decisions_with_many_identical_requests_waiting(run):
     check_same(*run)
 
 

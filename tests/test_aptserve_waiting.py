@@ -119,3 +119,57 @@ def test_both_head_paths_on_a_loaded_queue_with_many_sizes(monkeypatch):
         for options in (AptServeOptions(rho=1e-4), AptServeOptions(rho=2e-3, demotion="decay"),
                         AptServeOptions(hybrid=False)):
             check_same(reqs, Limits(C=700, M=3000, block_size=4), options, AffineCost(0.01, 0.0005))
+
+
+def test_identical_waiting_requests_are_expanded_only_when_the_greedy_reaches_them(monkeypatch):
+    """200 identical offline requests under Rmax 1: each prefill batch admits one, and the density order must
+    expand about one waiting request per batch, not every one (they tie in density; queue order settles ties)."""
+    from conftest import AffineCost
+
+    from infermax.engine import simulate
+    from infermax.limits import Limits
+    from infermax.workload import fixed
+
+    expanded = [0]
+    items = waiting.WaitingQueue.items
+
+    def counting(self, now_s, bound, expand):
+        def counted(s, p):
+            expanded[0] += 1
+            return expand(s, p)
+        return items(self, now_s, bound, counted)
+
+    monkeypatch.setattr(waiting.WaitingQueue, "items", counting)
+    res = simulate(fixed(16, 3, 200), "aptserve-kv", Limits(C=4096, M=100_000, Rmax=1), AffineCost(0.01, 0.0005))
+    assert len(res.batches) >= 600  # one request at a time: a prefill and two decodes each
+    assert expanded[0] <= 2 * len(res.batches)  # before the twin rule: every waiting request on every batch (~60,000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.booleans(), st.sampled_from(["near-zero", "decay"]), st.sampled_from([0.0, 0.4, 1.0]),
+       st.sampled_from([0.0, 1e-3, 0.05]), st.integers(0, 40), st.integers(2, 400), st.sampled_from([1, 16]))
+def test_density_bounds_agree_one_by_one_and_for_every_head(data, hybrid, demotion, decay, rho, n, capacity, block):
+    """`_DensityBound.heads_array` (numpy, many buckets) gives exactly what its scalar call gives bucket by bucket,
+    with −inf where the call says the request has no item (None): no form fits, or only the hidden form with a value
+    below 0, which only a demotion decaying by 0 offers; and a request's items lie below its bound. Prompt sizes
+    around ``capacity`` (both forms fit, only the hidden one, neither)."""
+    from conftest import AffineCost
+
+    from infermax.limits import Limits
+    from infermax.schedulers.aptserve import AptServeOptions, AptServeScheduler, _DensityBound, _feasible_items
+
+    heads = data.draw(st.lists(st.tuples(st.integers(1, 3 * capacity), st.floats(0.0, 50.0), st.booleans()),
+                               min_size=1, max_size=12))
+    sched = AptServeScheduler(Limits(C=4096, M=100_000, block_size=block), AffineCost(0.01, 0.0005),
+                              AptServeOptions(hybrid=hybrid, demotion=demotion, decay=decay, rho=rho))
+    bound = _DensityBound(sched, n, capacity)
+    now = 60.0
+    sizes = [sched._prefill_sizes(t) for t, _, _ in heads]
+    got = bound.heads_array(np.array([k for k, _ in sizes], dtype=float), np.array([h for _, h in sizes], dtype=float),
+                            np.array([now - p for _, p, _ in heads]), now, np.array([d for _, _, d in heads]))
+    for (t, p, d), b_array in zip(heads, got):
+        p = now - (now - p)  # the pending time as the queue computes it from the ref
+        b = bound(~t if d else t, p)
+        assert (b_array == -np.inf) if b is None else b_array == b
+        items = _feasible_items(sched._candidate(RequestState(Request(0, 0.0, t, 2)), p, t, n, d), capacity)
+        assert all(theta <= b for theta, _, _ in items) if b is not None else not items

@@ -763,7 +763,8 @@ class AptServeScheduler(Scheduler):
 
 class _DensityBound:
     """Upper bound on any item density of a waiting request with a ``tokens``-token prefill, pending
-    ``p``, or None when it has no option that fits ``capacity``.
+    ``p``, or None when it has no item: no option fits ``capacity``, or only the hidden form does and its value is
+    below 0 (not offered, unless a demotion decays it by 0).
 
     Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
     if that fits, ``(p − N·ρ·kv)/hidden`` at most; a demoted request's KV density is below twice
@@ -778,7 +779,11 @@ class _DensityBound:
         self.sizes, self.prefill_sizes, self.capacity = scheduler._bucket_sizes, scheduler._prefill_sizes, capacity
         self.near_zero, self.decay = scheduler.options.demotion == "near-zero", scheduler.options.decay
 
-    def __call__(self, key: int, p: float) -> float | None:
+    def __call__(self, key: int, p: float, negative_hidden_offered: bool = False) -> float | None:
+        """None when the request has no item: its KV form does not fit and its hidden form does not fit or has a
+        value below 0 (`_feasible_items`), which ``p − N·ρ·kv`` keeps for every request of the bucket waiting no
+        longer (so a bucket's later entries have none either). ``negative_hidden_offered``: such a value is
+        offered, as a demoted request decayed by 0 has it (density ±0)."""
         if key < 0:
             return self._demoted(~key, p)
         kv, hidden = self.sizes.get(key) or self.prefill_sizes(key)
@@ -789,9 +794,9 @@ class _DensityBound:
                 b = 2 * DEMOTED_DENSITY
         if self.hybrid and hidden <= self.capacity:
             h = (p - self.n_rho * kv) / hidden
-            if h < 0:  # a hidden value below 0 is offered only decayed by 0 (density ±0)
-                h = 0.0
-            if b is None or h > b:
+            if h < 0:
+                h = 0.0 if negative_hidden_offered or b is not None else None
+            if h is not None and (b is None or h > b):
                 b = h
         return None if b is None else b * (1 + BOUND_SLACK)
 
@@ -799,7 +804,7 @@ class _DensityBound:
         if self.near_zero:
             kv, _ = self.sizes.get(tokens) or self.prefill_sizes(tokens)
             return 2 * DEMOTED_DENSITY * (1 + BOUND_SLACK) if kv <= self.capacity else None
-        b = self(tokens, p)
+        b = self(tokens, p, self.decay == 0)
         return None if b is None else b * self.decay
 
     def heads_array(self, kv: np.ndarray, hidden: np.ndarray, refs: np.ndarray, now_s: float,
@@ -809,6 +814,7 @@ class _DensityBound:
         usual case), the KV density is at least ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and
         the masks change nothing and are skipped."""
         p = now_s - refs
+        offered = None  # where only the hidden form fits and its value is below 0 (no item, unless decayed by 0)
         if len(kv) and kv.max() <= self.capacity:
             out = p / kv
             np.maximum(out, 2 * DEMOTED_DENSITY, out=out)
@@ -820,8 +826,10 @@ class _DensityBound:
         else:
             out = np.where(kv <= self.capacity, np.maximum(p / kv, 2 * DEMOTED_DENSITY), -np.inf)
             if self.hybrid:
-                h = np.maximum((p - self.n_rho * kv) / hidden, 0.0)
-                out = np.where(hidden <= self.capacity, np.maximum(out, h), out)
+                h = (p - self.n_rho * kv) / hidden
+                fits = hidden <= self.capacity
+                offered = fits & (out == -np.inf) & (h < 0)
+                out = np.where(fits, np.maximum(out, np.maximum(h, 0.0)), out)
         out *= 1 + BOUND_SLACK
         if demoted is not None and demoted.any():
             if self.near_zero:
@@ -829,7 +837,13 @@ class _DensityBound:
             else:
                 with np.errstate(invalid="ignore"):  # −inf · 0 (decay 0) is nan: replaced by −inf
                     low = np.where(out > -np.inf, out * self.decay, -np.inf)
+                if offered is not None and self.decay != 0:
+                    low[offered] = -np.inf
+            if offered is not None:
+                out[offered] = -np.inf
             out = np.where(demoted, low, out)
+        elif offered is not None:
+            out[offered] = -np.inf
         return out
 
 

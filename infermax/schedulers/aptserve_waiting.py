@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from typing import Callable, Iterator
 
 import numpy as np
@@ -268,27 +269,56 @@ class WaitingQueue:
                      if b is not None]
             found.sort()
             heads = iter(found)
-        sources: list[tuple] = []  # (−bound, tokens, index in bucket); holds the next unread head too
+        # (−bound, tokens, index in bucket, whether reading it brings in the next head); holds the next unread head
+        sources: list[tuple] = []
         nxt = next(heads, None)
         if nxt is not None:
-            sources.append((nxt[0], nxt[1], 0))
+            sources.append((nxt[0], nxt[1], 0, True))
         ready: list[tuple] = []
         while True:
+            deferred = []  # sources whose items all follow the ready head (`_twins_follow`)
             while sources and (not ready or sources[0][0] <= ready[0][0]):
-                _, low, i = heapq.heappop(sources)
-                if i == 0:
+                neg_bound, low, i, head = heapq.heappop(sources)
+                if head:  # every later head's bound is no larger than this one's
                     nxt = next(heads, None)
                     if nxt is not None:
-                        heapq.heappush(sources, (nxt[0], nxt[1], 0))
+                        heapq.heappush(sources, (nxt[0], nxt[1], 0, True))
                 bucket = buckets[low]
+                if ready and not ready[0][2] and self._twins_follow(ready[0], bucket, low, i, bound, now_s):
+                    deferred.append((neg_bound, low, i, False))
+                    continue
                 ref, pos, rid, _ = bucket[i]
                 for rank, (theta, size, step, cand) in enumerate(expand(states[rid], now_s - ref)):
                     heapq.heappush(ready, (-theta, pos, rank, size, step, cand))
                 if i + 1 < len(bucket):
-                    heapq.heappush(sources, (-bound(low, now_s - bucket[i + 1][0]), low, i + 1))  # not None: same low
+                    b = bound(low, now_s - bucket[i + 1][0])
+                    if b is not None:  # (None: no item, and none for the entries after it, pending no longer)
+                        heapq.heappush(sources, (-b, low, i + 1, False))
+            for source in deferred:
+                heapq.heappush(sources, source)
             if not ready:
                 return
             yield heapq.heappop(ready)
+
+    def _twins_follow(self, head: tuple, bucket: list, key: int, i: int, bound, now_s: float) -> bool:
+        """Whether every item of ``bucket[i:]`` (unexpanded) sorts after ``head``, the first item of a request filed
+        in the same bucket ``key`` with the same ref. Such a request is its twin: the same prefill size and pending
+        time give the same candidate, so its items' densities equal the head request's, the first equal to the
+        head's, and the bucket's (ref, position) order puts it after the head in queue order (ties in density go
+        by queue order); so do the later entries with that ref. The first entry with a later ref has the least
+        bound among the rest (p = now − ref falls along the bucket): below the head's density, none of them ties.
+        Without this, a queue of identical requests (an offline grid point: one size, one arrival) expanded every
+        waiting request on every batch to emit the one the greedy takes (`--I 16 --O 600 --B 1000 --Rmax 1`,
+        aptserve-kv: one request expanded per batch instead of 999)."""
+        entry = self._entry[head[5].key]
+        ref, pos = bucket[i][0], bucket[i][1]
+        if entry[2] != key or entry[1] != ref or pos < head[1]:
+            return False
+        k = bisect.bisect_right(bucket, (ref, math.inf))
+        if k == len(bucket):
+            return True
+        b = bound(key, now_s - bucket[k][0])
+        return b is None or -b > head[0]
 
 
 def pending_bounds(count: int, now_s: float, ref_sum: int) -> tuple[float, float]:
