@@ -23,6 +23,7 @@ import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from ..costmodel.base import CostModel
 from ..limits import Limits
@@ -286,80 +287,89 @@ class Algorithm1Scheduler(Scheduler):
                     continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
                 if self._may_hold_decoders(candidates):
                     self.sync_states()  # running decoders' m is read below (and victims are running requests)
-                for s in candidates:
-                    if s.id in taken:
-                        continue
-                    m = s.m
-                    is_prefill = m < s.input_tokens
-                    if not pol.hybrid and items and is_prefill != batch_is_prefill:
-                        continue  # CheckHybridBatching
-                    if not is_prefill and tokens_left >= 1:
-                        # A decode's CanAllocate inline (the common case): one token, never a new holder.
-                        need = 0 if pol.eviction_free else (1 if unit_blocks else blocks(m + 1) - blocks(m))
-                        if need <= kv_free:
-                            items.append((s.id, 1))
-                            taken.add(s.id)
-                            tokens_left -= 1
-                            kv_free -= need
-                            if batch_is_prefill is None:
-                                batch_is_prefill = False
+                # The ranking group with its waiting requests (a plan made again at its first eviction): a run of
+                # waiting candidates that all certainly fail is passed in one step (`_waiting_all_fail`).
+                jumps = candidates is self._ranked and self._closes_waiting() and not pol.eviction_free
+                start = 0
+                while start is not None:
+                    segment, start = candidates if not start else islice(candidates, start, None), None
+                    for s in segment:
+                        if s.id in taken:
                             continue
-                    if m == 0 and skip_failures and (pol.chunked_prefill or s.input_tokens <= prefill_cap) and (
-                            tokens_left < 1 or (rmax is not None and holders >= rmax)
-                            or blocks(s.req.peak_kv_tokens if pol.eviction_free else
-                                      min(s.input_tokens, tokens_left, prefill_left)) > kv_free):
-                        # a request holding no KV that fails CanAllocate on C, Rmax or M (reserving its peak, or
-                        # taking its first chunk: the whole prompt without chunking, where a prompt over the token
-                        # or prefill budget fails on C or P first, failing all the same), as `_can_allocate` finds
-                        # (it raises only for a prompt above min(C, P) without chunking); it holds no KV, so it is
-                        # not running and cannot evict, and the failure has no other effect: the common case of a
-                        # long ranking group
-                        if stop_on_failure:
-                            break
-                        continue
-                    while True:  # CanAllocate, evicting on M failures where allowed
-                        failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free,
-                                                              holders)
-                        if failure is None:
-                            items.append((s.id, c))
-                            taken.add(s.id)
-                            tokens_left -= c
-                            if is_prefill:
-                                prefill_left -= c
-                            if s.m == 0:  # only waiting requests hold no KV
-                                holders += 1
-                                admitted.append(s)
-                            kv_free -= need
-                            if batch_is_prefill is None:
-                                batch_is_prefill = is_prefill
-                            break
-                        if failure != "M" or not self._may_evict(s, is_prefill):
-                            break
-                        if position is None:
-                            if priority is None:
-                                priority = self._priority()
-                            position = {r.id: i for i, r in enumerate(priority)}
-                            victim_ptr = len(priority) - 1
-                            taken.update(rid for rid, _ in items)
-                        victim = None
-                        while victim_ptr > position[s.id]:
-                            v = priority[victim_ptr]
-                            victim_ptr -= 1
-                            if v.id not in taken:
-                                victim = v
+                        m = s.m
+                        is_prefill = m < s.input_tokens
+                        if not pol.hybrid and items and is_prefill != batch_is_prefill:
+                            continue  # CheckHybridBatching
+                        if not is_prefill and tokens_left >= 1:
+                            # A decode's CanAllocate inline (the common case): one token, never a new holder.
+                            need = 0 if pol.eviction_free else (1 if unit_blocks else blocks(m + 1) - blocks(m))
+                            if need <= kv_free:
+                                items.append((s.id, 1))
+                                taken.add(s.id)
+                                tokens_left -= 1
+                                kv_free -= need
+                                if batch_is_prefill is None:
+                                    batch_is_prefill = False
+                                continue
+                        if m == 0 and skip_failures and (pol.chunked_prefill or s.input_tokens <= prefill_cap) and (
+                                tokens_left < 1 or (rmax is not None and holders >= rmax)
+                                or blocks(s.req.peak_kv_tokens if pol.eviction_free else
+                                          min(s.input_tokens, tokens_left, prefill_left)) > kv_free):
+                            # a request holding no KV that fails CanAllocate on C, Rmax or M (reserving its peak, or
+                            # taking its first chunk: the whole prompt without chunking, where a prompt over the token
+                            # or prefill budget fails on C or P first, failing all the same), as `_can_allocate` finds
+                            # (it raises only for a prompt above min(C, P) without chunking); it holds no KV, so it is
+                            # not running and cannot evict, and the failure has no other effect: the common case of a
+                            # long ranking group
+                            if stop_on_failure:
                                 break
-                        if self._left_waiting_out:  # the KV this frees may admit a waiting request
-                            return self._plan_with_waiting(now_s)
-                        target = victim or s
-                        evict.append(target.id)
-                        taken.add(target.id)
-                        kv_free += blocks(target.m)
-                        holders -= 1
-                        if victim is None:
-                            failure = None  # the candidate evicted itself; go on with the next one
+                            if jumps and self._waiting_all_fail(tokens_left, prefill_left, kv_free, holders):
+                                start = self._next_running_rank(s)  # None: no running request ranks after s
+                                break
+                            continue
+                        while True:  # CanAllocate, evicting on M failures where allowed
+                            failure, c, need = self._can_allocate(s, is_prefill, tokens_left, prefill_left, kv_free,
+                                                                  holders)
+                            if failure is None:
+                                items.append((s.id, c))
+                                taken.add(s.id)
+                                tokens_left -= c
+                                if is_prefill:
+                                    prefill_left -= c
+                                if s.m == 0:  # only waiting requests hold no KV
+                                    holders += 1
+                                    admitted.append(s)
+                                kv_free -= need
+                                if batch_is_prefill is None:
+                                    batch_is_prefill = is_prefill
+                                break
+                            if failure != "M" or not self._may_evict(s, is_prefill):
+                                break
+                            if position is None:
+                                if priority is None:
+                                    priority = self._priority()
+                                position = {r.id: i for i, r in enumerate(priority)}
+                                victim_ptr = len(priority) - 1
+                                taken.update(rid for rid, _ in items)
+                            victim = None
+                            while victim_ptr > position[s.id]:
+                                v = priority[victim_ptr]
+                                victim_ptr -= 1
+                                if v.id not in taken:
+                                    victim = v
+                                    break
+                            if self._left_waiting_out:  # the KV this frees may admit a waiting request
+                                return self._plan_with_waiting(now_s)
+                            target = victim or s
+                            evict.append(target.id)
+                            taken.add(target.id)
+                            kv_free += blocks(target.m)
+                            holders -= 1
+                            if victim is None:
+                                failure = None  # the candidate evicted itself; go on with the next one
+                                break
+                        if failure is not None and stop_on_failure:
                             break
-                    if failure is not None and stop_on_failure:
-                        break
             if not self._plan_again(items, len(evict) > evicted_before):
                 break
         self._breaking_deadlock = False
@@ -400,6 +410,25 @@ class Algorithm1Scheduler(Scheduler):
         """Whether a group may list running decoders, whose state the lazy cohort lets lag (a group of waiting
         requests or running prefills does not; victims are running requests, evicted only for running ones)."""
         return candidates is not self.waiting and candidates is not self._prefilling
+
+    def _waiting_all_fail(self, tokens_left: int, prefill_left: int, kv_free: int, holders: int) -> bool:
+        """Whether every waiting request certainly fails CanAllocate at these budgets: the test `next_batch` makes
+        per waiting candidate, with the least ``Icur`` of any waiting request (the top of `_waiting_needs`, whose
+        stale entries are no larger than a current one's). While waiting candidates fail nothing changes, so every
+        one of them up to the next running candidate fails at its turn too."""
+        lim = self.limits
+        if tokens_left < 1 or (lim.Rmax is not None and holders >= lim.Rmax):
+            return True
+        heap = self._waiting_needs
+        return not heap or lim.blocks(min(heap[0][0], tokens_left, prefill_left)) > kv_free
+
+    def _next_running_rank(self, s: RequestState) -> int | None:
+        """The position in ``_ranked`` of the first running request ranked after ``s`` (None if there is none)."""
+        key = self._rank_key_fn(s)
+        j = bisect.bisect_right(self._ranked_running_keys, key)
+        if j == len(self._ranked_running_keys):
+            return None
+        return bisect.bisect_left(self._ranked_keys, self._ranked_running_keys[j])
 
     def _can_allocate(self, s: RequestState, is_prefill: bool, tokens_left: int, prefill_left: int,
                       kv_free: int, holders: int):
