@@ -258,30 +258,18 @@ class Algorithm1Scheduler(Scheduler):
             for candidates, stop_on_failure in groups:
                 if candidates is self._decoding and not evict:
                     # Every candidate decodes and none is taken. CheckHybridBatching skips all of them in a
-                    # non-hybrid prefill batch; otherwise all pass CanAllocate iff the group's tokens fit C
-                    # and its KV fits M (needs are ≥ 0, so every prefix fits too), as the loop below finds.
+                    # non-hybrid prefill batch; otherwise all pass CanAllocate iff they fit together.
                     if not pol.hybrid and batch_is_prefill:
                         continue
-                    n = len(candidates)
-                    if n <= tokens_left:
-                        if pol.eviction_free:
-                            need = 0
-                        elif unit_blocks:
-                            need = n
-                        else:  # a decode from m to m + 1 opens a block when m % b == 0
-                            b = lim.block_size
-                            openers = self.cohort_block_openers(self._decode_items)
-                            if openers is None:
-                                self.sync_states()
-                                openers = sum(1 for s in candidates if not s.m % b)
-                            need = b * openers
-                        if need <= kv_free:
-                            items += self._decode_items
-                            tokens_left -= n
-                            kv_free -= need
-                            if n and batch_is_prefill is None:
-                                batch_is_prefill = False
-                            continue
+                    need = self._decode_list_need(tokens_left, kv_free)
+                    if need is not None:
+                        n = len(candidates)
+                        items += self._decode_items
+                        tokens_left -= n
+                        kv_free -= need
+                        if n and batch_is_prefill is None:
+                            batch_is_prefill = False
+                        continue
                 elif (not pol.hybrid and batch_is_prefill is False
                       and (candidates is self.waiting or candidates is self._prefilling)):
                     continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
@@ -410,6 +398,26 @@ class Algorithm1Scheduler(Scheduler):
         """Whether a group may list running decoders, whose state the lazy cohort lets lag (a group of waiting
         requests or running prefills does not; victims are running requests, evicted only for running ones)."""
         return candidates is not self.waiting and candidates is not self._prefilling
+
+    def _decode_list_need(self, tokens_left: int, kv_free: int) -> int | None:
+        """The KV tokens the whole decode list takes when its tokens fit ``tokens_left`` and its KV ``kv_free``, else
+        None: each member passes CanAllocate iff all do (needs are ≥ 0, so every prefix fits too), as the
+        per-candidate loop would find."""
+        n = len(self._decoding)
+        if n > tokens_left:
+            return None
+        if self.policy.eviction_free:
+            need = 0
+        elif self.limits.block_size == 1:
+            need = n
+        else:  # a decode from m to m + 1 opens a block when m % b == 0
+            b = self.limits.block_size
+            openers = self.cohort_block_openers(self._decode_items)
+            if openers is None:
+                self.sync_states()
+                openers = sum(1 for s in self._decoding if not s.m % b)
+            need = b * openers
+        return need if need <= kv_free else None
 
     def _waiting_all_fail(self, tokens_left: int, prefill_left: int, kv_free: int, holders: int) -> bool:
         """Whether every waiting request certainly fails CanAllocate at these budgets: the test `next_batch` makes
