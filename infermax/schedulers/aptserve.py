@@ -814,7 +814,7 @@ class _DensityBound:
         usual case), the KV density is at least ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and
         the masks change nothing and are skipped."""
         p = now_s - refs
-        offered = None  # where only the hidden form fits and its value is below 0 (no item, unless decayed by 0)
+        hidden_below_0 = None  # only the hidden form fits, with a value below 0: no item, unless decayed by 0
         if len(kv) and kv.max() <= self.capacity:
             out = p / kv
             np.maximum(out, 2 * DEMOTED_DENSITY, out=out)
@@ -828,7 +828,7 @@ class _DensityBound:
             if self.hybrid:
                 h = (p - self.n_rho * kv) / hidden
                 fits = hidden <= self.capacity
-                offered = fits & (out == -np.inf) & (h < 0)
+                hidden_below_0 = fits & (out == -np.inf) & (h < 0)
                 out = np.where(fits, np.maximum(out, np.maximum(h, 0.0)), out)
         out *= 1 + BOUND_SLACK
         if demoted is not None and demoted.any():
@@ -837,13 +837,13 @@ class _DensityBound:
             else:
                 with np.errstate(invalid="ignore"):  # −inf · 0 (decay 0) is nan: replaced by −inf
                     low = np.where(out > -np.inf, out * self.decay, -np.inf)
-                if offered is not None and self.decay != 0:
-                    low[offered] = -np.inf
-            if offered is not None:
-                out[offered] = -np.inf
+                if hidden_below_0 is not None and self.decay != 0:
+                    low[hidden_below_0] = -np.inf
+            if hidden_below_0 is not None:
+                out[hidden_below_0] = -np.inf
             out = np.where(demoted, low, out)
-        elif offered is not None:
-            out[offered] = -np.inf
+        elif hidden_below_0 is not None:
+            out[hidden_below_0] = -np.inf
         return out
 
 
