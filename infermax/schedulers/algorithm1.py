@@ -275,9 +275,10 @@ class Algorithm1Scheduler(Scheduler):
                     continue  # all in prefill phase: CheckHybridBatching skips every one in a decode batch
                 if self._may_hold_decoders(candidates):
                     self.sync_states()  # running decoders' m is read below (and victims are running requests)
-                # The ranking group with its waiting requests (a plan made again at its first eviction): a run of
-                # waiting candidates that all certainly fail is passed in one step (`_waiting_all_fail`).
-                jumps = candidates is self._ranked and self._closes_waiting() and not pol.eviction_free
+                # The ranking group with its waiting requests (they may fit, or the plan is made again at its first
+                # eviction): a run of waiting candidates that all certainly fail is passed in one step
+                # (`_waiting_all_fail`).
+                jumps = candidates is self._ranked and self._closes_waiting()
                 start = 0
                 while start is not None:
                     segment, start = candidates if not start else islice(candidates, start, None), None
@@ -300,15 +301,15 @@ class Algorithm1Scheduler(Scheduler):
                                     batch_is_prefill = False
                                 continue
                         if m == 0 and skip_failures and (pol.chunked_prefill or s.input_tokens <= prefill_cap) and (
-                                tokens_left < 1 or (rmax is not None and holders >= rmax)
+                                tokens_left < 1 or prefill_left < 1 or (rmax is not None and holders >= rmax)
                                 or blocks(s.req.peak_kv_tokens if pol.eviction_free else
                                           min(s.input_tokens, tokens_left, prefill_left)) > kv_free):
-                            # a request holding no KV that fails CanAllocate on C, Rmax or M (reserving its peak, or
-                            # taking its first chunk: the whole prompt without chunking, where a prompt over the token
-                            # or prefill budget fails on C or P first, failing all the same), as `_can_allocate` finds
-                            # (it raises only for a prompt above min(C, P) without chunking); it holds no KV, so it is
-                            # not running and cannot evict, and the failure has no other effect: the common case of a
-                            # long ranking group
+                            # a request holding no KV that fails CanAllocate on C, P, Rmax or M (reserving its peak,
+                            # or taking its first chunk: the whole prompt without chunking, where a prompt over the
+                            # token or prefill budget fails on C or P first, failing all the same), as `_can_allocate`
+                            # finds (it raises only for a prompt above min(C, P) without chunking); it holds no KV, so
+                            # it is not running and cannot evict, and the failure has no other effect: the common case
+                            # of a long ranking group
                             if stop_on_failure:
                                 break
                             if jumps and self._waiting_all_fail(tokens_left, prefill_left, kv_free, holders):
@@ -421,14 +422,18 @@ class Algorithm1Scheduler(Scheduler):
 
     def _waiting_all_fail(self, tokens_left: int, prefill_left: int, kv_free: int, holders: int) -> bool:
         """Whether every waiting request certainly fails CanAllocate at these budgets: the test `next_batch` makes
-        per waiting candidate, with the least ``Icur`` of any waiting request (the top of `_waiting_needs`, whose
-        stale entries are no larger than a current one's). While waiting candidates fail nothing changes, so every
-        one of them up to the next running candidate fails at its turn too."""
+        per waiting candidate, with the least need at admission of any waiting request (the top of `_waiting_needs`:
+        the least reservation eviction-free, else the least ``Icur``; its stale entries are no larger than a current
+        one's). While waiting candidates fail nothing changes, so every one of them up to the next running candidate
+        fails at its turn too."""
         lim = self.limits
-        if tokens_left < 1 or (lim.Rmax is not None and holders >= lim.Rmax):
+        if tokens_left < 1 or prefill_left < 1 or (lim.Rmax is not None and holders >= lim.Rmax):
             return True
         heap = self._waiting_needs
-        return not heap or lim.blocks(min(heap[0][0], tokens_left, prefill_left)) > kv_free
+        if not heap:
+            return True
+        return (heap[0][0] if self.policy.eviction_free else lim.blocks(min(heap[0][0], tokens_left, prefill_left))
+                ) > kv_free
 
     def _next_running_rank(self, s: RequestState) -> int | None:
         """The position in ``_ranked`` of the first running request ranked after ``s`` (None if there is none)."""
