@@ -20,6 +20,9 @@ MIP_REL_GAP = 1e-9
 
 @dataclass
 class SmallLP:
+    """Variables (by name, ≥ 0 unless ``free``, optionally bounded above or integer) and rows ``Σ coef·var
+    sense rhs``, added one by one; `solve` minimises a linear objective over them."""
+
     names: list = field(default_factory=list)
     rows: list = field(default_factory=list)  # (coef dict, sense, rhs) with sense in ("<=", ">=", "==")
     upper: dict = field(default_factory=dict)

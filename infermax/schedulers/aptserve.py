@@ -831,6 +831,7 @@ class _DensityBound:
                 hidden_below_0 = fits & (out == -np.inf) & (h < 0)
                 out = np.where(fits, np.maximum(out, np.maximum(h, 0.0)), out)
         out *= 1 + BOUND_SLACK
+        low = None  # the demoted requests' bounds, from the clamped ones (decayed by 0, a value below 0 is offered)
         if demoted is not None and demoted.any():
             if self.near_zero:
                 low = np.where(kv <= self.capacity, 2 * DEMOTED_DENSITY * (1 + BOUND_SLACK), -np.inf)
@@ -839,12 +840,9 @@ class _DensityBound:
                     low = np.where(out > -np.inf, out * self.decay, -np.inf)
                 if hidden_below_0 is not None and self.decay != 0:
                     low[hidden_below_0] = -np.inf
-            if hidden_below_0 is not None:
-                out[hidden_below_0] = -np.inf
-            out = np.where(demoted, low, out)
-        elif hidden_below_0 is not None:
+        if hidden_below_0 is not None:
             out[hidden_below_0] = -np.inf
-        return out
+        return out if low is None else np.where(demoted, low, out)
 
 
 def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:
