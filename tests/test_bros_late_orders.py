@@ -1,8 +1,9 @@
-"""BROS keeps each target's RT requests in two `AppendKeys` orders, the late ones and the budget's candidates
-(`BrosScheduler._rank_keys`). Under direct calls in any order (arrivals filed late and out of arrival order, a
-TTFT target equal to another request's TPOT target, time going back), the priority order is still that of
-sorting every RT request by (slack, arrival, id), the budget still the smallest slack with ``slack ≥ C({i})``,
-and every request sits under its key in exactly one of its target's two orders."""
+"""BROS keeps each target's RT requests in two orders, the late ones and the budget's candidates
+(`bros_orders.RtOrders`, whose re-filed requests leave stale keys behind; `RtOrders.rank_keys`). Under direct
+calls in any order (arrivals filed late and out of arrival order, a TTFT target equal to another request's TPOT
+target, time going back), the priority order is still that of sorting every RT request by (slack, arrival, id),
+the budget still the smallest slack with ``slack ≥ C({i})``, and every request's key is live in exactly one of
+its target's two orders."""
 
 from __future__ import annotations
 
@@ -56,9 +57,10 @@ def test_late_and_candidate_orders_rank_and_budget_as_sorting_everything(states,
         feasible = [slack for slack, _, rid in want if slack >= sched._solo_cost(states[rid])]
         assert sched.budget((), now) == min(feasible, default=math.inf)
         assert [item[:3] for item in sched._ranked(now)] == want
-        filed_keys = sorted((t, k) for groups in (sched._late_groups, sched._budget_groups)
-                            for t, group in groups.items() for k in group)
-        assert filed_keys == sorted(sched._rt_key.values()) and len(filed_keys) == len(filed)
+        orders = sched._orders
+        assert orders.check() is None
+        filed_keys = sorted(orders.live("late") + orders.live("cand"))
+        assert filed_keys == sorted(sched._rt_target_key(s) for s in filed) and len(filed_keys) == len(filed)
 
 
 def test_a_candidate_filed_below_a_late_request_is_ranked_by_merging():
@@ -70,8 +72,9 @@ def test_a_candidate_filed_below_a_late_request_is_ranked_by_merging():
     early = RequestState(Request(1, 0.9, 1, 4, ttft_slo_s=0.5))
     sched = BrosScheduler(Limits(C=1000, M=10_000, block_size=1), AffineCost(0.1, 0.1))
     sched.add_arrivals([late])
-    assert sched.budget((), 1.0) == math.inf and 0 in sched._late_groups[0.5]
+    orders = sched._orders
+    assert sched.budget((), 1.0) == math.inf and (0.5, orders.key[0]) in orders.live("late")
     sched.add_arrivals([early])
-    assert sched.budget((), 1.0) == sched.slack(early, 1.0) and 1 in sched._budget_groups[0.5]
-    assert sched._late_groups[0.5].last() > sched._budget_groups[0.5].first()
+    assert sched.budget((), 1.0) == sched.slack(early, 1.0) and (0.5, orders.key[1]) in orders.live("cand")
+    assert orders.late[0.5][-1] > orders.cand[0.5][0]
     assert [item[2] for item in sched._ranked(1.0)] == [1, 0]

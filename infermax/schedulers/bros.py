@@ -42,10 +42,10 @@ from ..costmodel.base import BatchFeatures, CostModel
 from ..limits import Limits
 from ..replay import RequestState
 from ..schedule import ScheduledBatch
-from .append_keys import AppendKeys
 from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
 from .bros_blocks import BE, RT, BiBlockManager
 from .bros_counts import CountBlockManager
+from .bros_orders import RtOrders
 from .sorted_keys import SortedKeys
 
 
@@ -133,59 +133,18 @@ class _Batch:
         return self.f
 
 
-class _Refiling:
-    """Changes to BROS's three per-target orders (0: the budget's candidates, 1: the RT requests found late, 2: the
-    KV holders), collected over a batch's requests and applied per target and order in one call each (removals
-    first: a request's old and new keys differ). The requests a batch ran get the same reference time, its end,
-    later than every filed key, so their new keys, sorted among themselves, are appended (`AppendKeys`)."""
-
-    __slots__ = ("by_target",)
-
-    def __init__(self):
-        self.by_target: dict[float, list[list]] = {}
-
-    def at(self, target: float) -> list[list]:
-        """``target``'s [keys entering order 0 (a request filed is a budget candidate), keys entering order 2, keys
-        leaving order 0, order 1, order 2]."""
-        lists = self.by_target.get(target)
-        if lists is None:
-            lists = self.by_target[target] = [[], [], [], [], []]
-        return lists
-
-    def apply(self, orders: tuple[dict, dict, dict]) -> None:
-        for target, (entered, held, *left) in self.by_target.items():
-            entered.sort()
-            held.sort()
-            for by_target, removed, added in zip(orders, left, (entered, (), held)):
-                group = by_target.get(target)
-                if removed:
-                    group.remove_all(removed)
-                if added:
-                    _group(by_target, target).add_sorted(added)
-                elif group is not None and not group:
-                    del by_target[target]
-
-
-def _group(by_target: dict[float, AppendKeys], target: float) -> AppendKeys:
-    """``target``'s group in ``by_target`` (created empty if there is none)."""
-    group = by_target.get(target)
-    if group is None:
-        group = by_target[target] = AppendKeys()
-    return group
-
-
 class BrosScheduler(Scheduler):
     """BROS; see the module docstring. ``limits.M // block_size`` bidirectional blocks.
 
     Per-iteration cost (design.md, BROS decision 13): the RT priority order is kept incrementally (per target,
     requests sorted by their slack reference time, updated only for the requests a batch ran: the late ones, then
-    the budget's candidates, `_rank_keys`) and merged lazily, so an iteration reads only the prefix of the order it
-    uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from the KV holders
-    only (RT: per-target holder lists read from the most-slack end, only when an allocation fails; decision 14);
-    the RT orders are `AppendKeys` (keys enter at the end: appended; removals blank a slot), re-filed in bulk
-    after each batch. Decision 15: without BE requests the KV is kept as counts (`bros_counts`); cost checks and
-    ``slack ≥ C({i})`` look at the swap-in time first; the compute part of ``C({i})`` is cached per (prefill
-    tokens | decode m)."""
+    the budget's candidates, `RtOrders.rank_keys`) and merged lazily, so an iteration reads only the prefix of the
+    order it uses; BE requests are kept sorted by their key (updated on swaps); drop victims are drawn from the KV
+    holders only (RT: per-target holder lists read from the most-slack end, only when an allocation fails;
+    decision 14); the RT orders are deques whose keys are appended and go stale instead of being removed
+    (`bros_orders`, decision 18). Decision 15: without BE requests the KV is kept as counts (`bros_counts`); cost
+    checks and ``slack ≥ C({i})`` look at the swap-in time first; the compute part of ``C({i})`` is cached per
+    (prefill tokens | decode m)."""
 
     def __init__(self, limits: Limits, cost_model: CostModel | None = None, options: BrosOptions = BrosOptions(),
                  name: str = "bros"):
@@ -198,21 +157,14 @@ class BrosScheduler(Scheduler):
         self.capacity = self.mgr.num_blocks * self.S
         self.rt: dict[int, RequestState] = {}
         self.be: dict[int, RequestState] = {}
-        # RT requests: per slack target T, keys (reference time, arrival, id) (slack = T − (now − ref)).
-        self._rt_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
+        # RT requests: per slack target T, keys (reference time, arrival, id) (slack = T − (now − ref)), in the
+        # budget's candidates or found late (slack < C({i}); it stays late until a batch moves it, slack only
+        # falls), and the KV holders as of the iteration's start (`bros_orders`).
+        self._orders = RtOrders()
         # BE order: (−checkpointed blocks, arrival, id) ascending.
         self._be_order = SortedKeys()
         self._be_key: dict[int, tuple[int, float, int]] = {}
-        # RT KV holders (as of the iteration's start, kept by _enter_rt/_leave_rt), per target, by key.
-        self._holder_groups: dict[float, AppendKeys] = {}
-        self._holder_key: dict[int, tuple[float, tuple[float, float, int]]] = {}
         self._solo: dict[int, float] = {}  # compute part of C({i}): −c for a c-token prefill, m for a decode
-        # Per target, by key, every RT request is in one of two orders: found late (slack < C({i})) since its
-        # state last changed (slack only falls as time passes, so it stays late until a batch moves it), or one of
-        # the budget's candidates.
-        self._budget_groups: dict[float, AppendKeys] = {}
-        self._late_groups: dict[float, AppendKeys] = {}
-        self._orders = (self._budget_groups, self._late_groups, self._holder_groups)  # _Refiling's orders 0-2
         self._last_now_s = -math.inf
         cap = options.max_batch or limits.Rmax or 1024
         self.max_batch = max(cap, 1)
@@ -244,13 +196,10 @@ class BrosScheduler(Scheduler):
             self.mgr.register(s.id, BE if be else RT)
             if be:
                 self._file_be(s)
-        refiling = _Refiling()
-        self._enter_rt([s for s in arrived if not is_best_effort(s)], refiling)
-        refiling.apply(self._orders)
+        self._file_rt([s for s in arrived if not is_best_effort(s)])
 
     def batch_done(self, batch: ScheduledBatch, finished: list[RequestState]) -> None:
-        refiling = _Refiling()
-        rt, be = self.rt, self.be
+        rt, be, orders = self.rt, self.be, self._orders
         for s in finished:
             self.mgr.release(s.id)
             if is_best_effort(s):
@@ -258,36 +207,28 @@ class BrosScheduler(Scheduler):
                 self._unfile_be(s.id)
             else:
                 rt.pop(s.id)
-                self._leave_rt((s.id,), refiling)
-                del self._rt_key[s.id]
+                orders.forget(s.id)
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items}  # (a request swapped in is one of the items: `next_batch`)
-        ran_rt = [rid for rid in ran if rid in rt]
-        self._leave_rt(ran_rt, refiling)
-        self._enter_rt([rt[rid] for rid in ran_rt], refiling)
+        self._file_rt([rt[rid] for rid in ran if rid in rt])
         for rid in (ran if be else ()):
             if rid in be:
                 self._unfile_be(rid)
                 self._file_be(be[rid])
+        gpu = self.mgr.gpu
         for rid, _ in batch.swap_out:
             if rid in ran:
                 continue
             if rid in be:
                 self._unfile_be(rid)
                 self._file_be(be[rid])
-            elif rid in rt:
-                self._swapped_out_rt(rid, refiling)
-        refiling.apply(self._orders)
-
-    def _swapped_out_rt(self, rid: int, refiling: _Refiling) -> None:
-        """An RT request swapped out without running: its key stays (only a batch moves its slack reference), and
-        if it was found late it stays late (its ``C({i})`` = max(compute, swap-in time) only grows with its host
-        tokens, its slack only falls), so at most its KV-holder entry changes: it leaves the holders once it has no
-        GPU tokens. (It held KV when the iteration started, since only the selected requests gain KV and they
-        run; the block managers swap an RT request's KV out whole, so it always leaves.)"""
-        if not self.mgr.gpu[rid]:
-            target, key = self._holder_key.pop(rid)
-            refiling.at(target)[4].append(key)
+            elif rid in rt and not gpu[rid]:
+                # An RT request swapped out without running keeps its key (only a batch moves its slack
+                # reference) and, if it was found late, its lateness (its C({i}) = max(compute, swap-in time) only
+                # grows with its host tokens, its slack only falls); it leaves the holders once it has no GPU tokens.
+                # (It held KV when the iteration started, since only the selected requests gain KV and they run;
+                # the block managers swap an RT request's KV out whole, so it always leaves.)
+                orders.stop_holding(rid)
 
     def _file_be(self, s: RequestState) -> None:
         """Enter BE request ``s`` in the BE order under its current key (fewest checkpointed blocks, then arrival)."""
@@ -298,21 +239,11 @@ class BrosScheduler(Scheduler):
     def _unfile_be(self, rid: int) -> None:
         self._be_order.remove(self._be_key.pop(rid))
 
-    def _enter_rt(self, states, refiling: _Refiling) -> None:
-        """Record the RT requests' keys (`_rt_target_key`) and enter them through ``refiling``: the budget's
-        candidates (a request filed is not yet found late), and the KV holders when they hold KV. (A loop over the
-        requests, not a call per request: it runs for every request of every batch.)"""
-        rt_key, holder_key, gpu, target_key = self._rt_key, self._holder_key, self.mgr.gpu, self._rt_target_key
-        last = lists = None
-        for s in states:
-            rid = s.id
-            target, key = rt_key[rid] = target_key(s)
-            if target != last:
-                lists, last = refiling.at(target), target
-            lists[0].append(key)
-            if gpu[rid]:
-                holder_key[rid] = (target, key)
-                lists[1].append(key)
+    def _file_rt(self, states) -> None:
+        """File RT requests under their current keys (`_rt_target_key`): the budget's candidates (a request filed
+        is not yet found late), and the KV holders when they hold KV; their earlier keys go stale (`bros_orders`)."""
+        gpu, target_key = self.mgr.gpu, self._rt_target_key
+        self._orders.file([(*target_key(s), gpu[s.id] > 0) for s in states])
 
     def _rt_target_key(self, s: RequestState) -> tuple[float, tuple[float, float, int]]:
         """An RT request's slack target T and its key in T's orders, (reference time, arrival, id): slack =
@@ -322,19 +253,6 @@ class BrosScheduler(Scheduler):
             return target, (s.req.arrival_s, s.req.arrival_s, s.id)
         target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
         return target, (s.last_token_s, s.req.arrival_s, s.id)
-
-    def _leave_rt(self, rids, refiling: _Refiling) -> None:
-        """The keys of RT requests ``rids`` leave their targets' orders: the late requests or the budget's
-        candidates, and the KV holders, for those that held KV."""
-        rt_key, late_groups, holder_key = self._rt_key, self._late_groups, self._holder_key
-        last = lists = None
-        for rid in rids:
-            target, key = rt_key[rid]
-            if target != last:
-                lists, last, late = refiling.at(target), target, late_groups.get(target, ())
-            lists[3 if rid in late else 2].append(key)
-            if holder_key.pop(rid, None) is not None:
-                lists[4].append(key)
 
     # --- cost and priority ----------------------------------------------------------------------
 
@@ -355,32 +273,27 @@ class BrosScheduler(Scheduler):
     def _ranked(self, now_s: float):
         """RT requests as (slack, arrival, id, state), ascending: the order of sorting every RT request by
         (slack, arrival, id), produced lazily. Within one target the slack ``T − (now − ref)`` is
-        non-decreasing in ``ref`` (floating-point subtraction is monotone), so a group read by ``ref``
-        is in slack order up to runs of equal slack, which are re-sorted by (arrival, id)."""
-        late = self._late_groups
-        targets = dict.fromkeys([*late, *self._budget_groups]) if late else self._budget_groups
-        streams = [self._group_stream(target, self._rank_keys(target), now_s) for target in targets]
+        non-decreasing in ``ref`` (floating-point subtraction is monotone), so a target's keys read in order
+        (`RtOrders.rank_keys`: the late ones, then the budget's candidates) are in slack order up to runs of
+        equal slack, which are re-sorted by (arrival, id)."""
+        orders = self._orders
+        late = orders.late
+        targets = dict.fromkeys([*late, *orders.cand]) if late else orders.cand
+        streams = [self._group_stream(target, orders.rank_keys(target), now_s) for target in targets]
         return streams[0] if len(streams) == 1 else merge(*streams)
 
-    def _rank_keys(self, target: float):
-        """``target``'s RT requests' keys, ascending: the late ones, then the budget's candidates. The budget's
-        scan marks a prefix of the candidates late (it stops at the first that is not), and a request filed later
-        gets a later key (its reference time is the batch's end or its arrival, and the engine files arrivals
-        before planning), so every late key precedes every candidate; a direct call filing a request below a late
-        one breaks that (tests/test_bros_late_orders.py), and then the two are merged."""
-        late, budget = self._late_groups.get(target), self._budget_groups.get(target)
-        if late is None or budget is None:
-            return budget if late is None else late
-        return chain(late, budget) if late.last() < budget.first() else merge(late, budget)
-
     def _group_stream(self, target: float, group, now_s: float):
-        """``_ranked``'s stream of one target's requests; a run of equal slack is sorted only when several
-        reference times round to it (the keys of one reference time are in (arrival, id) order already)."""
-        states = self.rt
+        """``_ranked``'s stream of one target's requests from its keys ``group`` (ascending; stale keys skipped);
+        a run of equal slack is sorted only when several reference times round to it (the keys of one reference
+        time are in (arrival, id) order already)."""
+        states, live = self.rt, self._orders.key
         run: list = []
         run_slack = last_ref = None
         mixed = False
-        for ref, arrival, rid in group:
+        for key in group:
+            ref, arrival, rid = key
+            if live.get(rid) is not key:
+                continue
             if ref != last_ref:
                 last_ref, slack = ref, target - (now_s - ref)
                 if slack != run_slack:
@@ -426,22 +339,26 @@ class BrosScheduler(Scheduler):
         tuples in priority order (any iterable; strict mode reads its head).
 
         Not strict: a minimum, so each target's list is read in slack order up to its first feasible
-        request; the late requests passed on the way move to ``_late_groups`` until their state changes
-        (exact: at a later ``now`` their slack is no larger, ``C({i})`` the same). ``slack ≥ C({i})`` tests the
-        swap-in time first (no compute estimate when it alone is too long: most late requests in the overload
-        regime wait with their KV in host memory)."""
+        request; the late requests passed on the way move to the late order until their state changes
+        (exact: at a later ``now`` their slack is no larger, ``C({i})`` the same), and the stale keys passed are
+        dropped. ``slack ≥ C({i})`` tests the swap-in time first (no compute estimate when it alone is too long:
+        most late requests in the overload regime wait with their KV in host memory)."""
         if self.options.strict:
             return next(iter(ranked), (math.inf,))[0]
+        orders = self._orders
         if now_s < self._last_now_s:  # time went back (direct calls): the late marks may not hold
-            for target, late in self._late_groups.items():
-                self._budget_groups[target] = AppendKeys([*self._budget_groups.get(target, ()), *late])
-            self._late_groups.clear()
+            orders.unmark_late()
         self._last_now_s = now_s
         best = math.inf
-        rt, swap, solo_compute = self.rt, self.swap_cost, self._solo_compute
-        for target, group in list(self._budget_groups.items()):
-            late = 0
-            for ref, _, rid in group:
+        rt, swap, solo_compute, live = self.rt, self.swap_cost, self._solo_compute, orders.key
+        for target, cand in list(orders.cand.items()):
+            late = []
+            while cand:
+                key = cand[0]
+                ref, _, rid = key
+                if live.get(rid) is not key:
+                    cand.popleft()
+                    continue
                 slack = target - (now_s - ref)
                 if slack >= best:
                     break
@@ -450,11 +367,11 @@ class BrosScheduler(Scheduler):
                         and slack >= solo_compute(s):  # slack ≥ C({i})
                     best = slack
                     break
-                late += 1
+                late.append(cand.popleft())
             if late:
-                _group(self._late_groups, target).add_sorted(group.pop_first(late))
-                if not group:
-                    del self._budget_groups[target]
+                orders.mark_late(target, late)
+            if not cand:
+                del orders.cand[target]
         return best
 
     def _fits(self, b: _Batch, budget: float) -> bool:
@@ -621,7 +538,7 @@ class BrosScheduler(Scheduler):
         it are skipped by ``_make_room``."""
         mgr = self.mgr
         if self._victims is None:
-            self._victims = _VictimStream(self._holder_groups, now_s)
+            self._victims = _VictimStream(self._orders.holder_groups(), now_s, self._orders.holder)
         take, rank = self._victims.take_after, item[:3]
         if mgr.be_holders:
             be = sorted(mgr.be_holders, key=lambda rid: (self.be[rid].cpu_tokens + mgr.checkpointed.get(rid, 0),
@@ -672,15 +589,16 @@ class BrosScheduler(Scheduler):
         """Block invariants, every request's GPU tokens equal to the replayer's, and the RT orders: every RT request
         under its key in its target's late order or budget candidates (not both), the holders in the holder order."""
         self.mgr.check()
-        held = sorted((target, key) for rid, (target, key) in self._rt_key.items() if self.mgr.gpu[rid])
-        if sorted(self._holder_key.values()) != held or \
-                sorted((t, k) for t, group in self._holder_groups.items() for k in group) != held:
+        orders = self._orders
+        if sorted(orders.holder) != sorted(rid for rid in orders.key if self.mgr.gpu[rid]):
             raise SchedulerError("BROS's RT KV-holder index disagrees with the block manager")
-        filed = sorted((t, k) for groups in (self._late_groups, self._budget_groups) for t, group in groups.items()
-                       for k in group)
-        if filed != sorted(self._rt_key.values()) or not all(
-                [*group] == sorted(group) for groups in self._orders for group in groups.values()):
-            raise SchedulerError("BROS's RT orders disagree with the RT requests' keys")
+        if set(orders.key) != set(self.rt) or any(orders.key[rid] != self._rt_target_key(s)[1] or
+                                                  orders.target[rid] != self._rt_target_key(s)[0]
+                                                  for rid, s in self.rt.items()):
+            raise SchedulerError("BROS's RT keys disagree with the RT requests' states")
+        problem = orders.check()
+        if problem is not None:
+            raise SchedulerError(f"BROS's RT orders: {problem}")
         for s in (*self.rt.values(), *self.be.values()):
             if self.mgr.gpu[s.id] != s.gpu_tokens:
                 raise SchedulerError(f"BROS block manager holds {self.mgr.gpu[s.id]} GPU tokens of request {s.id}, "
@@ -691,14 +609,18 @@ class BrosScheduler(Scheduler):
                 f"{self.capacity}, B_curr={self.b_curr}")
 
 
-def _group_stream_desc(target: float, group, now_s: float):
+def _group_stream_desc(target: float, group, now_s: float, live: dict | None = None):
     """The (slack, arrival, id) of ``group``'s requests (keys (ref, arrival, id), ascending), descending: read
     from the end. A run of equal slack is yielded as read when it has one reference time (its keys are then in
-    (arrival, id) order), re-sorted when several reference times round to that slack."""
+    (arrival, id) order), re-sorted when several reference times round to that slack. ``live``: request id → its
+    live key; other keys are stale and skipped (`bros_orders`)."""
     run: list = []
     run_slack = last_ref = None
     mixed = False
-    for ref, arrival, rid in reversed(group):
+    for key in reversed(group):
+        ref, arrival, rid = key
+        if live is not None and live.get(rid) is not key:
+            continue
         if ref != last_ref:
             last_ref, slack = ref, target - (now_s - ref)
             if slack != run_slack:
@@ -730,8 +652,8 @@ class _VictimStream:
     __slots__ = ("_it", "_head")
     _NONE = object()
 
-    def __init__(self, groups: dict, now_s: float):
-        streams = [_group_stream_desc(target, group, now_s) for target, group in groups.items()]
+    def __init__(self, groups: dict, now_s: float, live: dict | None = None):
+        streams = [_group_stream_desc(target, group, now_s, live) for target, group in groups.items()]
         self._it = streams[0] if len(streams) == 1 else merge(*streams, reverse=True)
         self._head = self._NONE
 

@@ -1,0 +1,107 @@
+"""BROS's RT orders (`infermax/schedulers/bros_orders.py`) leave a re-filed request's old key behind as a stale
+entry instead of removing it. Under random filing (keys mostly above every filed key, sometimes below: the in-place
+path), finishing, swapping out, budget scans that pop a prefix of the candidates into the late order, and time going
+back, the live entries must be exactly a model's: per target, the priority order (`rank_keys`) is the sorted keys of
+its requests, the holder order read from the back is its holders' keys descending, every request is live once, in
+the candidates or the late order as the model says, and a target's deques stay within their compaction bound."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infermax.schedulers import bros_orders
+from infermax.schedulers.bros_orders import COMPACT_SLACK, RtOrders
+
+TARGETS = [0.2, 0.4]
+
+
+def _scan(orders: RtOrders, target: float, k: int) -> list:
+    """What `BrosScheduler.budget` does to one target: drop stale front entries and move the first ``k`` live
+    candidates to the late order. Returns the moved keys."""
+    cand, moved = orders.cand.get(target), []
+    while cand and len(moved) < k:
+        key = cand[0]
+        if orders.key.get(key[2]) is not key:
+            cand.popleft()
+            continue
+        moved.append(cand.popleft())
+    if moved:
+        orders.mark_late(target, moved)
+    if cand is not None and not cand:
+        del orders.cand[target]
+    return moved
+
+
+def _live(keys, live: dict) -> list:
+    return [k for k in keys if live.get(k[2]) is k]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_stale_entries_leave_exactly_the_live_orders(data):
+    """With the compaction slack drawn down to 0, so that rebuilds happen in small runs too."""
+    with mock.patch.object(bros_orders, "COMPACT_SLACK", data.draw(st.sampled_from([0, 1, COMPACT_SLACK]))):
+        _random_operations(data)
+
+
+def _random_operations(data):
+    orders = RtOrders()
+    model: dict[int, list] = {}  # rid -> [target, key, late, holds]
+    clock = 0.0
+    for _ in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["file", "file", "file", "forget", "swap_out", "scan", "back"]))
+        if op == "file":  # a batch's requests (or arrivals): new keys, mostly the latest so far
+            rids = data.draw(st.lists(st.integers(0, 15), min_size=1, max_size=6, unique=True))
+            clock += data.draw(st.sampled_from([0.0, 0.5, 1.0]))
+            ref = clock if data.draw(st.integers(0, 4)) else data.draw(st.sampled_from([0.0, clock / 2]))
+            filed = []
+            for rid in rids:
+                target, holds = data.draw(st.sampled_from(TARGETS)), data.draw(st.booleans())
+                key = (ref, float(rid % 3), rid)
+                filed.append((target, key, holds))
+                model[rid] = [target, key, False, holds]
+            orders.file(filed)
+            for target in {t for t, _, _ in filed}:
+                most = 2 * orders.members.get(target, 0) + bros_orders.COMPACT_SLACK
+                assert all(len(by.get(target, ())) <= most for by in (orders.cand, orders.late, orders.held))
+        elif op == "forget" and model:
+            rid = data.draw(st.sampled_from(sorted(model)))
+            orders.forget(rid)
+            del model[rid]
+        elif op == "swap_out" and model:
+            rid = data.draw(st.sampled_from(sorted(model)))
+            orders.stop_holding(rid)
+            model[rid][3] = False
+        elif op == "scan":
+            target = data.draw(st.sampled_from(TARGETS))
+            candidates = sorted((v[1], rid) for rid, v in model.items() if v[0] == target and not v[2])
+            k = data.draw(st.integers(0, len(candidates)))
+            moved = _scan(orders, target, k)
+            assert [key for key, _ in candidates[:k]] == moved
+            for key in moved:
+                model[key[2]][2] = True
+        elif op == "back":
+            orders.unmark_late()
+            for v in model.values():
+                v[2] = False
+        assert orders.check() is None
+        for target in TARGETS:
+            mine = {rid: v for rid, v in model.items() if v[0] == target}
+            assert _live(orders.rank_keys(target), orders.key) == sorted(v[1] for v in mine.values())
+            assert sorted(_live(orders.late.get(target, ()), orders.key)) == sorted(v[1] for v in mine.values() if v[2])
+        groups = orders.holder_groups()
+        for target in TARGETS:
+            want = sorted((v[1] for v in model.values() if v[0] == target and v[3]), reverse=True)
+            assert _live(reversed(groups.get(target, ())), orders.holder) == want
+
+
+def test_compaction_keeps_memory_linear_in_the_requests():
+    """One request re-filed 10,000 times leaves at most 2 + COMPACT_SLACK entries, not 10,000."""
+    orders = RtOrders()
+    for batch in range(10_000):
+        orders.file([(0.2, (float(batch), 0.0, 7), True)])
+    assert len(orders.cand[0.2]) <= 2 + COMPACT_SLACK and len(orders.held[0.2]) <= 2 + COMPACT_SLACK
+    assert orders.live("cand") == [(0.2, (9999.0, 0.0, 7))] and orders.check() is None
