@@ -66,7 +66,8 @@ def _random_operations(data):
             orders.file(filed)
             for target in {t for t, _, _ in filed}:
                 most = 2 * orders.members.get(target, 0) + bros_orders.COMPACT_SLACK
-                assert all(len(by.get(target, ())) <= most for by in (orders.cand, orders.late, orders.held))
+                assert all(len(by.get(target, ())) <= most for by in (orders.cand, orders.late))
+                assert len(orders.held.get(target, ())) <= 2 * orders.holding.get(target, 0) + bros_orders.COMPACT_SLACK
         elif op == "forget" and model:
             rid = data.draw(st.sampled_from(sorted(model)))
             orders.forget(rid)
@@ -75,6 +76,8 @@ def _random_operations(data):
             rid = data.draw(st.sampled_from(sorted(model)))
             orders.stop_holding(rid)
             model[rid][3] = False
+            target = model[rid][0]
+            assert len(orders.held.get(target, ())) <= 2 * orders.holding.get(target, 0) + bros_orders.COMPACT_SLACK
         elif op == "scan":
             target = data.draw(st.sampled_from(TARGETS))
             candidates = sorted((v[1], rid) for rid, v in model.items() if v[0] == target and not v[2])
@@ -105,3 +108,18 @@ def test_compaction_keeps_memory_linear_in_the_requests():
         orders.file([(0.2, (float(batch), 0.0, 7), True)])
     assert len(orders.cand[0.2]) <= 2 + COMPACT_SLACK and len(orders.held[0.2]) <= 2 + COMPACT_SLACK
     assert orders.live("cand") == [(0.2, (9999.0, 0.0, 7))] and orders.check() is None
+
+
+def test_holder_order_stays_short_when_few_of_many_requests_hold_kv():
+    """Thousands of requests under one target, two holding KV at a time, each dropped after it runs (BROS under
+    Rmax 2): the holder deque is bounded by its holders, not by the target's requests, so the victim stream read from
+    its back never passes the stale entries of the others."""
+    orders = RtOrders()
+    orders.file([(0.2, (0.0, 0.0, rid), False) for rid in range(5_000)])
+    for batch in range(1, 2_000):
+        ran = [(0.2, (float(batch), 0.0, rid), True) for rid in (2 * batch % 5_000, (2 * batch + 1) % 5_000)]
+        orders.file(ran)
+        for _, key, _ in ran:
+            orders.stop_holding(key[2])
+        assert len(orders.held.get(0.2, ())) <= 2 * orders.holding.get(0.2, 0) + COMPACT_SLACK
+    assert orders.check() is None and orders.holding.get(0.2, 0) == 0

@@ -17,9 +17,11 @@ latest filed so far). So keys enter at the end of a deque. The old key is not lo
 where it is as a *stale* entry. An entry is live while it is the very key object its request holds now
 (``key[rid] is entry``; for ``held``, ``holder[rid] is entry``), and every reader skips the others. Stale entries
 gather at the front of ``cand`` and ``late`` (the requests a batch runs are the most urgent) and at the back of
-``held`` (the victims dropped are those with the most slack), where readers pop them; a target's deques are
-rebuilt from their live entries once they hold more than twice its requests plus `COMPACT_SLACK` entries, so
-stale entries cost O(1) amortised per re-filing and memory stays linear in the queued requests.
+``held`` (the victims dropped are those with the most slack), where readers pop them. A target's candidate and late deques are
+rebuilt from their live entries once they hold more than twice its requests plus `COMPACT_SLACK` entries, and its
+holder deque once it holds more than twice its holders plus `COMPACT_SLACK` (a target may keep thousands of
+requests while few of them hold KV, and a reader from the holders' back must not pass the stale entries of all the
+others), so stale entries cost O(1) amortised per re-filing and memory stays linear in the queued requests.
 
 Exceptions to appending, kept exact: a key below the last entry (a target that is one request's TTFT target and
 another's TPOT target, where an arrival is filed after a batch that ended later; direct calls) is put in place by
@@ -51,7 +53,7 @@ class RtOrders:
     """The three per-target orders of BROS's RT requests; see the module docstring. Readers use the dicts
     directly: ``cand``, ``late``, ``held`` (target → deque of keys), ``key`` and ``holder`` (id → its live key)."""
 
-    __slots__ = ("cand", "late", "held", "key", "holder", "target", "members")
+    __slots__ = ("cand", "late", "held", "key", "holder", "target", "members", "holding")
 
     def __init__(self):
         self.cand: dict[float, deque] = {}
@@ -61,16 +63,22 @@ class RtOrders:
         self.holder: dict[int, tuple] = {}  # the KV holders' keys (live in held)
         self.target: dict[int, float] = {}
         self.members: dict[float, int] = {}  # RT requests per target
+        self.holding: dict[float, int] = {}  # KV holders per target
 
     def file(self, filed: list[tuple[float, tuple, bool]]) -> None:
         """File RT requests under new keys, as (target, key, holds KV): each becomes a candidate (a request filed
         is not yet found late) and, holding KV, a holder; its previous key, if any, goes stale."""
-        key_of, holder, target_of, members = self.key, self.holder, self.target, self.members
+        key_of, holder, target_of, members, holding = self.key, self.holder, self.target, self.members, self.holding
         by_target: dict[float, tuple[list, list]] = {}
+        left: set[float] = set()  # other targets whose holders fell (their holder deques may need compacting)
         last = lists = None
         for target, key, holds in filed:
             rid = key[2]
             old = target_of.get(rid)
+            if rid in holder:
+                holding[old] -= 1
+                if old != target:
+                    left.add(old)
             if old != target:
                 if old is not None:
                     self._leave_target(old)
@@ -85,26 +93,35 @@ class RtOrders:
             lists[0].append(key)
             if holds:
                 holder[rid] = key
+                holding[target] = holding.get(target, 0) + 1
                 lists[1].append(key)
             elif rid in holder:
                 del holder[rid]
-        for target, (keys, holding) in by_target.items():
+        for target, (keys, held_keys) in by_target.items():
             keys.sort()
             _append(self.cand, target, keys)
-            if holding:
-                holding.sort()
-                _append(self.held, target, holding)
+            if held_keys:
+                held_keys.sort()
+                _append(self.held, target, held_keys)
             self._compact(target)
+        for target in left.difference(by_target):
+            if target in self.members:
+                self._compact(target)
 
     def forget(self, rid: int) -> None:
         """A finished request: its keys go stale."""
         del self.key[rid]
-        self.holder.pop(rid, None)
+        self.stop_holding(rid)
         self._leave_target(self.target.pop(rid))
 
     def stop_holding(self, rid: int) -> None:
         """A request swapped out whole without running: it keeps its key (and its lateness), not its holder entry."""
-        self.holder.pop(rid, None)
+        if self.holder.pop(rid, None) is not None:
+            target = self.target[rid]
+            self.holding[target] -= 1
+            held = self.held.get(target)
+            if held is not None and len(held) > 2 * self.holding[target] + COMPACT_SLACK:
+                self._compact(target)
 
     def mark_late(self, target: float, keys: list) -> None:
         """Move ``keys`` (popped from the front of ``target``'s candidates, ascending) to its late order."""
@@ -150,14 +167,17 @@ class RtOrders:
             self.members[target] = left
         else:  # nothing live is left under it
             del self.members[target]
+            self.holding.pop(target, None)
             for by_target in (self.cand, self.late, self.held):
                 by_target.pop(target, None)
 
     def _compact(self, target: float) -> None:
         """Rebuild ``target``'s deques from their live entries once they hold too many stale ones."""
-        most = 2 * self.members.get(target, 0) + COMPACT_SLACK
+        most_filed = 2 * self.members.get(target, 0) + COMPACT_SLACK
+        most_held = 2 * self.holding.get(target, 0) + COMPACT_SLACK
         key_of, holder = self.key, self.holder
-        for by_target, live in ((self.cand, key_of), (self.late, key_of), (self.held, holder)):
+        for by_target, live, most in ((self.cand, key_of, most_filed), (self.late, key_of, most_filed),
+                                      (self.held, holder, most_held)):
             entries = by_target.get(target)
             if entries is not None and len(entries) > most:
                 kept = deque(entry for entry in entries if live.get(entry[2]) is entry)
@@ -189,4 +209,9 @@ class RtOrders:
             return "the holder order does not hold each holder's key once"
         if any(self.key.get(rid) is not key for rid, key in self.holder.items()):
             return "a holder's key is not its request's key"
+        counts: dict[float, int] = {}
+        for rid in self.holder:
+            counts[self.target[rid]] = counts.get(self.target[rid], 0) + 1
+        if {t: n for t, n in self.holding.items() if n} != counts:
+            return "the holder counts per target are wrong"
         return None
