@@ -8,6 +8,8 @@ its target's two orders."""
 from __future__ import annotations
 
 import math
+from itertools import islice
+from unittest import mock
 
 from conftest import AffineCost
 from hypothesis import given, settings
@@ -17,6 +19,7 @@ from infermax.costmodel.swap import SwapCost
 from infermax.limits import Limits
 from infermax.replay import RequestState
 from infermax.request import Request
+from infermax.schedulers import bros
 from infermax.schedulers.bros import BrosScheduler
 
 TIMES = [0.0, 0.2, 0.5, 0.9, 1.0, 1.4, 2.0, 3.0]
@@ -78,3 +81,31 @@ def test_a_candidate_filed_below_a_late_request_is_ranked_by_merging():
     assert sched.budget((), 1.0) == sched.slack(early, 1.0) and (0.5, orders.key[1]) in orders.live("cand")
     assert orders.late[0.5][-1] > orders.cand[0.5][0]
     assert [item[2] for item in sched._ranked(1.0)] == [1, 0]
+
+
+REFS = [0.5, math.nextafter(0.5, 1.0), math.nextafter(math.nextafter(0.5, 1.0), 1.0), 0.7]  # the first three: one
+# slack at t = 3 (3 − ref rounds to 2.5), so runs of different reference times tie
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(REFS), st.sampled_from([0.0, 0.1, 0.2, 0.3]), st.booleans(), TARGETS),
+                min_size=1, max_size=60),
+       st.sampled_from([1, 2, 3, 16]), st.sampled_from([3.0, 3.5]))
+def test_long_runs_read_lazily_rank_as_sorting_everything(requests, lazy_run, now):
+    """Many requests of one reference time make one run of equal slack; past ``LAZY_RUN`` keys its end is found by
+    bisection and the rest yielded as read, unless the next reference time ties with it (drawn on purpose: reference
+    times one ulp apart, whose requests' arrivals are not in reference-time order, so a tie reorders them). The order
+    must still be that of sorting everything, read whole or in part."""
+    states = []
+    for rid, (ref, arrival, decoding, target) in enumerate(requests):
+        s = RequestState(Request(rid, arrival if decoding else ref, 3, 4, ttft_slo_s=target, tpot_slo_s=target))
+        if decoding:  # one token out at ``ref``
+            s.generated, s.m, s.last_token_s = 1, 3, ref
+        states.append(s)
+    sched = BrosScheduler(Limits(C=1000, M=10_000, block_size=1), AffineCost(0.1, 0.1))
+    sched.add_arrivals(states)
+    want = sorted((sched.slack(s, now), s.req.arrival_s, s.id) for s in states)
+    with mock.patch.object(bros, "LAZY_RUN", lazy_run):
+        sched.budget((), now)
+        assert [item[:3] for item in sched._ranked(now)] == want
+        assert [item[:3] for item in islice(sched._ranked(now), 5)] == want[:5]

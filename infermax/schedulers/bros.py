@@ -72,6 +72,25 @@ def is_best_effort(s: RequestState) -> bool:
     return s.req.request_class == "be"
 
 
+LAZY_RUN = 16  # keys of one reference time after which `_group_stream` finds the run's end by bisection
+
+
+def _run_end(deques: list, ref: float, start: int) -> tuple[int, tuple | None]:
+    """In ``deques`` read one after the other (each ascending, each ending below the next one's first key), the
+    position of the first key after position ``start`` whose reference time is above ``ref``, and that key (None
+    past the end)."""
+    probe = (ref, math.inf, math.inf)  # above every key of reference time ``ref``
+    offset = 0
+    for keys in deques:
+        n = len(keys)
+        if start < offset + n:
+            i = bisect_right(keys, probe, max(start - offset, 0))
+            if i < n:
+                return offset + i, keys[i]
+        offset += n
+    return offset, None
+
+
 class _Batch:
     """The batch being built: items, and the features ``C(batch)`` needs kept in one `BatchFeatures` (updated in
     place, not rebuilt per estimate)."""
@@ -282,15 +301,24 @@ class BrosScheduler(Scheduler):
         streams = [self._group_stream(target, orders.rank_keys(target), now_s) for target in targets]
         return streams[0] if len(streams) == 1 else merge(*streams)
 
-    def _group_stream(self, target: float, group, now_s: float):
-        """``_ranked``'s stream of one target's requests from its keys ``group`` (ascending; stale keys skipped);
-        a run of equal slack is sorted only when several reference times round to it (the keys of one reference
-        time are in (arrival, id) order already)."""
+    def _group_stream(self, target: float, order, now_s: float):
+        """``_ranked``'s stream of one target's requests from its keys ``order`` (`RtOrders.rank_keys`: deques read
+        one after the other, or one merged iterable; stale keys skipped). A run of equal slack is sorted only when
+        several reference times round to it (the keys of one reference time are in (arrival, id) order already).
+
+        A run is read whole before it is yielded, to see whether a later reference time ties with it; a run of one
+        reference time that reaches `LAZY_RUN` keys (requests that arrived together, offline: one run of every
+        waiting request) instead has its end found by bisection and, when the next reference time does not tie
+        with it, the rest of it is yielded as read, so a batch reads only the part the RT loop takes."""
         states, live = self.rt, self._orders.key
+        deques = order if isinstance(order, list) else None
+        keys = chain.from_iterable(deques) if deques is not None else iter(order)
         run: list = []
         run_slack = last_ref = None
         mixed = False
-        for key in group:
+        read = 0  # keys read from ``deques`` (their position in the chain)
+        for key in keys:
+            read += 1
             ref, arrival, rid = key
             if live.get(rid) is not key:
                 continue
@@ -304,6 +332,16 @@ class BrosScheduler(Scheduler):
                 else:
                     mixed = True
             run.append((slack, arrival, rid, states[rid]))
+            if len(run) == LAZY_RUN and not mixed and deques is not None:
+                end, after = _run_end(deques, ref, read)
+                if after is None or target - (now_s - after[0]) != slack:  # no tie: the run is ref's keys alone
+                    yield from run
+                    run = []
+                    for _ in range(end - read):
+                        key = next(keys)
+                        if live.get(key[2]) is key:
+                            yield slack, key[1], key[2], states[key[2]]
+                    read = end
         if mixed:
             run.sort()
         yield from run

@@ -32,8 +32,8 @@ so `rank_keys` merges the two deques when their ends overlap.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from heapq import merge
-from itertools import chain
 
 COMPACT_SLACK = 64  # stale entries a target's deques may hold beyond twice its requests before a rebuild
 
@@ -133,10 +133,10 @@ class RtOrders:
             self.cand[target] = deque(sorted([*self.cand.get(target, ()), *late]))
         self.late.clear()
 
-    def rank_keys(self, target: float):
-        """``target``'s live and stale keys in ascending order: the late ones, then the candidates (chained when
-        the late deque ends below the candidates' first entry, else merged). The late deque's stale front is
-        dropped first."""
+    def rank_keys(self, target: float) -> list[deque] | Iterator[tuple]:
+        """``target``'s live and stale keys in ascending order: the late ones, then the candidates. Usually a list
+        of deques to read one after the other (the late deque ends below the candidates' first entry: see the
+        module docstring); a merge of the two when they overlap. The late deque's stale front is dropped first."""
         late, cand = self.late.get(target), self.cand.get(target)
         if late is not None:
             key_of = self.key
@@ -146,10 +146,10 @@ class RtOrders:
                 del self.late[target]
                 late = None
         if late is None:
-            return cand if cand is not None else ()
+            return [cand] if cand else []
         if not cand:
-            return late
-        return chain(late, cand) if late[-1] < cand[0] else merge(late, cand)
+            return [late]
+        return [late, cand] if late[-1] < cand[0] else merge(late, cand)
 
     def holder_groups(self) -> dict[float, deque]:
         """The holder deques, their stale back entries (victims dropped by earlier batches) popped."""
