@@ -630,8 +630,7 @@ class BrosScheduler(Scheduler):
         orders = self._orders
         if sorted(orders.holder) != sorted(rid for rid in orders.key if self.mgr.gpu[rid]):
             raise SchedulerError("BROS's RT KV-holder index disagrees with the block manager")
-        if set(orders.key) != set(self.rt) or any(orders.key[rid] != self._rt_target_key(s)[1] or
-                                                  orders.target[rid] != self._rt_target_key(s)[0]
+        if set(orders.key) != set(self.rt) or any((orders.target[rid], orders.key[rid]) != self._rt_target_key(s)
                                                   for rid, s in self.rt.items()):
             raise SchedulerError("BROS's RT keys disagree with the RT requests' states")
         problem = orders.check()
