@@ -173,3 +173,36 @@ def test_density_bounds_agree_one_by_one_and_for_every_head(data, hybrid, demoti
         assert (b_array == -np.inf) if b is None else b_array == b
         items = _feasible_items(sched._candidate(RequestState(Request(0, 0.0, t, 2)), p, t, n, d), capacity)
         assert all(theta <= b for theta, _, _ in items) if b is not None else not items
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "front", "remove"]), st.integers(1, 12), st.integers(0, 40),
+                          st.integers(1, 3)), min_size=1, max_size=100), st.floats(0, 50))
+def test_unordered_queue_reads_the_same_queue_order(ops, now):
+    """Without the order index (``ordered=False``, the greedy variants) the queue still iterates in queue order:
+    arrivals at the back, each preempted group at the front in its own order; and the exact pending-time test,
+    which walks that order when the running totals cannot decide, answers as the indexed queue does."""
+    ordered, unordered = WaitingQueue(), WaitingQueue(ordered=False)
+    model, live, next_id = [], {}, 0
+    for op, tokens, when, group in ops:
+        if op == "remove" and live:
+            rid = sorted(live)[when % len(live)]
+            assert ordered.remove(rid) is unordered.remove(rid) is live.pop(rid)
+            model.remove(rid)
+            continue
+        states = [RequestState(Request(next_id + k, float(when) / 4, tokens, 3)) for k in range(group)]
+        next_id += group
+        for q in (ordered, unordered):
+            if op == "front":
+                q.extendleft_in_order(states)
+            else:
+                for s in states:
+                    q.append(s)
+        ids = [s.id for s in states]
+        model = ids + model if op == "front" else model + ids
+        live.update((s.id, s) for s in states)
+    assert [s.id for s in unordered] == [s.id for s in ordered] == model
+    assert len(unordered) == len(ordered) == len(model)
+    exact = sum(now - live[rid].req.arrival_s for rid in model)  # the float sum in queue order
+    for total in (exact, np.nextafter(exact, np.inf), np.nextafter(exact, -np.inf), exact + 1.0):
+        assert unordered.pending_sum_below(total, now) == ordered.pending_sum_below(total, now) == (total > exact)

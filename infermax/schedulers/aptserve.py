@@ -256,7 +256,7 @@ class AptServeScheduler(Scheduler):
             _check_hidden_halves_memory(getattr(cost_model, "model", None))
         self.rho = (options.rho if not isinstance(options.rho, str)
                     else rho_from_cost_model(cost_model, options.rho)) if options.hybrid else 0.0
-        self.waiting = WaitingQueue(self._prefill_sizes)
+        self.waiting = WaitingQueue(self._prefill_sizes, ordered=not options.adaptive)  # FCFS reads it in order
         self.running: list[RequestState] = []
         self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each running request, same order
         self._hidden_running = 0  # running requests holding a hidden-form cache

@@ -35,8 +35,12 @@ its prefill size are fixed while it waits, so the index keeps them by ``ref``:
   float sum the decision uses differs from it by at most ``(|W| + 2)·2⁻⁵³`` relative, so only a
   comparison inside that margin sums the pending times one by one, in queue order, as before.
 - **Queue order**: a position key per request (preempted requests at the front get decreasing keys,
-  arrivals increasing ones) in a ``SortedKeys`` (a plain sorted list moved its whole tail on every
-  preemption: ~9 µs per preempted request with 17,000 waiting, 2.8 µs in ``SortedKeys``).
+  arrivals increasing ones). The FCFS ablation reads the queue from its front every batch, so with
+  ``ordered`` the keys also live in a ``SortedKeys`` (a plain sorted list moved its whole tail on every
+  preemption: ~9 µs per preempted request with 17,000 waiting, 2.8 µs in ``SortedKeys``). The greedy
+  variants never read the queue in order (ties compare positions; only the rare exact pending-time sum
+  walks it, and then sorts the positions), and filing every preempted request in and out of that index
+  was a tenth of the hybrid variant's batch on azure-conv: they pass ``ordered=False``.
 """
 
 from __future__ import annotations
@@ -78,11 +82,13 @@ class WaitingQueue:
     ``sizes(tokens)``: the KV and hidden-form memory of a ``tokens``-token prefill (default: block size 1), kept
     per bucket beside its head so that the bounds of every head are a few array operations (``heads_array``)."""
 
-    def __init__(self, sizes: Callable[[int], tuple[int, int]] | None = None) -> None:
+    def __init__(self, sizes: Callable[[int], tuple[int, int]] | None = None, ordered: bool = True) -> None:
         self._sizes = sizes or (lambda tokens: (tokens, -(-tokens // 2)))
         self._states: dict[int, RequestState] = {}
         self._entry: dict[int, tuple] = {}  # id -> (pos, ref, bucket low, slo, tokens, fixed(ref))
-        self._order = SortedKeys()  # (pos, id): preempted requests join at the front of thousands
+        # (pos, id), kept only when ``ordered``: preempted requests join at the front of thousands
+        self._order: SortedKeys | None = SortedKeys() if ordered else None
+        self._last_fixed: tuple[float, int] = (math.nan, 0)  # (ref, fixed(ref)) of the last `_add`
         self._front = 0  # next front position is _front - 1
         self._back = 0
         self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # tokens -> sorted (ref, pos, id, tokens)
@@ -99,15 +105,22 @@ class WaitingQueue:
         self._ref_sum = 0  # Σ ref, fixed point (fixed)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._entry)
 
     def __bool__(self) -> bool:
-        return len(self._order) > 0
+        return len(self._entry) > 0
 
     def __iter__(self) -> Iterator[RequestState]:
         """Queue order."""
         states = self._states
-        return (states[rid] for _, rid in self._order)
+        return (states[rid] for rid in self._ids_in_order())
+
+    def _ids_in_order(self) -> Iterator[int]:
+        """The waiting ids in queue order: read from the order index, or (not ``ordered``) sorted by position."""
+        if self._order is not None:
+            return (rid for _, rid in self._order)
+        entry = self._entry
+        return iter(sorted(entry, key=lambda rid: entry[rid][0]))
 
     def position(self, rid: int) -> int:
         return self._entry[rid][0]
@@ -126,9 +139,13 @@ class WaitingQueue:
     def _add(self, s: RequestState, pos: int) -> None:
         ref, slo, low = ref_s(s), slo_s(s), s.input_tokens
         self._states[s.id] = s
-        exact = fixed(ref)
+        last_ref, exact = self._last_fixed  # the requests one batch preempts share their last token's time
+        if ref != last_ref:
+            exact = fixed(ref)
+            self._last_fixed = (ref, exact)
         self._entry[s.id] = (pos, ref, low, slo, s.input_tokens, exact)
-        self._order.add((pos, s.id))
+        if self._order is not None:
+            self._order.add((pos, s.id))
         self._bucket_add(low, (ref, pos, s.id, s.input_tokens))
         if slo is not None:
             bisect.insort(self._slo_refs.setdefault(slo, []), ref)
@@ -137,7 +154,8 @@ class WaitingQueue:
 
     def remove(self, rid: int) -> RequestState:
         pos, ref, key, slo, tokens, exact = self._entry.pop(rid)
-        self._order.remove((pos, rid))
+        if self._order is not None:
+            self._order.remove((pos, rid))
         self._bucket_remove(key, (ref, pos, rid, tokens))
         if slo is not None:  # its entry in the heap of undemoted requests, if any, is dropped when met
             refs = self._slo_refs[slo]
@@ -234,7 +252,7 @@ class WaitingQueue:
     def pending_bounds(self, now_s: float) -> tuple[float, float]:
         """``Σ (now − ref)`` over the queue (rounded once) and a margin that holds the float sum a loop
         computes (module function ``pending_bounds``)."""
-        return pending_bounds(len(self._order), now_s, self._ref_sum)
+        return pending_bounds(len(self._entry), now_s, self._ref_sum)
 
     def pending_sum_below(self, total_s: float, now_s: float) -> bool:
         """``total_s > sum(now − ref over the queue, in queue order)``, the float sum as a loop computes it."""
@@ -244,7 +262,7 @@ class WaitingQueue:
         if total_s < exact - margin:
             return False
         entry = self._entry
-        return total_s > sum(now_s - entry[rid][1] for _, rid in self._order)
+        return total_s > sum(now_s - entry[rid][1] for rid in self._ids_in_order())
 
     # -- density order ------------------------------------------------------------------------------
     def items(self, now_s: float, bound, expand: Callable[[RequestState, float], list[tuple]]) -> Iterator[tuple]:
