@@ -270,6 +270,7 @@ class AptServeScheduler(Scheduler):
         self._by_id: dict[int, RequestState] = {}
         self._prefill_cap = min(limits.C, limits.prefill_budget)
         self._too_big: list[RequestState] = []  # waiting requests whose prefill exceeds min(C, P)
+        self._largest_refill = 0  # the most tokens any arrived request's refill can have: max(I + O − 1)
         self._bucket_sizes: dict[int, tuple[int, int]] = {}  # prefill tokens -> (KV, hidden) memory
         self._running_with_slo: set[int] = set()  # running requests with a TTFT or TBT target
         self._running_ids: set[int] = set()
@@ -285,6 +286,7 @@ class AptServeScheduler(Scheduler):
             self._by_id[s.id] = s
             self.waiting.append(s)
             self._note_size(s)
+            self._largest_refill = max(self._largest_refill, s.req.peak_kv_tokens)
 
     def _prefill_sizes(self, tokens: int) -> tuple[int, int]:
         """The KV and hidden-form memory of a ``tokens``-token prefill, cached per size (`_DensityBound` reads the
@@ -599,8 +601,11 @@ class AptServeScheduler(Scheduler):
         """Running requests among ``rids`` whose refill after a preemption (prompt + generated tokens)
         would exceed ``min(C, P)``: preempted, they could never be prefilled again (no chunking). A lazily
         advanced decoder's ``generated`` lags its true count by as many tokens as its ``m`` lags
-        `cached_tokens`."""
+        `cached_tokens`. A running request has generated at most ``O − 1`` tokens, so when every arrived request's
+        ``I + O − 1`` fits ``min(C, P)`` nobody is read."""
         cap, by_id, m = self._prefill_cap, self._by_id, self.cached_tokens
+        if self._largest_refill <= cap:
+            return []
         return [s for s in (by_id[rid] for rid in rids) if s.req.prompt_tokens + s.generated + m(s) - s.m > cap]
 
     def _select_running_pinned(self, now_s: float, n: int) -> Selection:
