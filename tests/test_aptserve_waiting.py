@@ -206,3 +206,43 @@ def test_unordered_queue_reads_the_same_queue_order(ops, now):
     exact = sum(now - live[rid].req.arrival_s for rid in model)  # the float sum in queue order
     for total in (exact, np.nextafter(exact, np.inf), np.nextafter(exact, -np.inf), exact + 1.0):
         assert unordered.pending_sum_below(total, now) == ordered.pending_sum_below(total, now) == (total > exact)
+
+
+def _queue_state(q: WaitingQueue) -> tuple:
+    n = len(q._slot)
+    return (q._entry, q._buckets, q._slot, q._head_tokens[:n].tolist(), q._head_refs[:n].tolist(),
+            q._head_kv[:n].tolist(), q._head_hidden[:n].tolist(), q._head_demoted[:n].tolist(), q._slo_refs,
+            q._undemoted, q._ref_sum, q._front, q._back, list(q._order) if q._order is not None else None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "front", "remove"]), st.lists(st.integers(1, 5), min_size=1,
+                                                                                  max_size=8),
+                          st.integers(0, 12), st.sampled_from([None, 0.5, 3.0])), min_size=1, max_size=40),
+       st.booleans())
+def test_bulk_front_insert_equals_one_by_one(ops, ordered):
+    """`extendleft_in_order` (each size's bucket filed once) leaves exactly the state of `_add` called for each
+    request, last first, at the next front position: entries, buckets, slots in the same order, head arrays, the
+    SLO heaps and sums, and the order index."""
+    bulk, single = WaitingQueue(ordered=ordered), WaitingQueue(ordered=ordered)
+    live, next_id = [], 0
+    for op, sizes, when, slo in ops:
+        if op == "remove" and live:
+            rid = live.pop(when % len(live))
+            bulk.remove(rid)
+            single.remove(rid)
+        else:
+            states = [RequestState(Request(next_id + k, float(when + k % 2) / 4, tokens, 3, slo, slo))
+                      for k, tokens in enumerate(sizes)]
+            next_id += len(states)
+            if op == "front":
+                bulk.extendleft_in_order(states)
+                for s in reversed(states):
+                    single._front -= 1
+                    single._add(s, single._front)
+            else:
+                for s in states:
+                    bulk.append(s)
+                    single.append(s)
+            live += [s.id for s in states]
+        assert _queue_state(bulk) == _queue_state(single)

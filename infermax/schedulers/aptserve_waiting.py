@@ -131,10 +131,52 @@ class WaitingQueue:
         self._back += 1
 
     def extendleft_in_order(self, states: list[RequestState]) -> None:
-        """At the front, keeping the order of ``states`` (preempted requests)."""
+        """At the front, keeping the order of ``states`` (preempted requests): ``_add`` of each, last first, at
+        the next front position. One decode iteration of the hybrid variant preempts hundreds at once (azure-conv),
+        so this is ``_add`` inlined, with each size's bucket filed once: the same entries, slots (opened in the
+        same order), heads and heaps as the calls one by one (a test compares them)."""
+        entry, known, order, refs_by_slo, undemoted = self._entry, self._states, self._order, self._slo_refs, self._undemoted
+        last_ref, exact = self._last_fixed
+        groups: dict[int, list[tuple]] = {}
+        front, ref_sum = self._front, 0
         for s in reversed(states):
-            self._front -= 1
-            self._add(s, self._front)
+            front -= 1
+            rid, low, slo = s.id, s.input_tokens, slo_s(s)
+            ref = s.req.arrival_s if s.last_token_s is None else s.last_token_s  # ref_s
+            if ref != last_ref:
+                last_ref, exact = ref, fixed(ref)
+            known[rid] = s
+            entry[rid] = (front, ref, low, slo, low, exact)
+            if order is not None:
+                order.add((front, rid))
+            item = (ref, front, rid, low)
+            group = groups.get(low)
+            if group is None:
+                groups[low] = [item]
+            else:
+                group.append(item)
+            if slo is not None:
+                bisect.insort(refs_by_slo.setdefault(slo, []), ref)
+                heapq.heappush(undemoted.setdefault(slo, []), (ref, front, rid))
+            ref_sum += exact
+        self._front, self._last_fixed = front, (last_ref, exact)
+        self._ref_sum += ref_sum
+        for low, items in groups.items():
+            bucket = self._buckets.get(low)
+            if bucket is None:
+                items.sort()
+                self._buckets[low] = items
+                self._open_slot(low)
+                self._head_refs[self._slot[low]] = items[0][0]
+                continue
+            head = bucket[0]
+            if len(items) == 1:
+                bisect.insort(bucket, items[0])
+            else:
+                bucket.extend(items)
+                bucket.sort()
+            if bucket[0] is not head:
+                self._head_refs[self._slot[low]] = bucket[0][0]
 
     def _add(self, s: RequestState, pos: int) -> None:
         ref, slo, low = ref_s(s), slo_s(s), s.input_tokens
