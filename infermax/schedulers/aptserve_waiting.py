@@ -113,6 +113,8 @@ class WaitingQueue:
     def __iter__(self) -> Iterator[RequestState]:
         """Queue order."""
         states = self._states
+        if self._order is not None:  # (one generator, not two: the FCFS ablation reads it every batch)
+            return (states[rid] for _, rid in self._order)
         return (states[rid] for rid in self._ids_in_order())
 
     def _ids_in_order(self) -> Iterator[int]:
