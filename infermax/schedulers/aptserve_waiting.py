@@ -137,7 +137,8 @@ class WaitingQueue:
         the next front position. One decode iteration of the hybrid variant preempts hundreds at once (azure-conv),
         so this is ``_add`` inlined, with each size's bucket filed once: the same entries, slots (opened in the
         same order), heads and heaps as the calls one by one (a test compares them)."""
-        entry, known, order, refs_by_slo, undemoted = self._entry, self._states, self._order, self._slo_refs, self._undemoted
+        entry, known, order = self._entry, self._states, self._order
+        refs_by_slo, undemoted = self._slo_refs, self._undemoted
         last_ref, exact = self._last_fixed
         groups: dict[int, list[tuple]] = {}
         front, ref_sum = self._front, 0
