@@ -181,7 +181,8 @@ def test_density_bounds_agree_one_by_one_and_for_every_head(data, hybrid, demoti
 def test_unordered_queue_reads_the_same_queue_order(ops, now):
     """Without the order index (``ordered=False``, the greedy variants) the queue still iterates in queue order:
     arrivals at the back, each preempted group at the front in its own order; and the exact pending-time test,
-    which walks that order when the running totals cannot decide, answers as the indexed queue does."""
+    which walks that order when the running totals cannot decide, answers as the indexed queue does (at a time no
+    earlier than any arrival, as the scheduler asks it: its margin assumes every pending time ≥ 0)."""
     ordered, unordered = WaitingQueue(), WaitingQueue(ordered=False)
     model, live, next_id = [], {}, 0
     for op, tokens, when, group in ops:
@@ -203,6 +204,7 @@ def test_unordered_queue_reads_the_same_queue_order(ops, now):
         live.update((s.id, s) for s in states)
     assert [s.id for s in unordered] == [s.id for s in ordered] == model
     assert len(unordered) == len(ordered) == len(model)
+    now += max((s.req.arrival_s for s in live.values()), default=0.0)  # every request has arrived: now − ref ≥ 0
     exact = sum(now - live[rid].req.arrival_s for rid in model)  # the float sum in queue order
     for total in (exact, np.nextafter(exact, np.inf), np.nextafter(exact, -np.inf), exact + 1.0):
         assert unordered.pending_sum_below(total, now) == ordered.pending_sum_below(total, now) == (total > exact)
