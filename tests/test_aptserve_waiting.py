@@ -223,9 +223,9 @@ def _queue_state(q: WaitingQueue) -> tuple:
                           st.integers(0, 12), st.sampled_from([None, 0.5, 3.0])), min_size=1, max_size=40),
        st.booleans())
 def test_bulk_front_insert_equals_one_by_one(ops, ordered):
-    """`extendleft_in_order` (each size's bucket filed once) leaves exactly the state of `_add` called for each
-    request, last first, at the next front position: entries, buckets, slots in the same order, head arrays, the
-    SLO heaps and sums, and the order index."""
+    """`extendleft_in_order` of a group (each size's bucket filed once: extended and sorted) leaves exactly the state
+    of filing its requests one by one, last first, each at the next front position (one insort each): entries,
+    buckets, slots in the same order, head arrays, the SLO heaps and sums, and the order index."""
     bulk, single = WaitingQueue(ordered=ordered), WaitingQueue(ordered=ordered)
     live, next_id = [], 0
     for op, sizes, when, slo in ops:
@@ -240,8 +240,7 @@ def test_bulk_front_insert_equals_one_by_one(ops, ordered):
             if op == "front":
                 bulk.extendleft_in_order(states)
                 for s in reversed(states):
-                    single._front -= 1
-                    single._add(s, single._front)
+                    single.extendleft_in_order([s])
             else:
                 for s in states:
                     bulk.append(s)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class WaitingQueue:
         self._entry: dict[int, tuple] = {}  # id -> (pos, ref, bucket low, slo, tokens, fixed(ref))
         # (pos, id), kept only when ``ordered``: preempted requests join at the front of thousands
         self._order: SortedKeys | None = SortedKeys() if ordered else None
-        self._last_fixed: tuple[float, int] = (math.nan, 0)  # (ref, fixed(ref)) of the last `_add`
+        self._last_fixed: tuple[float, int] = (math.nan, 0)  # (ref, fixed(ref)) of the last request filed
         self._front = 0  # next front position is _front - 1
         self._back = 0
         self._buckets: dict[int, list[tuple[float, int, int, int]]] = {}  # tokens -> sorted (ref, pos, id, tokens)
@@ -129,30 +129,35 @@ class WaitingQueue:
 
     def append(self, s: RequestState) -> None:
         """At the back (an arrival)."""
-        self._add(s, self._back)
+        self._file((s,), self._back, 1)
         self._back += 1
 
     def extendleft_in_order(self, states: list[RequestState]) -> None:
-        """At the front, keeping the order of ``states`` (preempted requests): ``_add`` of each, last first, at
-        the next front position. One decode iteration of the hybrid variant preempts hundreds at once (azure-conv),
-        so this is ``_add`` inlined, with each size's bucket filed once: the same entries, slots (opened in the
-        same order), heads and heaps as the calls one by one (a test compares them)."""
+        """At the front, keeping the order of ``states`` (preempted requests): the last first, at the next front
+        position, and so on."""
+        self._file(reversed(states), self._front - 1, -1)
+        self._front -= len(states)
+
+    def _file(self, states: Iterable[RequestState], pos: int, step: int) -> None:
+        """Enter ``states`` at positions ``pos``, ``pos + step``, …: their entries, the order index (if kept), the
+        SLO refs and heaps (demoted at the next `items`) and Σ ref, each in that order; then each size's bucket once
+        (one decode iteration of the hybrid variant preempts hundreds at once on azure-conv), which leaves the
+        buckets, their slots (opened in the order of their sizes' first request) and heads as filing the requests
+        one by one would (a test compares them)."""
         entry, known, order = self._entry, self._states, self._order
         refs_by_slo, undemoted = self._slo_refs, self._undemoted
-        last_ref, exact = self._last_fixed
+        last_ref, exact = self._last_fixed  # the requests one batch preempts share their last token's time
         groups: dict[int, list[tuple]] = {}
-        front, ref_sum = self._front, 0
-        for s in reversed(states):
-            front -= 1
-            rid, low, slo = s.id, s.input_tokens, slo_s(s)
-            ref = s.req.arrival_s if s.last_token_s is None else s.last_token_s  # ref_s
+        ref_sum = 0
+        for s in states:
+            rid, low, slo, ref = s.id, s.input_tokens, slo_s(s), ref_s(s)
             if ref != last_ref:
                 last_ref, exact = ref, fixed(ref)
             known[rid] = s
-            entry[rid] = (front, ref, low, slo, low, exact)
+            entry[rid] = (pos, ref, low, slo, low, exact)
             if order is not None:
-                order.add((front, rid))
-            item = (ref, front, rid, low)
+                order.add((pos, rid))
+            item = (ref, pos, rid, low)
             group = groups.get(low)
             if group is None:
                 groups[low] = [item]
@@ -160,9 +165,10 @@ class WaitingQueue:
                 group.append(item)
             if slo is not None:
                 bisect.insort(refs_by_slo.setdefault(slo, []), ref)
-                heapq.heappush(undemoted.setdefault(slo, []), (ref, front, rid))
+                heapq.heappush(undemoted.setdefault(slo, []), (ref, pos, rid))
             ref_sum += exact
-        self._front, self._last_fixed = front, (last_ref, exact)
+            pos += step
+        self._last_fixed = (last_ref, exact)
         self._ref_sum += ref_sum
         for low, items in groups.items():
             bucket = self._buckets.get(low)
@@ -180,22 +186,6 @@ class WaitingQueue:
                 bucket.sort()
             if bucket[0] is not head:
                 self._head_refs[self._slot[low]] = bucket[0][0]
-
-    def _add(self, s: RequestState, pos: int) -> None:
-        ref, slo, low = ref_s(s), slo_s(s), s.input_tokens
-        self._states[s.id] = s
-        last_ref, exact = self._last_fixed  # the requests one batch preempts share their last token's time
-        if ref != last_ref:
-            exact = fixed(ref)
-            self._last_fixed = (ref, exact)
-        self._entry[s.id] = (pos, ref, low, slo, s.input_tokens, exact)
-        if self._order is not None:
-            self._order.add((pos, s.id))
-        self._bucket_add(low, (ref, pos, s.id, s.input_tokens))
-        if slo is not None:
-            bisect.insort(self._slo_refs.setdefault(slo, []), ref)
-            heapq.heappush(self._undemoted.setdefault(slo, []), (ref, pos, s.id))  # demoted at the next `items`
-        self._ref_sum += exact
 
     def remove(self, rid: int) -> RequestState:
         pos, ref, key, slo, tokens, exact = self._entry.pop(rid)
