@@ -130,3 +130,29 @@ def test_holder_order_stays_short_when_few_of_many_requests_hold_kv():
             orders.stop_holding(key[2])
         assert len(orders.held.get(0.2, ())) <= 2 * orders.holding.get(0.2, 0) + COMPACT_SLACK
     assert orders.check() is None and orders.holding.get(0.2, 0) == 0
+
+
+def test_check_names_each_broken_invariant():
+    """`RtOrders.check` (run by BROS's `check` option) finds each kind of corruption: a deque out of key order, a
+    request's key live twice or missing, a holder's key missing from the holders, and a wrong holder count."""
+    def filed() -> RtOrders:
+        orders = RtOrders()
+        orders.file([(0.2, (1.0, 0.0, 1), True), (0.2, (2.0, 0.0, 2), False), (0.4, (3.0, 0.0, 3), True)])
+        assert orders.check() is None
+        return orders
+
+    orders = filed()
+    orders.cand[0.2].reverse()
+    assert orders.check() == "an order is out of key order"
+    orders = filed()
+    orders.late[0.2] = bros_orders.deque([orders.key[1]])  # live in the late order as well as the candidates
+    assert orders.check() == "the candidates and late orders do not hold each RT request's key once"
+    orders = filed()
+    orders.cand[0.4].clear()
+    assert orders.check() == "the candidates and late orders do not hold each RT request's key once"
+    orders = filed()
+    orders.held[0.4].clear()
+    assert orders.check() == "the holder order does not hold each holder's key once"
+    orders = filed()
+    orders.holding[0.2] += 1
+    assert orders.check() == "the holder counts per target are wrong"

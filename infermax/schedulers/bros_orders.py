@@ -199,13 +199,9 @@ class RtOrders:
             for entries in by_target.values():
                 if list(entries) != sorted(entries):
                     return "an order is out of key order"
-        filed = self.live("cand") + self.live("late")
-        if sorted(filed) != sorted((self.target[rid], key) for rid, key in self.key.items()) or \
-                len({id(key) for _, key in filed}) != len(filed):
+        if not self._each_once(self.live("cand") + self.live("late"), self.key):
             return "the candidates and late orders do not hold each RT request's key once"
-        held = self.live("held")
-        if sorted(held) != sorted((self.target[rid], key) for rid, key in self.holder.items()) or \
-                len({id(key) for _, key in held}) != len(held):
+        if not self._each_once(self.live("held"), self.holder):
             return "the holder order does not hold each holder's key once"
         if any(self.key.get(rid) is not key for rid, key in self.holder.items()):
             return "a holder's key is not its request's key"
@@ -215,3 +211,9 @@ class RtOrders:
         if {t: n for t, n in self.holding.items() if n} != counts:
             return "the holder counts per target are wrong"
         return None
+
+    def _each_once(self, found: list[tuple[float, tuple]], keys: dict[int, tuple]) -> bool:
+        """Whether the live entries ``found`` are exactly ``keys`` (id → key) under their targets, each entry once
+        (as multisets: keys hold their request's id, so no two requests' keys are equal, and an entry found twice is
+        one too many)."""
+        return sorted(found) == sorted((self.target[rid], key) for rid, key in keys.items())
