@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,23 +229,19 @@ class LowerBounder:
         busy_and_progress = (self._busy_and_progress(arrays, solo) if not first_token_only and len(releases) > 1
                              else None)
         points = 0
+        floor = lower if queued is None else np.maximum(lower, queued)  # what the k-th completion has already
         for T in releases:
             if T != releases[0] and self._past_deadline("release times after the first"):
                 break
             before = int(np.searchsorted(sorted_arrivals, T, side="left"))  # n_T
             late = arrays if before == 0 else arrays.subset(order[before:])
             grid = _k_grid(n - before)
-            values = []
-            for m in grid:  # past the deadline the larger m keep the last value: busy(m') <= busy(m) for m' <= m
-                if values and self._past_deadline("rank grid points"):
-                    break
-                values.append(T + self.busy_s(late.smallest(m)))
-            values = np.array(values)
-            points += len(values)
-            # completion k >= before + m gets T + busy(m') for the largest computed grid m' <= k − before
-            ks = np.arange(before + 1, n + 1)
-            idx = np.minimum(np.searchsorted(np.asarray(grid), ks - before, side="right") - 1, len(values) - 1)
+            values, computed = self._release_grid_values(T, late, grid, floor[before:])
+            points += computed
+            # completion k >= before + m gets T + busy(m') for the largest grid m' <= k − before
+            idx = np.searchsorted(np.asarray(grid), np.arange(1, n - before + 1), side="right") - 1
             lower[before:] = np.maximum(lower[before:], values[idx])
+            floor[before:] = np.maximum(floor[before:], values[idx])
             if self.progress:
                 self.progress(int(T), n)
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
@@ -284,6 +281,42 @@ class LowerBounder:
             parts["crowded_service_sum_s"] = crowded - float(self.arrivals.sum())
             total = max(total, crowded)
         return total - float(self.arrivals.sum()), parts
+
+    def _release_grid_values(self, T: float, late: DemandArrays, grid: list[int], floor: np.ndarray
+                             ) -> tuple[np.ndarray, int]:
+        """``T + busy(m)`` (the busy time of the m least demanding of ``late``, the requests arriving at or after
+        ``T``) at each rank-grid point m of ``grid``, and how many LPs that took. Grid point i bounds the
+        completions of ranks grid[i] .. grid[i+1] − 1 among ``late`` (rank r: ``floor[r − 1]``, what those
+        completions are known to reach already: ascending).
+
+        Only the points that can raise a bound are solved. busy(m) does not decrease with m, so once the points i
+        and j are solved, every point between them is at most ``values[j]``, and if that is no more than ``floor``
+        over the ranks they bound, none of them raises any: they are not solved and take ``values[i]`` (at most
+        their own value, so still a bound, and changing nothing). Otherwise the midpoint is solved and both halves
+        are looked at, breadth first. So the result is that of solving every point, with the LPs of an online
+        instance under load, where the earlier bounds already exceed most of a late release's points, mostly
+        skipped (2,000 azure-conv requests: 3,471 LPs before). The first point is always solved; past the deadline
+        no other is, and each unsolved point takes the value of the nearest solved one before it (valid)."""
+        g = len(grid)
+        values = np.full(g, np.nan)
+        values[0] = T + self.busy_s(late.smallest(grid[0]))
+        computed = 1
+        if g > 1 and not self._past_deadline("rank grid points"):
+            values[-1] = T + self.busy_s(late.smallest(grid[-1]))
+            computed += 1
+            pending = deque([(0, g - 1)])
+            while pending:
+                i, j = pending.popleft()
+                if j - i < 2 or values[j] <= floor[grid[i + 1] - 1:grid[j] - 1].min():
+                    continue
+                if self._past_deadline("rank grid points"):
+                    break
+                mid = (i + j) // 2
+                values[mid] = T + self.busy_s(late.smallest(grid[mid]))
+                computed += 1
+                pending.extend(((i, mid), (mid, j)))
+        solved = np.flatnonzero(~np.isnan(values))
+        return values[solved[np.searchsorted(solved, np.arange(g), side="right") - 1]], computed
 
     def _busy_and_progress(self, arrays: DemandArrays, solo: np.ndarray) -> tuple[float | None, float | None]:
         """The mean-busy-times and work-in-progress bounds on Σ finish (the largest over the additive splits; None

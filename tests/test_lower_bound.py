@@ -8,7 +8,9 @@ cases where the bound is tight.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
+import numpy as np
 import pytest
 from conftest import AffineCost
 from hypothesis import HealthCheck, given, settings
@@ -555,3 +557,50 @@ def test_with_arrivals_work_in_progress_runs_before_the_release_grid(monkeypatch
     offline = [Request(i, 0.0, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
     LowerBounder(offline, Limits(C=64, M=400), COST).latency_sum_s()
     assert first("rank grid points") < first("work in progress")
+
+
+def _every_grid_point(self, T, late, grid, floor):
+    """The release grid as it was before the pruning: every point solved."""
+    return np.array([T + self.busy_s(late.smallest(m)) for m in grid]), len(grid)
+
+
+def _completion_bounds(reqs, limits, first_token_only):
+    bounder = LowerBounder(reqs, limits, COST)
+    bound = bounder.mean_ttft_s() if first_token_only else bounder.latency_sum_s()
+    return bound, bounder
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.booleans())
+def test_pruned_release_grid_gives_the_bound_of_the_whole_grid(case, first_token_only):
+    """The release grid solves only the points that can raise a completion's bound (`_release_grid_values`): the
+    bound, and the ingredients that read the per-rank bounds (grouped and pipelined completions), are those of
+    solving every point."""
+    reqs, limits = case
+    pruned, _ = _completion_bounds(reqs, limits, first_token_only)
+    with mock.patch.object(LowerBounder, "_release_grid_values", _every_grid_point):
+        whole, _ = _completion_bounds(reqs, limits, first_token_only)
+    assert pruned.value_s == pytest.approx(whole.value_s, rel=1e-9, abs=1e-12)
+    for part in ("grouped_sum_s", "pipelined_sum_s", "queued_sum_s"):
+        if part in whole.parts:
+            assert pruned.parts[part] == pytest.approx(whole.parts[part], rel=1e-9, abs=1e-12), part
+    assert pruned.parts["lp_grid_points"] <= whole.parts["lp_grid_points"]
+
+
+def test_pruned_release_grid_skips_points_under_load_and_keeps_those_that_raise_a_bound():
+    """Online and loaded, the earlier bounds already exceed most late releases' points: far fewer LPs, the same
+    per-rank bounds. A burst after a quiet start is where the grid itself raises completions: kept."""
+    loaded = [Request(i, 0.004 * i, 40 + 17 * (i % 5), 12 + 7 * (i % 3)) for i in range(60)]
+    burst = [Request(i, 0.0 if i < 4 else 5.0, 30 + 11 * (i % 3), 30) for i in range(40)]
+    for reqs in (loaded, burst):
+        limits = Limits(C=256, M=6000)
+        pruned, bounder = _completion_bounds(reqs, limits, False)
+        grid_raised = pruned.parts["order_statistic_sum_s"] > float(bounder._solo_s(False).sum()) * (1 + 1e-9)
+        with mock.patch.object(LowerBounder, "_release_grid_values", _every_grid_point):
+            whole, _ = _completion_bounds(reqs, limits, False)
+        assert pruned.value_s == pytest.approx(whole.value_s, rel=1e-9)
+        assert pruned.parts["grouped_sum_s"] == pytest.approx(whole.parts["grouped_sum_s"], rel=1e-9)
+        if reqs is loaded:
+            assert pruned.parts["lp_grid_points"] < whole.parts["lp_grid_points"] / 2
+        else:
+            assert grid_raised  # the burst's release grid matters, and its points were solved
