@@ -122,10 +122,32 @@ def phase_terms(first_s: float, costs, kv_tokens: np.ndarray, a0: float, kv_fact
                       costs.last_chunk if refills else None, share)
 
 
-def _at_ends(a0: float, v_low: float, v_cap: float, phi: np.ndarray, cost: np.ndarray, share: np.ndarray) -> np.ndarray:
-    """min over V ∈ {v_low, v_cap} of 2·√(a0·V·cost·φ) − a0·V·share: the least of the concave term on [v_low, v_cap]."""
-    root = np.sqrt(a0 * phi * cost)
-    return np.minimum(2 * np.sqrt(v_low) * root - a0 * v_low * share, 2 * np.sqrt(v_cap) * root - a0 * v_cap * share)
+class PhaseValues:
+    """`phase_values` of fixed phases at many (v_low, v_cap): the square roots √(a0·φ·cost) of each cost and, per
+    v_cap, the v_cap end of each concave term are computed once (`progress_tables` asks 25 v_low per v_cap). The
+    same float operations as computing each value afresh, so the same values."""
+
+    def __init__(self, a0: float, phi: np.ndarray, decode: np.ndarray, share: np.ndarray,
+                 refill: np.ndarray | None = None, last_chunk: np.ndarray | None = None):
+        self.a0, self.phi, self.share = a0, phi, share
+        costs = (decode,) if refill is None else (decode, last_chunk, refill)
+        self.roots = [np.sqrt(a0 * phi * cost) for cost in costs]
+        self.rest = None if refill is None else np.maximum(refill - last_chunk, 0.0)
+        self._cap_ends: tuple[float, list[np.ndarray]] | None = None
+
+    def _at_ends(self, v_low: float, v_cap: float, i: int) -> np.ndarray:
+        """min over V ∈ {v_low, v_cap} of 2·√(a0·V·cost·φ) − a0·V·share for cost i: the least of the concave term on
+        [v_low, v_cap]."""
+        if self._cap_ends is None or self._cap_ends[0] != v_cap:
+            self._cap_ends = (v_cap, [2 * np.sqrt(v_cap) * root - self.a0 * v_cap * self.share for root in self.roots])
+        return np.minimum(2 * np.sqrt(v_low) * self.roots[i] - self.a0 * v_low * self.share, self._cap_ends[1][i])
+
+    def at(self, v_low: float, v_cap: float) -> np.ndarray:
+        value = self._at_ends(v_low, v_cap, 0)
+        if self.rest is not None:
+            split = 2 * np.sqrt(self.a0 * v_low * self.phi * self.rest) + self._at_ends(v_low, v_cap, 1)
+            value = np.minimum(value, np.minimum(split, self._at_ends(v_low, v_cap, 2)))
+        return value
 
 
 def phase_values(a0: float, v_low: float, v_cap: float, phi: np.ndarray, decode: np.ndarray, share: np.ndarray,
@@ -136,13 +158,8 @@ def phase_values(a0: float, v_low: float, v_cap: float, phi: np.ndarray, decode:
     least ``refill`` over items of its request's span, all with φ >= φ_g; only the last one carries the KV share:
     the earlier chunks give at least 2·√(a0·v_low·φ·rest) (√ is subadditive), so with the last chunk costing c >=
     ``last_chunk`` the phase gives 2·√(a0·v_low·φ·(refill − c)) + the decode form of c, least at c = last_chunk or
-    c = refill (concave in c)."""
-    value = _at_ends(a0, v_low, v_cap, phi, decode, share)
-    if refill is not None:
-        rest = np.maximum(refill - last_chunk, 0.0)
-        split = 2 * np.sqrt(a0 * v_low * phi * rest) + _at_ends(a0, v_low, v_cap, phi, last_chunk, share)
-        value = np.minimum(value, np.minimum(split, _at_ends(a0, v_low, v_cap, phi, refill, share)))
-    return value
+    c = refill (concave in c). (`PhaseValues` computes it for many (v_low, v_cap).)"""
+    return PhaseValues(a0, phi, decode, share, refill, last_chunk).at(v_low, v_cap)
 
 
 class ProgressTables(NamedTuple):
@@ -198,18 +215,17 @@ def progress_tables(release_s: np.ndarray, lower_s: np.ndarray, terms: list[Phas
         break_even = np.where(share > 0, phi * decode / (a0 * share * share), np.nan)  # the V at which it peaks
     typical = float(np.nanmedian(break_even)) if np.isfinite(break_even).any() else float(v_low.max(initial=0.0))
     caps, classes, none = [], [], []
+    phases = PhaseValues(a0, phi, decode, share, refill, last_chunk)
     for factor in CAP_FACTORS:
         if past_deadline():
             break
         v_cap = factor * typical
         table = np.empty((len(terms), THRESHOLDS))
         for k, v in enumerate(np.minimum(v_low, v_cap)):
-            table[:, k] = np.bincount(owner, weights=phase_values(a0, v, v_cap, phi, decode, share, refill, last_chunk),
-                                      minlength=len(terms))
+            table[:, k] = np.bincount(owner, weights=phases.at(v, v_cap), minlength=len(terms))
         caps.append(v_cap)
         classes.append(table)
-        none.append(np.bincount(owner, weights=phase_values(a0, 0.0, v_cap, phi, decode, share, refill, last_chunk),
-                                minlength=len(terms)))
+        none.append(np.bincount(owner, weights=phases.at(0.0, v_cap), minlength=len(terms)))
     return ProgressTables(constant, price, (b, e), thresholds, v_low, in_main, floors, late, caps, classes, none)
 
 

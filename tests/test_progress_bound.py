@@ -18,7 +18,7 @@ from online_workloads import loaded_online
 from solvers.busy_time_bound import phase_marginals, spt_mean_busy_times
 from solvers.lower_bound import LowerBounder
 from solvers.objective import Objective
-from solvers.progress_bound import IdlePrice, phase_values, progress_tables, spt_pieces
+from solvers.progress_bound import IdlePrice, PhaseValues, phase_values, progress_tables, spt_pieces
 from solvers.search import search
 
 COST = load_cost_model()
@@ -300,3 +300,22 @@ def test_phase_values_below_every_realisation_of_a_phase(seed, refills):
             realised = 2 * np.sqrt(a0 * v_last * last * phi) - a0 * v_last * share + sum(
                 2 * np.sqrt(a0 * pick(v_low, v_cap) * p * phi * pick(1, 1.5)) for p in parts)
             assert got <= realised + 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**6), st.booleans())
+def test_phase_values_reused_over_many_ends_equal_fresh_ones(seed, refills):
+    """`PhaseValues` keeps the roots and the v_cap ends between calls (`progress_tables` asks many v_low per v_cap, and
+    the caps in turn): each answer equals `phase_values` computed afresh, also when v_cap changes and comes back."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    a0, phi, share, decode = rng.uniform(0.001, 0.01), rng.uniform(0, 1, n), rng.uniform(0, 0.2, n), rng.uniform(1e-5, 1e-3, n)
+    last_chunk = rng.uniform(1e-5, 2e-4, n) if refills else None
+    refill = last_chunk + rng.uniform(0, 2e-3, n) if refills else None
+    phases = PhaseValues(a0, phi, decode, share, refill, last_chunk)
+    caps = rng.uniform(1, 1000, 3)
+    for _ in range(20):
+        v_cap = float(caps[int(rng.integers(3))])
+        v_low = 0.0 if rng.random() < 0.3 else float(rng.uniform(0, v_cap))
+        expected = phase_values(a0, v_low, v_cap, phi, decode, share, refill, last_chunk)
+        assert np.array_equal(phases.at(v_low, v_cap), expected)
