@@ -30,7 +30,7 @@ from infermax.workload import load_trace, with_arrivals  # noqa: E402
 from solvers.lower_bound import LowerBounder  # noqa: E402
 
 
-def _every_grid_point(self, T, late, grid, floor):
+def _every_grid_point(self, T, late, grid, reached):
     return np.array([T + self.busy_s(late.smallest(m)) for m in grid]), len(grid)
 
 

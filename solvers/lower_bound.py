@@ -64,6 +64,12 @@ QUEUE_TIME_LIMIT_S = 10.0
 BOUND_SHARE_OF_TIME_LEFT = 0.5
 
 
+# The parts that report each whole-sum ingredient of the latency and TTFT bounds (Σ finish − Σ arrival).
+INGREDIENT_PARTS = {"grouped completions": "grouped_sum_s", "pipelined completions": "pipelined_sum_s",
+                    "pairwise completions": "pairwise_sum_s", "mean busy times": "mean_busy_sum_s",
+                    "work in progress": "work_in_progress_sum_s", "crowded service": "crowded_service_sum_s"}
+
+
 @dataclass
 class LowerBound:
     """A valid lower bound on an objective over every schedule (seconds), with its parts."""
@@ -191,8 +197,9 @@ class LowerBounder:
                 v = T - self.t0 + self.busy_s(DemandArrays.of(later, self.limits).total())
                 if v > best:
                     best, best_at = v, T
-        return LowerBound("makespan", float(best), {"busy_time_lb_s": whole, "suffix_from_s": float(best_at - self.t0)},
-                          time.perf_counter() - t)
+        set_by = "busy time" if best_at == self.t0 else f"busy time after the arrival at {best_at - self.t0:.4g} s"
+        return LowerBound("makespan", float(best), {"busy_time_lb_s": whole, "suffix_from_s": float(best_at - self.t0),
+                                                    "set_by": set_by}, time.perf_counter() - t)
 
     # ---- sum of latencies and mean TTFT --------------------------------------------------------
 
@@ -229,68 +236,64 @@ class LowerBounder:
         busy_and_progress = (self._busy_and_progress(arrays, solo) if not first_token_only and len(releases) > 1
                              else None)
         points = 0
-        floor = lower if queued is None else np.maximum(lower, queued)  # what the k-th completion has already
+        reached = lower if queued is None else np.maximum(lower, queued)  # what the k-th completion has already
         for T in releases:
             if T != releases[0] and self._past_deadline("release times after the first"):
                 break
             before = int(np.searchsorted(sorted_arrivals, T, side="left"))  # n_T
             late = arrays if before == 0 else arrays.subset(order[before:])
             grid = _k_grid(n - before)
-            values, computed = self._release_grid_values(T, late, grid, floor[before:])
+            values, computed = self._release_grid_values(T, late, grid, reached[before:])
             points += computed
             # completion k >= before + m gets T + busy(m') for the largest grid m' <= k − before
             idx = np.searchsorted(np.asarray(grid), np.arange(1, n - before + 1), side="right") - 1
             lower[before:] = np.maximum(lower[before:], values[idx])
-            floor[before:] = np.maximum(floor[before:], values[idx])
+            reached[before:] = np.maximum(reached[before:], values[idx])
             if self.progress:
                 self.progress(int(T), n)
+        arrival_sum = float(self.arrivals.sum())
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
-                 "order_statistic_sum_s": float(lower.sum()) - float(self.arrivals.sum())}
+                 "order_statistic_sum_s": float(lower.sum()) - arrival_sum}
+        per_rank = "order statistics"
         if queued is not None:
-            parts["queued_sum_s"] = float(queued.sum()) - float(self.arrivals.sum())
+            parts["queued_sum_s"] = float(queued.sum()) - arrival_sum
             lower = np.maximum(lower, queued)
-        total = float(lower.sum())
+            per_rank = "order statistics and queued completions"
+        # each ingredient's bound on Σ finish (None: not run), under its name in docs/design.md
+        finish_sums = {per_rank: float(lower.sum())}
         splits = [] if self._past_deadline("grouped, pipelined and pairwise completions") else self._additive_splits()
-        grouped = _largest(self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits
-                           if not self._past_deadline("grouped completions"))
-        if grouped is not None:
-            parts["grouped_sum_s"] = grouped - float(self.arrivals.sum())
-            total = max(total, grouped)
+        finish_sums["grouped completions"] = _largest(
+            self._grouped_completion_sum(arrays, lower, first_token_only, sp) for sp in splits
+            if not self._past_deadline("grouped completions"))
         if not first_token_only and splits:
-            pipelined = _largest(self._pipelined_completion_sum(arrays, lower, sp) for sp in splits
-                                 if not self._past_deadline("pipelined completions"))
-            if pipelined is not None:
-                parts["pipelined_sum_s"] = pipelined - float(self.arrivals.sum())
-                total = max(total, pipelined)
-            pairwise = _largest(self._pairwise_completion_sum(arrays, sp, self.pairwise_budget_s / len(splits))
-                                for sp in splits if not self._past_deadline("pairwise completions"))
-            if pairwise is not None:
-                parts["pairwise_sum_s"] = pairwise - float(self.arrivals.sum())
-                total = max(total, pairwise)
+            finish_sums["pipelined completions"] = _largest(
+                self._pipelined_completion_sum(arrays, lower, sp) for sp in splits
+                if not self._past_deadline("pipelined completions"))
+            finish_sums["pairwise completions"] = _largest(
+                self._pairwise_completion_sum(arrays, sp, self.pairwise_budget_s / len(splits)) for sp in splits
+                if not self._past_deadline("pairwise completions"))
         if not first_token_only:
             if busy_and_progress is None:  # offline: after the grid, unless its deadline cut the split-based bounds
                 busy_and_progress = self._busy_and_progress(arrays, solo) if splits else (None, None)
-            busy, progress = busy_and_progress
-            if busy is not None:
-                parts["mean_busy_sum_s"] = busy - float(self.arrivals.sum())
-                total = max(total, busy)
-            if progress is not None:
-                parts["work_in_progress_sum_s"] = progress - float(self.arrivals.sum())
-                total = max(total, progress)
-        if crowded is not None:
-            parts["crowded_service_sum_s"] = crowded - float(self.arrivals.sum())
-            total = max(total, crowded)
-        return total - float(self.arrivals.sum()), parts
+            finish_sums["mean busy times"], finish_sums["work in progress"] = busy_and_progress
+        finish_sums["crowded service"] = crowded
+        found = {name: value for name, value in finish_sums.items() if value is not None}
+        for name, value in found.items():
+            if name in INGREDIENT_PARTS:
+                parts[INGREDIENT_PARTS[name]] = value - arrival_sum
+        set_by = max(found, key=found.get)  # (the first of equal ones)
+        parts["set_by"] = set_by
+        return found[set_by] - arrival_sum, parts
 
-    def _release_grid_values(self, T: float, late: DemandArrays, grid: list[int], floor: np.ndarray
+    def _release_grid_values(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray
                              ) -> tuple[np.ndarray, int]:
         """``T + busy(m)`` (the busy time of the m least demanding of ``late``, the requests arriving at or after
         ``T``) at each rank-grid point m of ``grid``, and how many LPs that took. Grid point i bounds the
-        completions of ranks grid[i] .. grid[i+1] − 1 among ``late`` (rank r: ``floor[r − 1]``, what those
+        completions of ranks grid[i] .. grid[i+1] − 1 among ``late`` (rank r: ``reached[r − 1]``, what those
         completions are known to reach already: ascending).
 
         Only the points that can raise a bound are solved. busy(m) does not decrease with m, so once the points i
-        and j are solved, every point between them is at most ``values[j]``, and if that is no more than ``floor``
+        and j are solved, every point between them is at most ``values[j]``, and if that is no more than ``reached``
         over the ranks they bound, none of them raises any: they are not solved and take ``values[i]`` (at most
         their own value, so still a bound, and changing nothing). Otherwise the midpoint is solved and both halves
         are looked at, breadth first. So the result is that of solving every point, with the LPs of an online
@@ -307,7 +310,7 @@ class LowerBounder:
             pending = deque([(0, g - 1)])
             while pending:
                 i, j = pending.popleft()
-                if j - i < 2 or values[j] <= floor[grid[i + 1] - 1:grid[j] - 1].min():
+                if j - i < 2 or values[j] <= reached[grid[i + 1] - 1:grid[j] - 1].min():
                     continue
                 if self._past_deadline("rank grid points"):
                     break
@@ -685,6 +688,7 @@ class LowerBounder:
             lb = {"makespan": self.makespan_s, "latency": self.latency_sum_s, "ttft": self.mean_ttft_s}[name]()
             total += w * lb.value_s
             parts[f"{name}_lower_bound_s"] = lb.value_s
+            parts[f"{name}_set_by"] = lb.parts["set_by"]
         if self.cut_by_deadline:
             parts["cut_by_deadline"] = sorted(set(self.cut_by_deadline))
         return LowerBound(str(objective), total, parts, time.perf_counter() - t)
@@ -712,8 +716,10 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
         lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
                           queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline).of(objective)
         cut = lb.parts.get("cut_by_deadline")
-        return lb.value_s, f"aggregate LP bound ({lb.elapsed_s:.1f} s" + (f"; skipped for time: {', '.join(cut)})"
-                                                                           if cut else ")")
+        set_by = [(name[:-len("_set_by")], how) for name, how in lb.parts.items() if name.endswith("_set_by")]
+        by = set_by[0][1] if len(set_by) == 1 else "; ".join(f"{name}: {how}" for name, how in set_by)
+        return lb.value_s, (f"aggregate LP bound, set by {by} ({lb.elapsed_s:.1f} s"
+                            + (f"; skipped for time: {', '.join(cut)})" if cut else ")"))
     except BoundUnavailable as exc:
         return 0.0, f"no aggregate bound: {exc}"
     except RuntimeError as exc:  # HiGHS failing on an LP's numerics (seen at O = 10^8): the trivial bound stands

@@ -559,7 +559,7 @@ def test_with_arrivals_work_in_progress_runs_before_the_release_grid(monkeypatch
     assert first("rank grid points") < first("work in progress")
 
 
-def _every_grid_point(self, T, late, grid, floor):
+def _every_grid_point(self, T, late, grid, reached):
     """The release grid as it was before the pruning: every point solved."""
     return np.array([T + self.busy_s(late.smallest(m)) for m in grid]), len(grid)
 
@@ -604,3 +604,30 @@ def test_pruned_release_grid_skips_points_under_load_and_keeps_those_that_raise_
             assert pruned.parts["lp_grid_points"] < whole.parts["lp_grid_points"] / 2
         else:
             assert grid_raised  # the burst's release grid matters, and its points were solved
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_the_bound_names_the_ingredient_that_set_it(case):
+    """``set_by`` names the ingredient whose value the bound is: a whole-sum ingredient's part equals the bound and no
+    part exceeds it; the per-rank completions (order statistics, queued) when none of the whole sums reaches it. The
+    makespan's names the arrival its busy time counts from. `lower_bound_or_zero`'s method string carries it."""
+    from solvers.lower_bound import INGREDIENT_PARTS, lower_bound_or_zero
+
+    reqs, limits = case
+    bounder = LowerBounder(reqs, limits, COST)
+    for bound in (bounder.latency_sum_s(), bounder.mean_ttft_s()):
+        total = bound.value_s * (len(reqs) if bound.objective == "ttft" else 1)
+        sums = {name: bound.parts[key] for name, key in INGREDIENT_PARTS.items() if key in bound.parts}
+        per_rank = max(bound.parts["order_statistic_sum_s"], bound.parts.get("queued_sum_s", -math.inf))
+        assert all(value <= total * (1 + 1e-12) + 1e-12 for value in (*sums.values(), per_rank))
+        if bound.parts["set_by"] in sums:
+            assert sums[bound.parts["set_by"]] == pytest.approx(total, rel=1e-12)
+        else:  # (the per-rank bounds come first: a whole sum equal to them does not take the name)
+            assert bound.parts["set_by"] in ("order statistics", "order statistics and queued completions")
+            assert all(value <= total * (1 + 1e-12) for value in sums.values())
+    makespan = bounder.makespan_s()
+    assert (makespan.parts["set_by"] == "busy time") == (makespan.parts["suffix_from_s"] == 0)
+    _, how = lower_bound_or_zero(reqs, limits, COST, Objective(latency=1, ttft=1))
+    latency_by, ttft_by = bounder.latency_sum_s().parts["set_by"], bounder.mean_ttft_s().parts["set_by"]
+    assert f"set by latency: {latency_by}; ttft: {ttft_by} (" in how
