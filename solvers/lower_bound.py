@@ -298,8 +298,8 @@ class LowerBounder:
         their own value, so still a bound, and changing nothing). Otherwise the midpoint is solved and both halves
         are looked at, breadth first. So the result is that of solving every point, with the LPs of an online
         instance under load, where the earlier bounds already exceed most of a late release's points, mostly
-        skipped (2,000 azure-conv requests: 213 LPs instead of 3,471). The first point is always solved; past the deadline
-        no other is, and each unsolved point takes the value of the nearest solved one before it (valid)."""
+        skipped (2,000 azure-conv requests: 213 LPs instead of 3,471). The first point is always solved; past the
+        deadline no other is, and each unsolved point takes the value of the nearest solved one before it (valid)."""
         g = len(grid)
         values = np.full(g, np.nan)
         values[0] = T + self.busy_s(late.smallest(grid[0]))

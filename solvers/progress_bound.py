@@ -136,8 +136,8 @@ class PhaseValues:
         self._cap_ends: tuple[float, list[np.ndarray]] | None = None
 
     def _at_ends(self, v_low: float, v_cap: float, i: int) -> np.ndarray:
-        """min over V ∈ {v_low, v_cap} of 2·√(a0·V·cost·φ) − a0·V·share for cost i: the least of the concave term on
-        [v_low, v_cap]."""
+        """min over V ∈ {v_low, v_cap} of 2·√(a0·V·cost·φ) − a0·V·share for cost i: the least of the concave term
+        on [v_low, v_cap]."""
         if self._cap_ends is None or self._cap_ends[0] != v_cap:
             self._cap_ends = (v_cap, [2 * np.sqrt(v_cap) * root - self.a0 * v_cap * self.share for root in self.roots])
         return np.minimum(2 * np.sqrt(v_low) * self.roots[i] - self.a0 * v_low * self.share, self._cap_ends[1][i])

@@ -309,7 +309,8 @@ def test_phase_values_reused_over_many_ends_equal_fresh_ones(seed, refills):
     the caps in turn): each answer equals `phase_values` computed afresh, also when v_cap changes and comes back."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
-    a0, phi, share, decode = rng.uniform(0.001, 0.01), rng.uniform(0, 1, n), rng.uniform(0, 0.2, n), rng.uniform(1e-5, 1e-3, n)
+    a0, phi, share = rng.uniform(0.001, 0.01), rng.uniform(0, 1, n), rng.uniform(0, 0.2, n)
+    decode = rng.uniform(1e-5, 1e-3, n)
     last_chunk = rng.uniform(1e-5, 2e-4, n) if refills else None
     refill = last_chunk + rng.uniform(0, 2e-3, n) if refills else None
     phases = PhaseValues(a0, phi, decode, share, refill, last_chunk)
