@@ -244,37 +244,9 @@ def progress_sum(release_s: np.ndarray, lower_s: np.ndarray, terms: list[PhaseTe
     best = None
     for table, none in zip(tables.classes, tables.none):
         crowd, none = table[which[main]], none[which]
-
-        def value(i: int) -> float:
-            theta = THETAS[i]
+        for theta in THETAS:
             options = theta * none + (1 - theta) * late
             options[main] = np.minimum(options[main], (theta * crowd + (1 - theta) * floors[main]).min(axis=1))
-            return theta * tables.constant + float(options @ count)
-
-        top = concave_grid_max(value, len(THETAS))
-        best = top if best is None else max(best, top)
+            value = theta * tables.constant + float(options @ count)
+            best = value if best is None else max(best, value)
     return best
-
-
-def concave_grid_max(value: Callable[[int], float], n: int) -> float:
-    """The largest of ``value(0), …, value(n − 1)`` for a concave sequence, by bisection on its slope: about
-    2·log2(n) evaluations instead of n. `progress_sum`'s value is concave in θ (θ·constant plus, per request, the
-    least of functions affine in θ), so on its grid of θ the first i with value(i) >= value(i + 1) is a maximum.
-    Every θ gives a valid bound, so rounding that bent the sequence would only return a value of the grid a
-    little below its maximum, never an invalid one; the largest value evaluated is returned."""
-    seen: dict[int, float] = {}
-
-    def at(i: int) -> float:
-        if i not in seen:
-            seen[i] = value(i)
-        return seen[i]
-
-    lo, hi = 0, n - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if at(mid) < at(mid + 1):
-            lo = mid + 1
-        else:
-            hi = mid
-    at(lo)
-    return max(seen.values())

@@ -4,8 +4,6 @@ and the whole ingredient against simulated schedules and the search, including a
 
 from __future__ import annotations
 
-from unittest import mock
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,9 +18,7 @@ from online_workloads import loaded_online
 from solvers.busy_time_bound import phase_marginals, spt_mean_busy_times
 from solvers.lower_bound import LowerBounder
 from solvers.objective import Objective
-import solvers.progress_bound as progress_bound
-from solvers.progress_bound import (IdlePrice, PhaseValues, concave_grid_max, phase_values, progress_tables,
-                                     spt_pieces)
+from solvers.progress_bound import IdlePrice, PhaseValues, phase_values, progress_tables, spt_pieces
 from solvers.search import search
 
 COST = load_cost_model()
@@ -324,36 +320,3 @@ def test_phase_values_reused_over_many_ends_equal_fresh_ones(seed, refills):
         v_low = 0.0 if rng.random() < 0.3 else float(rng.uniform(0, v_cap))
         expected = phase_values(a0, v_low, v_cap, phi, decode, share, refill, last_chunk)
         assert np.array_equal(phases.at(v_low, v_cap), expected)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 10**6), st.integers(1, 120))
-def test_concave_grid_max_finds_the_largest_of_a_concave_sequence(seed, n):
-    """`concave_grid_max` on sequences built as `progress_sum`'s value is (a linear term plus sums of minima of affine
-    functions, here on exact dyadic grid points, so rounding cannot bend them): the largest value, with fewer
-    evaluations than the sequence is long once it is long."""
-    rng = np.random.default_rng(seed)
-    x = np.arange(n) / 128.0
-    lines = rng.integers(-64, 64, (int(rng.integers(1, 6)), int(rng.integers(1, 5)), 2))  # (rows, options, a/b)
-    values = [float(c) for c in (x * int(rng.integers(-64, 64))
-                                 + sum((row[:, :1] * x + row[:, 1:]).min(axis=0) for row in lines))]
-    calls = []
-    got = concave_grid_max(lambda i: calls.append(i) or values[i], n)
-    assert got == max(values)
-    assert len(set(calls)) <= max(n, 2 * int(np.ceil(np.log2(n))) + 2)
-
-
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(LOADED)
-def test_work_in_progress_with_the_bisection_over_theta_equals_the_whole_theta_grid(case):
-    """`progress_sum` takes its largest value over θ by bisection (`concave_grid_max`): the same as every θ."""
-    reqs, limits = case
-    bounder = LowerBounder(reqs, limits, COST)
-    lower = bounder.arrivals + bounder._solo_s(False)
-    for split in bounder._additive_splits():
-        bisected = bounder._work_in_progress_sum(bounder.full, split, lower)
-        with mock.patch.object(progress_bound, "concave_grid_max", lambda value, n: max(value(i) for i in range(n))):
-            whole = bounder._work_in_progress_sum(bounder.full, split, lower)
-        assert (bisected is None) == (whole is None)
-        if whole is not None:
-            assert bisected == pytest.approx(whole, rel=1e-12, abs=1e-12)
