@@ -301,12 +301,14 @@ class LowerBounder:
         skipped (2,000 azure-conv requests: 213 LPs instead of 3,471). The first point is always solved; past the
         deadline no other is, and each unsolved point takes the value of the nearest solved one before it (valid)."""
         g = len(grid)
-        values = np.full(g, np.nan)
-        values[0] = T + self.busy_s(late.smallest(grid[0]))
-        computed = 1
+        values, solved = np.zeros(g), np.zeros(g, dtype=bool)
+
+        def solve(i: int) -> None:
+            values[i], solved[i] = T + self.busy_s(late.smallest(grid[i])), True
+
+        solve(0)
         if g > 1 and not self._past_deadline("rank grid points"):
-            values[-1] = T + self.busy_s(late.smallest(grid[-1]))
-            computed += 1
+            solve(g - 1)
             pending = deque([(0, g - 1)])
             while pending:
                 i, j = pending.popleft()
@@ -315,11 +317,10 @@ class LowerBounder:
                 if self._past_deadline("rank grid points"):
                     break
                 mid = (i + j) // 2
-                values[mid] = T + self.busy_s(late.smallest(grid[mid]))
-                computed += 1
+                solve(mid)
                 pending.extend(((i, mid), (mid, j)))
-        solved = np.flatnonzero(~np.isnan(values))
-        return values[solved[np.searchsorted(solved, np.arange(g), side="right") - 1]], computed
+        at = np.flatnonzero(solved)  # starts with 0
+        return values[at[np.searchsorted(at, np.arange(g), side="right") - 1]], len(at)
 
     def _busy_and_progress(self, arrays: DemandArrays, solo: np.ndarray) -> tuple[float | None, float | None]:
         """The mean-busy-times and work-in-progress bounds on Σ finish (the largest over the additive splits; None
