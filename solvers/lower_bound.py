@@ -247,8 +247,10 @@ class LowerBounder:
             points += computed
             # completion k >= before + m gets T + busy(m') for the largest grid m' <= k − before
             idx = np.searchsorted(np.asarray(grid), np.arange(1, n - before + 1), side="right") - 1
-            lower[before:] = np.maximum(lower[before:], values[idx])
-            reached[before:] = np.maximum(reached[before:], values[idx])
+            raised = values[idx]
+            lower[before:] = np.maximum(lower[before:], raised)
+            if reached is not lower:
+                reached[before:] = np.maximum(reached[before:], raised)
             if self.progress:
                 self.progress(int(T), n)
         arrival_sum = float(self.arrivals.sum())
