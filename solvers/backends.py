@@ -4,14 +4,16 @@ when licensed). Each reports status, incumbent, best bound and gap, streams prog
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -82,15 +84,130 @@ class SolveOptions:
     on_progress: Callable[[Progress], None] | None = None
     stop_if_incumbent_below: float | None = None  # model units: stop once an incumbent reaches it
     stop_if_bound_above: float | None = None  # model units: stop once the bound proves it unreachable
+    stop_after_s: float | None = None  # wall seconds after which the solver's process is stopped (`solve`)
 
 
 def solve(prob: pulp.LpProblem, options: SolveOptions, warm: bool = False) -> SolveOutcome:
     """Solve ``prob`` in place (variables hold the incumbent). ``warm``: use the variables' current values
-    as a MIP start."""
+    as a MIP start.
+
+    With a time limit, HiGHS and CBC run in a forked process that is stopped once ``options.stop_after_s`` have
+    passed (default: the time limit plus `stop_grace_s`), because neither always honours its own limit: HiGHS
+    1.16 spent 22 minutes past a 300 s limit in its root node's mod-k cut separation, which does not look at the
+    clock (`benchmarks/solver_scaling.py`, B = 32), and CBC returned after 468 s. A stopped solve keeps the best
+    bound it reported and the warm start (`_solve_in_child`). Gurobi, which keeps its limits, solves in this
+    process, as does every backend where a fork is not possible or not safe (`_can_fork`)."""
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown solver {options.backend!r}; choose one of {', '.join(BACKENDS)}")
+    run = {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[options.backend]
+    if options.time_limit_s is not None and options.backend != "gurobi" and _can_fork():
+        return _solve_in_child(run, prob, options, warm)
     with quiet_stdout(not options.verbose):
-        return {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[options.backend](prob, options, warm)
+        return run(prob, options, warm)
+
+
+def _can_fork() -> bool:
+    """Whether the solver may run in a forked process: ``fork`` exists and is safe here (not on macOS, where
+    Python calls it unsafe), and this process may start one (a daemonic process, a ``Pool``'s worker, may not)."""
+    return ("fork" in mp.get_all_start_methods() and sys.platform != "darwin"
+            and not mp.current_process().daemon)
+
+
+def stop_grace_s(time_limit_s: float) -> float:
+    """How long a solver may run past its own time limit before its process is stopped: 5 s, or 5% of a long
+    limit (a solver that stops at its limit returns within a second or two: the values are read back)."""
+    return max(5.0, 0.05 * time_limit_s)
+
+
+def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool) -> SolveOutcome:
+    """``run(prob, options, warm)`` in a forked process (it inherits the model and the warm start as they are),
+    stopped with its whole process group (CBC runs as a grandchild) once ``stop_after_s`` have passed. Progress
+    samples come back as they are made and reach ``options.on_progress`` here; the variables' values come back
+    with the outcome. A stopped solve returns status ``time_limit`` with the best bound among the samples
+    received and, as its incumbent, the warm start when there is one (the variables here still hold it; a better
+    incumbent the solver found is lost with its values), and says so in ``notes``. The backend's own errors are
+    raised again here; a process that ends without an answer (killed for memory, say) raises `SolverFailed`."""
+    ctx = mp.get_context("fork")
+    variables = prob.variables()
+    stop_after_s = options.stop_after_s
+    if stop_after_s is None:
+        stop_after_s = options.time_limit_s + stop_grace_s(options.time_limit_s)
+    _stop_highs_threads()
+    receive, send = ctx.Pipe(duplex=False)
+    started = time.perf_counter()
+    child = ctx.Process(target=_child_solve, args=(run, prob, variables, options, warm, send), daemon=True)
+    child.start()
+    send.close()
+    trace: list[Progress] = []
+    try:
+        while True:
+            left = stop_after_s - (time.perf_counter() - started)
+            if left <= 0 or not receive.poll(left):
+                wall = time.perf_counter() - started
+                bound = max((p.bound for p in trace), default=-math.inf)
+                kept = "the best bound it reported" + (" and the warm start as its incumbent" if warm else "")
+                incumbent = prob.objective.value() if warm else math.inf  # (the variables still hold the start)
+                return SolveOutcome(options.backend, "time_limit", warm, incumbent, bound, wall, trace, notes=[
+                    f"{options.backend} had not returned {wall:.0f} s after it started (time limit "
+                    f"{options.time_limit_s:.0f} s); its process was stopped, keeping {kept}"])
+            try:
+                message = receive.recv()
+            except EOFError:
+                child.join(1.0)
+                raise SolverFailed(f"the {options.backend} process ended without an answer (exit code "
+                                   f"{child.exitcode}; a negative code is the signal that stopped it, e.g. -9 when "
+                                   f"the system ran out of memory)") from None
+            kind, payload = message
+            if kind == "progress":
+                trace.append(payload)
+                if options.on_progress:
+                    options.on_progress(payload)
+            elif kind == "done":
+                outcome, values = payload
+                for v, value in zip(variables, values):
+                    v.varValue = value
+                return outcome
+            else:
+                raise payload
+    finally:
+        receive.close()
+        if child.is_alive():
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except OSError:  # not yet in its own group
+                child.kill()
+        child.join()
+
+
+def _stop_highs_threads() -> None:
+    """Shut down HiGHS's worker threads (its bound LPs started them) before a fork: the forked process inherits
+    the pool's state but not its threads, and its first HiGHS solve then waits for them forever (seen on the
+    second solve of `tests/test_solver_process.py`). HiGHS starts a new pool on its next solve."""
+    if "highspy" in sys.modules:
+        sys.modules["highspy"].Highs.resetGlobalScheduler(True)
+
+
+def _child_solve(run, prob, variables, options: SolveOptions, warm: bool, send) -> None:
+    """The forked solver process of `_solve_in_child`: its own process group, progress and the result sent
+    back through ``send``; an error is sent as one of ours (its type kept for `SolverUnavailable`,
+    `SolverFailed` and ``ValueError``, which callers tell apart)."""
+    os.setpgid(0, 0)
+    lock = threading.Lock()  # (CBC's progress comes from a thread that follows its log)
+
+    def report(sample: Progress) -> None:
+        with lock:
+            send.send(("progress", sample))
+
+    try:
+        with quiet_stdout(not options.verbose):
+            outcome = run(prob, replace(options, on_progress=report), warm)
+        send.send(("done", (outcome, [v.varValue for v in variables])))
+    except BaseException as exc:  # noqa: BLE001  (anything the backend raises goes back to the caller)
+        if not isinstance(exc, (SolverUnavailable, SolverFailed, ValueError)):
+            exc = SolverFailed(f"{options.backend} failed: {type(exc).__name__}: {exc}")
+        send.send(("error", exc))
+    finally:
+        send.close()
 
 
 @contextmanager

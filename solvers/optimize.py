@@ -111,7 +111,8 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
     the solve time, never the optimum). ``deadline``: the command's; the solver then gets what is left of it
     after the model is built, less twice the build time (the hand-over to the solver and the final LP that
     polishes the solution take about as long as the build; measured on B = 8 mixes: 34 s over a 300 s limit
-    before)."""
+    before), and its process is stopped halfway through that reserve if it has not returned (HiGHS can overrun
+    its limit: `backends.solve`)."""
     options = options or SolveOptions()
     refuse_prefix_caching(limits)
     check_fits(requests, limits)
@@ -136,9 +137,11 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
             warm_info.update(accepted=warm, model_objective_s=form.objective_s(), violations=bad[:10])
             if bad:
                 warm_info["reason"] = "breaks " + "; ".join(bad[:3])
-    if deadline is not None:
+    if deadline is not None:  # the solver's process is stopped halfway through the reserve (`solve`)
         reserve_s = 2 * (time.perf_counter() - built_from)
-        options = replace(options, time_limit_s=max(deadline.left() - reserve_s, 1.0))
+        time_limit_s = max(deadline.left() - reserve_s, 1.0)
+        options = replace(options, time_limit_s=time_limit_s,
+                          stop_after_s=max(deadline.left() - reserve_s / 2, time_limit_s + 2.0))
     outcome = solve(form.prob, options, warm=warm)
     base = dict(objective=objective, slots=K, slot_bound=sb, solve=outcome, warm_start=warm_info, size=form.size(),
                 policies=policies)

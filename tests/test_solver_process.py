@@ -1,0 +1,128 @@
+"""The MILP backends' forked solver process (`solvers.backends.solve`): a solver that overruns its time limit is
+stopped with its process group, its progress and errors come back, and a normal solve gives what an in-process
+solve gives."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import subprocess
+import time
+
+import pulp
+import pytest
+
+from solvers import backends
+from solvers.backends import Progress, SolveOptions, SolveOutcome, SolverFailed, SolverUnavailable, solve
+
+pytestmark = pytest.mark.skipif(not backends._can_fork(), reason="solvers run in-process on this platform")
+
+
+def _knapsack() -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+    prob = pulp.LpProblem("knapsack", pulp.LpMaximize)
+    xs = [pulp.LpVariable(f"x{i}", cat=pulp.LpBinary) for i in range(12)]
+    weights = [7, 3, 9, 4, 6, 5, 8, 2, 7, 3, 6, 4]
+    prob += pulp.lpSum((w + i % 3) * x for i, (w, x) in enumerate(zip(weights, xs)))
+    prob += pulp.lpSum(w * x for w, x in zip(weights, xs)) <= 23
+    return prob, xs
+
+
+def test_a_solve_in_its_process_gives_the_in_process_result():
+    prob, xs = _knapsack()
+    here = solve(prob, SolveOptions())  # no time limit: solved in this process
+    values_here = [x.varValue for x in xs]
+    for x in xs:
+        x.varValue = None
+    there = solve(prob, SolveOptions(time_limit_s=10))
+    assert (there.status, there.has_solution, there.incumbent, there.bound) == \
+        (here.status, here.has_solution, here.incumbent, here.bound) == ("optimal", True, here.incumbent, here.incumbent)
+    assert [x.varValue for x in xs] == values_here
+    assert sum(values_here) > 0
+    assert not mp.active_children()
+
+
+def _hanging(progress_bound: float, pid_file: str | None = None):
+    def run(prob, options, warm):
+        options.on_progress(Progress(0.1, 10.0, progress_bound - 1.0))
+        options.on_progress(Progress(0.2, 10.0, progress_bound))
+        if pid_file:  # a grandchild, as PuLP's CBC binary is
+            proc = subprocess.Popen(["sleep", "60"])
+            with open(pid_file, "w") as f:
+                f.write(str(proc.pid))
+        time.sleep(60)
+        return SolveOutcome("highs", "optimal", True, 1.0, 1.0, 60.0)  # what a solve not stopped would report
+    return run
+
+
+def test_a_solver_past_its_limit_is_stopped_with_its_bound_and_progress(monkeypatch):
+    monkeypatch.setattr(backends, "_solve_highs", _hanging(7.5))
+    seen = []
+    prob, _ = _knapsack()
+    out = solve(prob, SolveOptions(time_limit_s=0.2, stop_after_s=1.5, on_progress=seen.append))
+    assert (out.status, out.has_solution, out.incumbent, out.bound) == ("time_limit", False, math.inf, 7.5)
+    assert [p.bound for p in seen] == [6.5, 7.5] == [p.bound for p in out.progress]
+    assert "its process was stopped" in out.notes[0]
+    assert not mp.active_children()
+
+
+def test_a_stopped_solve_keeps_the_warm_start(monkeypatch):
+    monkeypatch.setattr(backends, "_solve_highs", _hanging(2.0))
+    prob, xs = _knapsack()
+    start = [1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0]  # weight 16 of 23
+    for x, value in zip(xs, start):
+        x.varValue = value
+    out = solve(prob, SolveOptions(time_limit_s=0.2, stop_after_s=1.5), warm=True)
+    assert (out.status, out.has_solution, out.bound) == ("time_limit", True, 2.0)
+    assert out.incumbent == sum((w + i % 3) * v for i, (w, v) in enumerate(zip([7, 3, 9, 4, 6, 5, 8, 2, 7, 3, 6, 4], start)))
+    assert [x.varValue for x in xs] == start
+    assert "warm start as its incumbent" in out.notes[0]
+
+
+def test_the_default_stop_is_the_limit_plus_a_grace(monkeypatch):
+    assert backends.stop_grace_s(10) == 5.0 and backends.stop_grace_s(600) == 30.0
+    monkeypatch.setattr(backends, "stop_grace_s", lambda limit_s: 1.0)
+    monkeypatch.setattr(backends, "_solve_highs", _hanging(3.0))
+    prob, _ = _knapsack()
+    out = solve(prob, SolveOptions(time_limit_s=0.2))
+    assert out.status == "time_limit" and out.bound == 3.0
+
+
+def test_stopping_the_solver_stops_the_processes_it_started(monkeypatch, tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    monkeypatch.setattr(backends, "_solve_highs", _hanging(1.0, str(pid_file)))
+    prob, _ = _knapsack()
+    out = solve(prob, SolveOptions(time_limit_s=0.2, stop_after_s=2.0))
+    assert out.status == "time_limit"
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # reparented to init once its parent is gone, which reaps it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the solver's own child survived the stop")
+
+
+@pytest.mark.parametrize("raised, expected, words", [
+    (SolverUnavailable("no licence"), SolverUnavailable, "no licence"),
+    (SolverFailed("contradicted the warm start"), SolverFailed, "contradicted the warm start"),
+    (ValueError("unknown option"), ValueError, "unknown option"),
+    (MemoryError("std::bad_alloc"), SolverFailed, "MemoryError: std::bad_alloc"),
+])
+def test_the_solvers_errors_come_back(monkeypatch, raised, expected, words):
+    def run(prob, options, warm):
+        raise raised
+    monkeypatch.setattr(backends, "_solve_highs", run)
+    prob, _ = _knapsack()
+    with pytest.raises(expected, match=words):
+        solve(prob, SolveOptions(time_limit_s=5))
+
+
+def test_a_solver_process_that_dies_is_a_failure(monkeypatch):
+    monkeypatch.setattr(backends, "_solve_highs", lambda prob, options, warm: os._exit(3))
+    prob, _ = _knapsack()
+    with pytest.raises(SolverFailed, match="exit code 3"):
+        solve(prob, SolveOptions(time_limit_s=5))
