@@ -7,6 +7,7 @@ import math
 import multiprocessing as mp
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -133,9 +134,10 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
     if stop_after_s is None:
         stop_after_s = options.time_limit_s + stop_grace_s(options.time_limit_s)
     _stop_highs_threads()
+    scratch = tempfile.mkdtemp(prefix="infermax-solver-")  # its temporary files (CBC's model and solution files)
     receive, send = ctx.Pipe(duplex=False)
     started = time.perf_counter()
-    child = ctx.Process(target=_child_solve, args=(run, prob, variables, options, warm, send), daemon=True)
+    child = ctx.Process(target=_child_solve, args=(run, prob, variables, options, warm, send, scratch), daemon=True)
     child.start()
     send.close()
     trace: list[Progress] = []
@@ -177,6 +179,7 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
             except OSError:  # not yet in its own group
                 child.kill()
         child.join()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _stop_highs_threads() -> None:
@@ -187,11 +190,13 @@ def _stop_highs_threads() -> None:
         sys.modules["highspy"].Highs.resetGlobalScheduler(True)
 
 
-def _child_solve(run, prob, variables, options: SolveOptions, warm: bool, send) -> None:
-    """The forked solver process of `_solve_in_child`: its own process group, progress and the result sent
-    back through ``send``; an error is sent as one of ours (its type kept for `SolverUnavailable`,
-    `SolverFailed` and ``ValueError``, which callers tell apart)."""
+def _child_solve(run, prob, variables, options: SolveOptions, warm: bool, send, scratch: str) -> None:
+    """The forked solver process of `_solve_in_child`: its own process group, its temporary files in
+    ``scratch`` (removed by the parent, also when it stops this process), progress and the result sent back
+    through ``send``; an error is sent as one of ours (its type kept for `SolverUnavailable`, `SolverFailed` and
+    ``ValueError``, which callers tell apart)."""
     os.setpgid(0, 0)
+    os.environ["TMPDIR"] = os.environ["TMP"] = os.environ["TEMP"] = tempfile.tempdir = scratch
     lock = threading.Lock()  # (CBC's progress comes from a thread that follows its log)
 
     def report(sample: Progress) -> None:

@@ -8,6 +8,7 @@ import math
 import multiprocessing as mp
 import os
 import subprocess
+import tempfile
 import time
 
 import pulp
@@ -28,13 +29,16 @@ def _knapsack() -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
     return prob, xs
 
 
-def test_a_solve_in_its_process_gives_the_in_process_result():
+@pytest.mark.parametrize("backend", ["highs", "cbc"])
+def test_a_solve_in_its_process_gives_the_in_process_result(backend):
+    if backend == "cbc" and not pulp.PULP_CBC_CMD().available():
+        pytest.skip("no CBC binary")
     prob, xs = _knapsack()
-    here = solve(prob, SolveOptions())  # no time limit: solved in this process
+    here = solve(prob, SolveOptions(backend))  # no time limit: solved in this process
     values_here = [x.varValue for x in xs]
     for x in xs:
         x.varValue = None
-    there = solve(prob, SolveOptions(time_limit_s=10))
+    there = solve(prob, SolveOptions(backend, time_limit_s=10))
     assert (there.status, there.has_solution, there.incumbent, there.bound) == \
         (here.status, here.has_solution, here.incumbent, here.bound) == ("optimal", True, here.incumbent, here.incumbent)
     assert [x.varValue for x in xs] == values_here
@@ -42,10 +46,16 @@ def test_a_solve_in_its_process_gives_the_in_process_result():
     assert not mp.active_children()
 
 
-def _hanging(progress_bound: float, pid_file: str | None = None):
+def _hanging(progress_bound: float, pid_file: str | None = None, scratch_file: str | None = None):
     def run(prob, options, warm):
         options.on_progress(Progress(0.1, 10.0, progress_bound - 1.0))
         options.on_progress(Progress(0.2, 10.0, progress_bound))
+        if scratch_file:  # a temporary file, as PuLP's CBC writes its model and solution
+            path = os.path.join(tempfile.gettempdir(), "model.mps")
+            with open(path, "w") as f:
+                f.write("NAME x")
+            with open(scratch_file, "w") as f:
+                f.write(path)
         if pid_file:  # a grandchild, as PuLP's CBC binary is
             proc = subprocess.Popen(["sleep", "60"])
             with open(pid_file, "w") as f:
@@ -104,6 +114,16 @@ def test_stopping_the_solver_stops_the_processes_it_started(monkeypatch, tmp_pat
     else:
         os.kill(pid, 9)
         pytest.fail("the solver's own child survived the stop")
+
+
+def test_the_solvers_temporary_files_go_with_it(monkeypatch, tmp_path):
+    where = tmp_path / "where"
+    monkeypatch.setattr(backends, "_solve_highs", _hanging(1.0, scratch_file=str(where)))
+    prob, _ = _knapsack()
+    solve(prob, SolveOptions(time_limit_s=0.2, stop_after_s=1.5))
+    written = where.read_text()
+    assert os.path.basename(os.path.dirname(written)).startswith("infermax-solver-")
+    assert not os.path.exists(os.path.dirname(written))
 
 
 @pytest.mark.parametrize("raised, expected, words", [
