@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not backends._can_fork(), reason="solvers run in
 
 def _knapsack() -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
     prob = pulp.LpProblem("knapsack", pulp.LpMaximize)
-    xs = [pulp.LpVariable(f"x{i}", cat=pulp.LpBinary) for i in range(12)]
+    xs = [prob.add_variable(f"x{i}", 0, 1, cat=pulp.LpInteger) for i in range(12)]
     weights = [7, 3, 9, 4, 6, 5, 8, 2, 7, 3, 6, 4]
     prob += pulp.lpSum((w + i % 3) * x for i, (w, x) in enumerate(zip(weights, xs)))
     prob += pulp.lpSum(w * x for w, x in zip(weights, xs)) <= 23
