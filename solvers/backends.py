@@ -144,14 +144,8 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
     try:
         while True:
             left = stop_after_s - (time.perf_counter() - started)
-            if left <= 0 or not receive.poll(left):
-                wall = time.perf_counter() - started
-                bound = max((p.bound for p in trace), default=-math.inf)
-                kept = "the best bound it reported" + (" and the warm start as its incumbent" if warm else "")
-                incumbent = prob.objective.value() if warm else math.inf  # (the variables still hold the start)
-                return SolveOutcome(options.backend, "time_limit", warm, incumbent, bound, wall, trace, notes=[
-                    f"{options.backend} had not returned {wall:.0f} s after it started (time limit "
-                    f"{options.time_limit_s:.0f} s); its process was stopped, keeping {kept}"])
+            if not receive.poll(max(left, 0.0)):  # (what arrived before the stop is still read)
+                return _stopped(prob, options, warm, trace, time.perf_counter() - started)
             try:
                 message = receive.recv()
             except EOFError:
@@ -180,6 +174,18 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
                 child.kill()
         child.join()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _stopped(prob: pulp.LpProblem, options: SolveOptions, warm: bool, trace: list[Progress], wall_s: float
+             ) -> SolveOutcome:
+    """The outcome of a solve whose process was stopped: the best bound among its progress samples and, with a
+    warm start, the start as its incumbent (the variables here still hold it)."""
+    bound = max((p.bound for p in trace), default=-math.inf)
+    incumbent = prob.objective.value() if warm else math.inf
+    kept = "the best bound it reported" + (" and the warm start as its incumbent" if warm else "")
+    return SolveOutcome(options.backend, "time_limit", warm, incumbent, bound, wall_s, trace, notes=[
+        f"{options.backend} had not returned {wall_s:.0f} s after it started (time limit {options.time_limit_s:.0f} "
+        f"s); its process was stopped, keeping {kept}"])
 
 
 def _stop_highs_threads() -> None:
