@@ -181,11 +181,13 @@ def _stopped(prob: pulp.LpProblem, options: SolveOptions, warm: bool, trace: lis
     """The outcome of a solve whose process was stopped: the best bound among its progress samples and, with a
     warm start, the start as its incumbent (the variables here still hold it)."""
     bound = max((p.bound for p in trace), default=-math.inf)
-    incumbent = prob.objective.value() if warm else math.inf
-    kept = "the best bound it reported" + (" and the warm start as its incumbent" if warm else "")
-    return SolveOutcome(options.backend, "time_limit", warm, incumbent, bound, wall_s, trace, notes=[
-        f"{options.backend} had not returned {wall_s:.0f} s after it started (time limit {options.time_limit_s:.0f} "
-        f"s); its process was stopped, keeping {kept}"])
+    start = prob.objective.value() if warm else None  # (None: the start leaves an objective variable unset)
+    has = start is not None
+    kept = "the best bound it reported" + (" and the warm start as its incumbent" if has else "")
+    note = (f"{options.backend} had not returned {wall_s:.0f} s after it started (time limit "
+            f"{options.time_limit_s:.0f} s); its process was stopped, keeping {kept}")
+    return SolveOutcome(options.backend, "time_limit", has, start if has else math.inf, bound, wall_s, trace,
+                        notes=[note])
 
 
 def _stop_highs_threads() -> None:
