@@ -146,3 +146,25 @@ def test_a_solver_process_that_dies_is_a_failure(monkeypatch):
     prob, _ = _knapsack()
     with pytest.raises(SolverFailed, match="exit code 3"):
         solve(prob, SolveOptions(time_limit_s=5))
+
+
+def test_optimize_keeps_its_deadline_when_the_solver_hangs(monkeypatch):
+    """`optimize` stops a solver that does not return in time early enough for the polish and the replay, and
+    answers with the warm start."""
+    from infermax.costmodel import load_cost_model
+    from infermax.engine import simulate
+    from infermax.limits import Limits
+    from infermax.workload import fixed
+    from solvers.objective import Objective
+    from solvers.optimize import optimize
+    from solvers.scale import Deadline
+
+    limits, cost = Limits(C=4096, M=8), load_cost_model(kind="linear")
+    requests = fixed(4, 2, 4)
+    warm = simulate(requests, "vllm", limits, cost).schedule
+    monkeypatch.setattr(backends, "_solve_highs", _hanging(0.0))
+    deadline = Deadline(6.0)
+    res = optimize(requests, limits, cost, Objective(makespan=1), warm_start=warm, deadline=deadline)
+    assert deadline.left() > 0
+    assert res.solve.status == "time_limit" and "its process was stopped" in res.solve.notes[0]
+    assert res.status == "feasible" and res.value_s == pytest.approx(simulate(requests, "vllm", limits, cost).summary["makespan_s"])
