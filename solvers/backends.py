@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -329,11 +330,21 @@ def _solve_highs(prob, options, warm) -> SolveOutcome:
 _CBC_PROGRESS = re.compile(r"After (\d+) nodes, \d+ on tree, ([-\d.e+]+) best solution, best possible ([-\d.e+]+) \(([\d.]+) seconds\)")
 
 
+def cbc_command(**kwargs) -> "pulp.PULP_CBC_CMD":
+    """PuLP's bundled CBC (`PULP_CBC_CMD`). PuLP 3.3 deprecates it for `COIN_CMD` with CBC from the ``cbcbox``
+    package, 598 MB installed (measured 2026-11-29), against the few MB of the binary PuLP bundles; so the bundled
+    one stays, PuLP is held below 4.0 (which removes it: pyproject.toml), and its deprecation warning, which asks
+    every user for that install, is not shown (docs/design.md, Backends)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
+        return pulp.PULP_CBC_CMD(**kwargs)
+
+
 def _solve_cbc(prob, options, warm) -> SolveOutcome:
     """CBC; when its preprocessing declares the model infeasible (or CBC fails) although the caller's warm
     start satisfies every constraint, retry once with preprocessing off for the remaining time (seen at
     B = 16 in benchmarks/solver_scaling.py)."""
-    if not pulp.PULP_CBC_CMD().available():
+    if not cbc_command().available():
         raise SolverUnavailable("CBC is not available (PuLP's bundled cbc binary is missing)")
     t0 = time.perf_counter()
     start = [(v, v.varValue) for v in prob.variables()] if warm else []
@@ -363,8 +374,8 @@ def _run_cbc(prob, options, warm, time_limit, extra) -> SolveOutcome:
     trace: list[Progress] = []
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "cbc.log"
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=options.mip_gap, threads=options.threads,
-                                   warmStart=warm, logPath=str(log), keepFiles=False, options=extra)
+        solver = cbc_command(msg=False, timeLimit=time_limit, gapRel=options.mip_gap, threads=options.threads,
+                             warmStart=warm, logPath=str(log), keepFiles=False, options=extra)
         if warm:
             for v in prob.variables():
                 if v.varValue is not None:

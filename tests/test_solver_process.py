@@ -16,7 +16,8 @@ import pulp
 import pytest
 
 from solvers import backends
-from solvers.backends import Progress, SolveOptions, SolveOutcome, SolverFailed, SolverUnavailable, solve
+from solvers.backends import (Progress, SolveOptions, SolveOutcome, SolverFailed, SolverUnavailable, cbc_command,
+                              solve)
 
 pytestmark = pytest.mark.skipif(not backends._can_fork(), reason="solvers run in-process on this platform")
 
@@ -32,7 +33,7 @@ def _knapsack() -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
 
 @pytest.mark.parametrize("backend", ["highs", "cbc"])
 def test_a_solve_in_its_process_gives_the_in_process_result(backend):
-    if backend == "cbc" and not pulp.PULP_CBC_CMD().available():
+    if backend == "cbc" and not cbc_command().available():
         pytest.skip("no CBC binary")
     prob, xs = _knapsack()
     here = solve(prob, SolveOptions(backend))  # no time limit: solved in this process
