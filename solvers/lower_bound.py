@@ -287,6 +287,12 @@ class LowerBounder:
         parts["set_by"] = set_by
         return found[set_by] - arrival_sum, parts
 
+    def release_grid_values_unpruned(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray
+                                     ) -> tuple[np.ndarray, int]:
+        """`_release_grid_values` without its pruning: every grid point solved (the reference the tests and
+        ``benchmarks/release_grid_pruning.py`` patch in to check and time the pruning)."""
+        return np.array([T + self.busy_s(late.smallest(m)) for m in grid]), len(grid)
+
     def _release_grid_values(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray
                              ) -> tuple[np.ndarray, int]:
         """``T + busy(m)`` (the busy time of the m least demanding of ``late``, the requests arriving at or after

@@ -285,7 +285,6 @@ def test_bound_with_chunked_prompts_is_finite_and_below_the_schedules_the_policy
 
 def test_bound_scales_to_thousands_of_requests():
     """20,000 heterogeneous requests: the bound is computed (finite, positive) from aggregates."""
-    import numpy as np
 
     rng = np.random.default_rng(0)
     reqs = [Request(i, 0.0, int(a), int(b)) for i, (a, b) in
@@ -559,10 +558,6 @@ def test_with_arrivals_work_in_progress_runs_before_the_release_grid(monkeypatch
     assert first("rank grid points") < first("work in progress")
 
 
-def _every_grid_point(self, T, late, grid, reached):
-    """The release grid as it was before the pruning: every point solved."""
-    return np.array([T + self.busy_s(late.smallest(m)) for m in grid]), len(grid)
-
 
 def _completion_bounds(reqs, limits, first_token_only):
     bounder = LowerBounder(reqs, limits, COST)
@@ -578,7 +573,7 @@ def test_pruned_release_grid_gives_the_bound_of_the_whole_grid(case, first_token
     solving every point."""
     reqs, limits = case
     pruned, _ = _completion_bounds(reqs, limits, first_token_only)
-    with mock.patch.object(LowerBounder, "_release_grid_values", _every_grid_point):
+    with mock.patch.object(LowerBounder, "_release_grid_values", LowerBounder.release_grid_values_unpruned):
         whole, _ = _completion_bounds(reqs, limits, first_token_only)
     assert pruned.value_s == pytest.approx(whole.value_s, rel=1e-9, abs=1e-12)
     for part in ("grouped_sum_s", "pipelined_sum_s", "queued_sum_s"):
@@ -596,7 +591,7 @@ def test_pruned_release_grid_skips_points_under_load_and_keeps_those_that_raise_
         limits = Limits(C=256, M=6000)
         pruned, bounder = _completion_bounds(reqs, limits, False)
         grid_raised = pruned.parts["order_statistic_sum_s"] > float(bounder._solo_s(False).sum()) * (1 + 1e-9)
-        with mock.patch.object(LowerBounder, "_release_grid_values", _every_grid_point):
+        with mock.patch.object(LowerBounder, "_release_grid_values", LowerBounder.release_grid_values_unpruned):
             whole, _ = _completion_bounds(reqs, limits, False)
         assert pruned.value_s == pytest.approx(whole.value_s, rel=1e-9)
         assert pruned.parts["grouped_sum_s"] == pytest.approx(whole.parts["grouped_sum_s"], rel=1e-9)
