@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,6 +78,7 @@ class LowerBound:
     value_s: float
     parts: dict
     elapsed_s: float = 0.0
+    set_by: dict[str, str] = field(default_factory=dict)  # per component (makespan, latency, ttft): its ingredient
 
 
 def _largest(values) -> float | None:
@@ -692,15 +693,15 @@ class LowerBounder:
     def of(self, objective: Objective) -> LowerBound:
         """The weighted sum of the component bounds (each is a lower bound of its component)."""
         t = time.perf_counter()
-        total, parts = 0.0, {}
+        total, parts, set_by = 0.0, {}, {}
         for name, w in objective.weights().items():
             lb = {"makespan": self.makespan_s, "latency": self.latency_sum_s, "ttft": self.mean_ttft_s}[name]()
             total += w * lb.value_s
             parts[f"{name}_lower_bound_s"] = lb.value_s
-            parts[f"{name}_set_by"] = lb.parts["set_by"]
+            parts[f"{name}_set_by"] = set_by[name] = lb.parts["set_by"]
         if self.cut_by_deadline:
             parts["cut_by_deadline"] = sorted(set(self.cut_by_deadline))
-        return LowerBound(str(objective), total, parts, time.perf_counter() - t)
+        return LowerBound(str(objective), total, parts, time.perf_counter() - t, set_by)
 
 
 def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: Objective = Objective(makespan=1),
@@ -725,8 +726,8 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
         lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
                           queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline).of(objective)
         cut = lb.parts.get("cut_by_deadline")
-        set_by = [(name[:-len("_set_by")], how) for name, how in lb.parts.items() if name.endswith("_set_by")]
-        by = set_by[0][1] if len(set_by) == 1 else "; ".join(f"{name}: {how}" for name, how in set_by)
+        by = "; ".join(f"{name}: {how}" for name, how in lb.set_by.items()) if len(lb.set_by) > 1 else \
+            next(iter(lb.set_by.values()))
         return lb.value_s, (f"aggregate LP bound, set by {by} ({lb.elapsed_s:.1f} s"
                             + (f"; skipped for time: {', '.join(cut)})" if cut else ")"))
     except BoundUnavailable as exc:
