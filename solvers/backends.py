@@ -87,6 +87,8 @@ class SolveOptions:
     stop_if_incumbent_below: float | None = None  # model units: stop once an incumbent reaches it
     stop_if_bound_above: float | None = None  # model units: stop once the bound proves it unreachable
     stop_after_s: float | None = None  # wall seconds after which the solver's process is stopped (`solve`)
+    # each improving incumbent's values, in ``prob.variables()`` order (HiGHS only; `_solve_in_child` keeps the last)
+    on_incumbent: Callable[[list[float]], None] | None = None
 
 
 def solve(prob: pulp.LpProblem, options: SolveOptions, warm: bool = False) -> SolveOutcome:
@@ -97,7 +99,7 @@ def solve(prob: pulp.LpProblem, options: SolveOptions, warm: bool = False) -> So
     passed (default: the time limit plus `stop_grace_s`), because neither always honours its own limit: HiGHS
     1.16 spent 22 minutes past a 300 s limit in its root node's mod-k cut separation, which does not look at the
     clock (`benchmarks/solver_scaling.py`, B = 32), and CBC returned after 468 s. A stopped solve keeps the best
-    bound it reported and the warm start (`_solve_in_child`). Gurobi, which keeps its limits, solves in this
+    bound it reported and the better of the warm start and HiGHS's last incumbent (`_solve_in_child`). Gurobi, which keeps its limits, solves in this
     process, as does every backend where a fork is not possible or not safe (`_can_fork`)."""
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown solver {options.backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -125,9 +127,10 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
     """``run(prob, options, warm)`` in a forked process (it inherits the model and the warm start as they are),
     stopped with its whole process group (CBC runs as a grandchild) once ``stop_after_s`` have passed. Progress
     samples come back as they are made and reach ``options.on_progress`` here; the variables' values come back
-    with the outcome. A stopped solve returns status ``time_limit`` with the best bound among the samples
-    received and, as its incumbent, the warm start when there is one (the variables here still hold it; a better
-    incumbent the solver found is lost with its values), and says so in ``notes``. The backend's own errors are
+    with the outcome, and HiGHS's improving incumbents as it finds them. A stopped solve returns status
+    ``time_limit`` with the best bound among the samples received and, as its incumbent, the better of the warm
+    start (the variables here still hold it) and the last incumbent HiGHS sent (CBC sends none: it reports its
+    solutions only when it returns), and says so in ``notes``. The backend's own errors are
     raised again here; a process that ends without an answer (killed for memory, say) raises `SolverFailed`."""
     ctx = mp.get_context("fork")
     variables = prob.variables()
@@ -142,11 +145,12 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
     child.start()
     send.close()
     trace: list[Progress] = []
+    found: list[float] | None = None  # the last incumbent the solver sent
     try:
         while True:
             left = stop_after_s - (time.perf_counter() - started)
             if not receive.poll(max(left, 0.0)):  # (what arrived before the stop is still read)
-                return _stopped(prob, options, warm, trace, time.perf_counter() - started)
+                return _stopped(prob, variables, options, warm, found, trace, time.perf_counter() - started)
             try:
                 message = receive.recv()
             except EOFError:
@@ -159,6 +163,8 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
                 trace.append(payload)
                 if options.on_progress:
                     options.on_progress(payload)
+            elif kind == "incumbent":
+                found = payload
             elif kind == "done":
                 outcome, values = payload
                 for v, value in zip(variables, values):
@@ -177,17 +183,29 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _stopped(prob: pulp.LpProblem, options: SolveOptions, warm: bool, trace: list[Progress], wall_s: float
-             ) -> SolveOutcome:
-    """The outcome of a solve whose process was stopped: the best bound among its progress samples and, with a
-    warm start, the start as its incumbent (the variables here still hold it)."""
+def _stopped(prob: pulp.LpProblem, variables: list, options: SolveOptions, warm: bool, found: list[float] | None,
+             trace: list[Progress], wall_s: float) -> SolveOutcome:
+    """The outcome of a solve whose process was stopped: the best bound among its progress samples and as its
+    incumbent the better (in the model's sense) of the warm start, which the variables here still hold, and the
+    solver's last incumbent ``found``, which they are set to when it wins."""
     bound = max((p.bound for p in trace), default=-math.inf)
     start = prob.objective.value() if warm else None  # (None: the start leaves an objective variable unset)
-    has = start is not None
-    kept = "the best bound it reported" + (" and the warm start as its incumbent" if has else "")
+    value, kept = start, "the warm start as its incumbent"
+    if found is not None:
+        held = [v.varValue for v in variables]
+        for v, x in zip(variables, found):
+            v.varValue = x
+        solver_value = prob.objective.value()
+        if start is None or prob.sense * (solver_value - start) < 0:
+            value, kept = solver_value, "its last incumbent"
+        else:
+            for v, x in zip(variables, held):
+                v.varValue = x
+    has = value is not None
+    kept = "the best bound it reported" + (f" and {kept}" if has else "")
     note = (f"{options.backend} had not returned {wall_s:.0f} s after it started (time limit "
             f"{options.time_limit_s:.0f} s); its process was stopped, keeping {kept}")
-    return SolveOutcome(options.backend, "time_limit", has, start if has else math.inf, bound, wall_s, trace,
+    return SolveOutcome(options.backend, "time_limit", has, value if has else math.inf, bound, wall_s, trace,
                         notes=[note])
 
 
@@ -212,9 +230,13 @@ def _child_solve(run, prob, variables, options: SolveOptions, warm: bool, send, 
         with lock:
             send.send(("progress", sample))
 
+    def incumbent(values: list[float]) -> None:
+        with lock:
+            send.send(("incumbent", values))
+
     try:
         with quiet_stdout(not options.verbose):
-            outcome = run(prob, replace(options, on_progress=report), warm)
+            outcome = run(prob, replace(options, on_progress=report, on_incumbent=incumbent), warm)
         send.send(("done", (outcome, [v.varValue for v in variables])))
     except BaseException as exc:  # noqa: BLE001  (anything the backend raises goes back to the caller)
         if not isinstance(exc, (SolverUnavailable, SolverFailed, ValueError)):
@@ -294,6 +316,8 @@ class _HiGHS(pulp.HiGHS):
 
         if h.getNumCol() and any(v.cat == pulp.LpInteger for v in lp.variables()):
             h.cbMipInterrupt.subscribe(on_interrupt)
+            if opts.on_incumbent:  # columns are in lp.variables() order (PuLP's buildSolverModel)
+                h.cbMipImprovingSolution.subscribe(lambda event: opts.on_incumbent(event.data_out.mip_solution.tolist()))
         self.callSolver(lp)
         status, sol_status = self.findSolutionValues(lp)
         lp.assignStatus(status, sol_status)

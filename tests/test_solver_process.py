@@ -91,6 +91,58 @@ def test_a_stopped_solve_keeps_the_warm_start(monkeypatch):
     assert "warm start as its incumbent" in out.notes[0]
 
 
+def _solving_then_hanging():
+    """The real HiGHS backend, whose process then never returns: what it found came back only as it found it."""
+    real = backends._solve_highs
+
+    def run(prob, options, warm):
+        real(prob, options, warm)
+        time.sleep(60)
+    return run
+
+
+def _knapsack_optimum() -> tuple[float, list[float]]:
+    """The optimum's objective in PuLP's terms (the knapsack's value; HiGHS's own, negated, is what a finished
+    solve reports) and its values."""
+    prob, xs = _knapsack()
+    assert solve(prob, SolveOptions()).status == "optimal"  # in this process
+    return prob.objective.value(), [x.varValue for x in xs]
+
+
+@pytest.mark.parametrize("start", [None, [1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0]])
+def test_a_stopped_solve_keeps_the_incumbent_highs_found(monkeypatch, start):
+    """HiGHS sends each improving incumbent as it finds it, so a solve stopped after it found the optimum returns
+    the optimum, with or without a (worse) warm start; the knapsack maximises, so better means larger."""
+    best, values = _knapsack_optimum()
+    monkeypatch.setattr(backends, "_solve_highs", _solving_then_hanging())
+    prob, xs = _knapsack()
+    if start is not None:
+        for x, value in zip(xs, start):
+            x.varValue = value
+        assert prob.objective.value() < best
+    out = solve(prob, SolveOptions(time_limit_s=0.5, stop_after_s=4.0), warm=start is not None)
+    assert (out.status, out.has_solution, out.incumbent) == ("time_limit", True, best)
+    assert [x.varValue for x in xs] == values
+    assert "its last incumbent" in out.notes[0]
+
+
+def test_a_stopped_solve_keeps_a_warm_start_better_than_what_highs_sent(monkeypatch):
+    """The solver's incumbent replaces the warm start only when it is better in the model's sense (here an
+    incumbent sent before the stop is worse than the start)."""
+    def run(prob, options, warm):
+        options.on_incumbent([0.0] * len(prob.variables()))  # the empty knapsack: objective 0
+        time.sleep(60)
+    monkeypatch.setattr(backends, "_solve_highs", run)
+    prob, xs = _knapsack()
+    start = [1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0]
+    for x, value in zip(xs, start):
+        x.varValue = value
+    out = solve(prob, SolveOptions(time_limit_s=0.2, stop_after_s=1.5), warm=True)
+    assert out.has_solution and out.incumbent == prob.objective.value() > 0
+    assert [x.varValue for x in xs] == start
+    assert "warm start as its incumbent" in out.notes[0]
+
+
 def test_the_default_stop_is_the_limit_plus_a_grace(monkeypatch):
     assert backends.stop_grace_s(10) == 5.0 and backends.stop_grace_s(600) == 30.0
     monkeypatch.setattr(backends, "stop_grace_s", lambda limit_s: 1.0)
