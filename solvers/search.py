@@ -48,7 +48,8 @@ from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available
 from .objective import Objective
 from .policy import Policies, policy_violations
 from .search_policies import (ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler, PrefillFirstScheduler,
-                              WorkRankedScheduler, latest_start_plan, marginal_work_s, prefill_partition)
+                              WorkRankedScheduler, chunked_prefill_plan, latest_start_plan, marginal_work_s,
+                              prefill_partition)
 
 REPLAY_RTOL = 1e-9
 
@@ -121,7 +122,8 @@ def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: 
     st = _State(requests, limits, cost_model, objective, policies, t_start + time_limit_s, progress)
     rng = random.Random(seed)
     candidates = (_portfolio(requests, limits, objective, policies, cost_model)
-                  + _step_aligned(limits, policies, cost_model) + _prefill_first(requests, limits, objective, cost_model))
+                  + _step_aligned(limits, policies, cost_model)
+                  + _prefill_first(requests, limits, objective, cost_model, policies))
     for cand in candidates:
         _evaluate(st, cand)
     _local_search(st, rng)
@@ -424,18 +426,29 @@ def cheap_batch_tokens(cost_model, limits: Limits, count: int = 2) -> list[int]:
     return [t for price, t in priced[:count] if price < ceiling]
 
 
-def _prefill_first(requests, limits: Limits, objective: Objective, cost_model) -> list[Candidate]:
-    """For makespan on an offline instance: every prompt prefilled first, in the groups of whole prompts that make
-    the prefill batches cheapest (`prefill_partition`: each may stop just under a token-count step), then the
-    decodes together (`PrefillFirstScheduler`; obeys every forced policy: no hybrid batch, no chunk, no eviction)."""
+def _prefill_first(requests, limits: Limits, objective: Objective, cost_model, policies: Policies
+                   ) -> list[Candidate]:
+    """For makespan on an offline instance: every prompt prefilled first, then the decodes together
+    (`PrefillFirstScheduler`): in the groups of whole prompts that make the prefill batches cheapest
+    (`prefill_partition`: each may stop just under a token-count step; obeys every forced policy: no hybrid batch,
+    no chunk, no eviction), and, unless chunking is forbidden, in chunks of each cheap batch size
+    (`cheap_batch_tokens`, `chunked_prefill_plan`), which price every prompt token at that size's rate."""
     if objective.makespan <= 0 or len({r.arrival_s for r in requests}) > 1:
         return []
+    out = []
     groups = prefill_partition(requests, limits, cost_model)
-    if groups is None:
-        return []
-    label = f"prefill-first partition ({len(groups)} prefill batches)"
-    return [Candidate(label, "prefill-first", {"groups": len(groups)},
-                      lambda: (PrefillFirstScheduler(limits, groups, name=label), limits))]
+    if groups is not None:
+        label = f"prefill-first partition ({len(groups)} prefill batches)"
+        out.append(Candidate(label, "prefill-first", {"groups": len(groups)},
+                             lambda: (PrefillFirstScheduler(limits, groups, name=label), limits)))
+    for tokens in ([] if policies.no_chunked_prefill else cheap_batch_tokens(cost_model, limits)):
+        plan = chunked_prefill_plan(requests, limits, tokens)
+        if plan is not None:
+            label = f"prefill-first chunks of {tokens} ({len(plan)} prefill batches)"
+            out.append(Candidate(label, "prefill-first", {"chunk_tokens": tokens},
+                                 lambda plan=plan, label=label: (PrefillFirstScheduler(limits, plan, name=label),
+                                                                 limits)))
+    return out
 
 
 # --- evaluation -------------------------------------------------------------------------------------
