@@ -31,10 +31,10 @@ from infermax.workload import load_trace, with_arrivals  # noqa: E402
 from solvers.lower_bound import LowerBounder  # noqa: E402
 
 
-
 def _run(requests, limits, cost, objective: str, whole: bool) -> tuple[float, int, float]:
     """(bound, LPs of the release grid, seconds) of one fresh bounder."""
-    patch = mock.patch.object(LowerBounder, "_release_grid_values", LowerBounder.release_grid_values_unpruned) if whole else nullcontext()
+    patch = (mock.patch.object(LowerBounder, "_release_grid_values", LowerBounder.release_grid_values_unpruned)
+             if whole else nullcontext())
     with patch:
         start = time.perf_counter()
         bounder = LowerBounder(requests, limits, cost)

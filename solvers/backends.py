@@ -99,8 +99,9 @@ def solve(prob: pulp.LpProblem, options: SolveOptions, warm: bool = False) -> So
     passed (default: the time limit plus `stop_grace_s`), because neither always honours its own limit: HiGHS
     1.16 spent 22 minutes past a 300 s limit in its root node's mod-k cut separation, which does not look at the
     clock (`benchmarks/solver_scaling.py`, B = 32), and CBC returned after 468 s. A stopped solve keeps the best
-    bound it reported and the better of the warm start and HiGHS's last incumbent (`_solve_in_child`). Gurobi, which keeps its limits, solves in this
-    process, as does every backend where a fork is not possible or not safe (`_can_fork`)."""
+    bound it reported and the better of the warm start and HiGHS's last incumbent (`_solve_in_child`). Gurobi,
+    which keeps its limits, solves in this process, as does every backend where a fork is not possible or not safe
+    (`_can_fork`)."""
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown solver {options.backend!r}; choose one of {', '.join(BACKENDS)}")
     run = {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[options.backend]
@@ -130,8 +131,8 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
     with the outcome, and HiGHS's improving incumbents as it finds them. A stopped solve returns status
     ``time_limit`` with the best bound among the samples received and, as its incumbent, the better of the warm
     start (the variables here still hold it) and the last incumbent HiGHS sent (CBC sends none: it reports its
-    solutions only when it returns), and says so in ``notes``. The backend's own errors are
-    raised again here; a process that ends without an answer (killed for memory, say) raises `SolverFailed`."""
+    solutions only when it returns), and says so in ``notes``. The backend's own errors are raised again here; a
+    process that ends without an answer (killed for memory, say) raises `SolverFailed`."""
     ctx = mp.get_context("fork")
     variables = prob.variables()
     stop_after_s = options.stop_after_s
@@ -192,14 +193,13 @@ def _stopped(prob: pulp.LpProblem, variables: list, options: SolveOptions, warm:
     start = prob.objective.value() if warm else None  # (None: the start leaves an objective variable unset)
     value, kept = start, "the warm start as its incumbent"
     if found is not None:
-        held = [v.varValue for v in variables]
-        for v, x in zip(variables, found):
-            v.varValue = x
-        solver_value = prob.objective.value()
+        column = {v.name: i for i, v in enumerate(variables)}
+        solver_value = _constant(prob)
+        for v, c in prob.objective.items():  # as `LpAffineExpression.value` sums, without setting the variables
+            solver_value += found[column[v.name]] * c
         if start is None or prob.sense * (solver_value - start) < 0:
             value, kept = solver_value, "its last incumbent"
-        else:
-            for v, x in zip(variables, held):
+            for v, x in zip(variables, found):
                 v.varValue = x
     has = value is not None
     kept = "the best bound it reported" + (f" and {kept}" if has else "")
@@ -317,7 +317,8 @@ class _HiGHS(pulp.HiGHS):
         if h.getNumCol() and any(v.cat == pulp.LpInteger for v in lp.variables()):
             h.cbMipInterrupt.subscribe(on_interrupt)
             if opts.on_incumbent:  # columns are in lp.variables() order (PuLP's buildSolverModel)
-                h.cbMipImprovingSolution.subscribe(lambda event: opts.on_incumbent(event.data_out.mip_solution.tolist()))
+                h.cbMipImprovingSolution.subscribe(
+                    lambda event: opts.on_incumbent(event.data_out.mip_solution.tolist()))
         self.callSolver(lp)
         status, sol_status = self.findSolutionValues(lp)
         lp.assignStatus(status, sol_status)

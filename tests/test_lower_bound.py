@@ -285,7 +285,6 @@ def test_bound_with_chunked_prompts_is_finite_and_below_the_schedules_the_policy
 
 def test_bound_scales_to_thousands_of_requests():
     """20,000 heterogeneous requests: the bound is computed (finite, positive) from aggregates."""
-
     rng = np.random.default_rng(0)
     reqs = [Request(i, 0.0, int(a), int(b)) for i, (a, b) in
             enumerate(zip(rng.integers(1, 2048, 20_000), rng.integers(1, 512, 20_000)))]
@@ -556,7 +555,6 @@ def test_with_arrivals_work_in_progress_runs_before_the_release_grid(monkeypatch
     offline = [Request(i, 0.0, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
     LowerBounder(offline, Limits(C=64, M=400), COST).latency_sum_s()
     assert first("rank grid points") < first("work in progress")
-
 
 
 def _completion_bounds(reqs, limits, first_token_only):

@@ -447,7 +447,8 @@ def test_chunked_prefill_first_schedule_is_valid(case, chunk):
                 or sum(limits.blocks(r.peak_kv_tokens) for r in reqs) > limits.M
                 or (limits.Rmax is not None and len(reqs) > limits.Rmax))
         return
-    assert [sum(c for _, c in b) for b in plan[:-1]] == [chunk] * (len(plan) - 1) and 1 <= sum(c for _, c in plan[-1]) <= chunk
+    assert [sum(c for _, c in b) for b in plan[:-1]] == [chunk] * (len(plan) - 1)
+    assert 1 <= sum(c for _, c in plan[-1]) <= chunk
     stream = [rid for b in plan for rid, c in b for _ in range(c)]
     assert stream == [r.id for r in sorted(reqs, key=lambda r: (r.prompt_tokens, r.id)) for _ in range(r.prompt_tokens)]
     res = simulate(reqs, PrefillFirstScheduler(limits, plan), limits, COST)
