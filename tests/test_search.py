@@ -478,9 +478,9 @@ def test_search_finds_chunked_prefill_first_near_the_bound_at_b64():
     chunked = simulate(reqs, PrefillFirstScheduler(limits, chunked_prefill_plan(reqs, limits, 384)), limits, cost)
     whole = simulate(reqs, PrefillFirstScheduler(limits, prefill_partition(reqs, limits, cost)), limits, cost)
     assert lb <= chunked.summary["makespan_s"] <= lb * 1.01 < whole.summary["makespan_s"]
-    found = search(reqs, limits, cost, Objective(makespan=1), time_limit_s=60)
+    found = search(reqs, limits, cost, Objective(makespan=1), time_limit_s=600)  # ends when its candidates do (~5 s here)
     assert found.method.startswith("prefill-first chunks of 384") and found.value_s <= lb * 1.01
-    unchunked = search(reqs, limits, cost, Objective(makespan=1), time_limit_s=60,
+    unchunked = search(reqs, limits, cost, Objective(makespan=1), time_limit_s=600,
                        policies=Policies(no_chunked_prefill=True))
     assert unchunked.value_s > lb * 1.01
 
