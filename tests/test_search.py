@@ -18,7 +18,7 @@ from solvers.objective import Objective
 from solvers.policy import Policies, policy_violations
 from solvers.search import search
 from solvers.search_policies import (RANKS, ClairvoyantScheduler, FirstTokenScheduler, PlannedScheduler,
-                                     PrefillFirstScheduler, chunked_prefill_plan, latest_start_plan,
+                                     PrefillDeferral, PrefillFirstScheduler, chunked_prefill_plan, latest_start_plan,
                                      prefill_partition)
 
 COST = AffineCost(0.01, 0.001)
@@ -75,10 +75,15 @@ def test_search_returns_a_replayed_schedule_no_worse_than_its_candidates(case, o
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(max_n=12, max_prompt=150, long_prompts=True), st.sampled_from(sorted(RANKS)), st.booleans(),
-       st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(1, 400)))
-def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid, max_admit, work_cap):
+       st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(1, 400)),
+       st.one_of(st.none(), st.sampled_from([0.01, 0.1, 1.0])))
+def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid, max_admit, work_cap, defer):
     reqs, limits = case  # prompts up to 150 > C sometimes: long prompts are chunked under the envelope
-    scheds = [ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit, work_cap_tokens=work_cap)]
+
+    def clairvoyant():
+        return ClairvoyantScheduler(limits, COST if defer else None, rank=rank, hybrid=hybrid, max_admit=max_admit,
+                                    work_cap_tokens=work_cap, defer_weight=defer)
+    scheds = [clairvoyant()]
     sched_plan = []
     try:
         sched_plan = latest_start_plan(reqs, limits, rank, start_every=max_admit or 1)
@@ -96,8 +101,8 @@ def test_clairvoyant_schedulers_never_evict_and_stay_within_M(case, rank, hybrid
         assert (res.batches.kv_tokens_peak <= limits.M).all()
         assert (res.requests.generated_tokens == res.requests.output_tokens).all()
         # The engine's fast-forward skips batch_done on repeated decode batches: same schedule as stepping.
-        fresh = (ClairvoyantScheduler(limits, rank=rank, hybrid=hybrid, max_admit=max_admit, work_cap_tokens=work_cap)
-                 if isinstance(sched, ClairvoyantScheduler) else PlannedScheduler(limits, list(sched_plan), hybrid=hybrid))
+        fresh = (clairvoyant() if isinstance(sched, ClairvoyantScheduler)
+                 else PlannedScheduler(limits, list(sched_plan), hybrid=hybrid))
         stepped = simulate(reqs, fresh, limits, COST, fast_forward=False)
         assert [b.items for b in stepped.schedule.batches] == [b.items for b in res.schedule.batches]
         if not hybrid:
@@ -332,6 +337,84 @@ def test_search_finds_shortest_first_waves_on_a_mix():
     found = search(reqs, limits, cost, Objective(latency=1), time_limit_s=30)
     assert found.value_s <= by_hand * (1 + 1e-9)
     assert Objective(latency=1).value(replay(found.schedule, cost)) == pytest.approx(found.value_s, rel=1e-9)
+
+
+def test_search_holds_long_prompts_back_while_short_requests_finish():
+    """A.3's LISO+SISO at B = 16 (paper's linear model): three waves written out here by hand (the eight short
+    requests prefilled together and decoded to the end, then the five 512-token prompts, then the three of 1,024)
+    replay to 4.64 s of latency sum; before `PrefillDeferral` the search's best (4.987 s) prefilled three long
+    prompts in a batch beside five short decodes. The search now finds a schedule at least as good as the waves."""
+    from infermax.costmodel import load_cost_model
+    from infermax.schedule import Schedule, ScheduledBatch
+    from infermax.workload import heterogeneous_mix
+
+    cost, limits = load_cost_model(kind="linear"), Limits(C=4096, M=100_000)
+    reqs = heterogeneous_mix("LISO+SISO", 16, seed=0)
+    assert sorted({r.prompt_tokens for r in reqs}) == [8, 16, 512, 1024]
+
+    def wave(group):
+        batches = [ScheduledBatch(items=[(r.id, r.prompt_tokens) for r in group])]
+        for k in range(1, max(r.output_tokens for r in group)):
+            batches.append(ScheduledBatch(items=[(r.id, 1) for r in group if r.output_tokens > k]))
+        return batches
+
+    waves = [[r for r in reqs if r.prompt_tokens <= 16], [r for r in reqs if r.prompt_tokens == 512],
+             [r for r in reqs if r.prompt_tokens == 1024]]
+    by_hand = Objective(latency=1).value(replay(Schedule(reqs, limits, [b for w in waves for b in wave(w)]), cost))
+    found = search(reqs, limits, cost, Objective(latency=1), time_limit_s=120)
+    assert found.value_s <= by_hand * (1 + 1e-9)
+    assert Objective(latency=1).value(replay(found.schedule, cost)) == pytest.approx(found.value_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("weight", [1e-3, 1e3])
+def test_prefill_deferral_weighs_the_running_requests_against_the_waiting_ones(weight):
+    """Three short requests and a long prompt, all at time 0, admitted in arrival order, at most three per batch:
+    the short ones start in the first batch. The long prompt costs ~0.17 s to prefill and the running requests
+    need 3 and 39 more steps of ~5 ms. With a small weight it waits until nothing runs (each running request
+    would wait for its prefill, which outweighs the weighted steps it saves itself); with a large one it joins the
+    second batch."""
+    from infermax.costmodel import load_cost_model
+
+    cost, limits = load_cost_model(kind="linear"), Limits(C=4096, M=100_000)
+    reqs = [Request(0, 0.0, 8, 4), Request(1, 0.0, 8, 4), Request(2, 0.0, 8, 40), Request(3, 0.0, 2048, 2)]
+    res = simulate(reqs, ClairvoyantScheduler(limits, cost, rank="arrival", max_admit=3, defer_weight=weight),
+                   limits, cost)
+    batches = [{rid for rid, _ in b.items} for b in res.schedule.batches]
+    first_long = min(j for j, ids in enumerate(batches) if 3 in ids)
+    assert batches[0] == {0, 1, 2}
+    if weight < 1:
+        assert first_long == max(j for j, ids in enumerate(batches) if 2 in ids) + 1
+    else:
+        assert first_long == 1
+    assert Objective(latency=1).value(replay(res.schedule, cost)) == pytest.approx(res.requests.latency_s.sum())
+
+
+@pytest.mark.parametrize("weight, behind, defers", [(5.0, 0, True), (6.0, 0, False), (2.0, 1, True),
+                                                     (3.0, 1, False)])
+def test_prefill_deferral_rule_by_hand(weight, behind, defers):
+    """COST: a batch takes 0.01 s + 0.001 s per token. Two running requests with 3 tokens left: their decode batch
+    takes b = 0.012 s. A 101-token prompt adds c = 0.101 − 0.001 = 0.1 s. Held back 3 steps, it spares both
+    running requests c (0.2 s) and delays itself and the ``behind`` waiting requests by 3·b each: held back when
+    0.2 > weight·(1 + behind)·0.036, i.e. weight < 5.56 alone, < 2.78 with one behind."""
+    from types import SimpleNamespace
+
+    def state(prompt, generated, output):
+        return SimpleNamespace(m=prompt + generated - 1 if generated else 0, input_tokens=prompt, generated=generated,
+                               req=SimpleNamespace(output_tokens=output))
+
+    rule = PrefillDeferral(COST, weight)
+    rule.start_batch([state(5, 1, 4), state(9, 2, 5)])
+    assert rule.prompt_s(101) == pytest.approx(0.1)
+    assert rule.defers(state(101, 0, 3), behind) is defers
+    rule.start_batch([])
+    assert rule.defers(state(101, 0, 3), behind) is False  # nothing runs: nobody waits for the prompt
+
+
+def test_prefill_deferral_needs_a_cost_model_and_a_positive_weight():
+    with pytest.raises(ValueError, match="defer_weight"):
+        ClairvoyantScheduler(Limits(), None, defer_weight=0.1)
+    with pytest.raises(ValueError, match="defer_weight"):
+        ClairvoyantScheduler(Limits(), COST, defer_weight=0.0)
 
 
 def test_work_cap_runs_long_requests_few_at_a_time():
