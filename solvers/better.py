@@ -18,6 +18,7 @@ from infermax.schedule import Schedule
 
 from .backends import SolveOptions
 from .bounds import slot_bound
+from .differences import differences
 from .formulation import TIME_UNIT
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
@@ -47,10 +48,15 @@ class BetterAnswer:
     bound_by: str | None = None
     gap: float = math.inf  # best known objective ÷ bound − 1
     methods: dict = field(default_factory=dict)
+    # what the schedule found does differently from the scheduler's (`differences.differences`), when there is one
+    differences: dict | None = None
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("schedule", "methods")}
+        """The answer's fields and its methods' as one flat mapping (``differences`` stays nested)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("schedule", "methods", "differences")}
         out.update(self.methods)
+        if self.differences is not None:
+            out["differences"] = self.differences
         return out
 
 
@@ -78,6 +84,16 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     except SimulationTimeout as exc:  # without the scheduler's objective there is no target to answer for
         raise SimulationTimeout(f"{scheduler}'s own simulation, which sets the target, did not finish within the time "
                                 f"limit of {deadline.limit_s:g} s ({exc}); raise the time limit") from None
+    answer = _answer(requests, limits, cost_model, scheduler, margin, objective, policies, options, deadline, say, sim,
+                     memory_budget_bytes)
+    if answer.schedule is not None:
+        answer.differences = differences(sim.schedule, answer.schedule)
+    return answer
+
+
+def _answer(requests, limits, cost_model, scheduler, margin, objective, policies, options, deadline, say, sim,
+            memory_budget_bytes) -> BetterAnswer:
+    """`better`'s answer once the scheduler's own run ``sim`` sets the target: bound, search, then the MILP."""
     base = objective.value(sim)
     target = (1 - margin) * base
     lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies,

@@ -204,6 +204,11 @@ def test_better_answers_keep_their_promises(case, P, scheduler, policies, object
         assert ans.methods["lower_bound_s"] <= allowed * (1 + TOL) + 1e-12
     if not obeys:
         assert ans.found_by != scheduler
+    # a found schedule comes with what it does differently, read off both schedules
+    assert (ans.differences is None) == (ans.schedule is None)
+    if ans.schedule is not None:
+        assert ans.differences["batches"][1] == len(ans.schedule.batches)
+        assert ans.to_dict()["differences"] == ans.differences
 
 
 def test_better_compares_with_a_scheduler_that_swaps():

@@ -182,10 +182,18 @@ def test_cli_better_yes_and_no():
     # brute force (test_solver_bruteforce, "evict-pays"): the optimum is 12.6% below vllm-ef and equals vllm
     yes = runner.invoke(app, ["better", "-s", "vllm-ef", "--margin", "0.1", *SMALL, "--json"])
     assert yes.exit_code == 0, yes.output
-    assert json.loads(yes.output.strip().splitlines()[-1])["answer"] == "yes"
+    found = json.loads(yes.output.strip().splitlines()[-1])
+    assert found["answer"] == "yes"
+    assert set(found["differences"]) == {"batches", "requests_per_batch", "prompt_tokens_beside_decodes",
+                                         "evictions", "length_order"}
+    assert found["differences"]["evictions"][1] > 0  # the optimum evicts ("evict-pays"); vllm-ef never does
+    assert found["differences"]["evictions"][0] == 0
+    text = runner.invoke(app, ["better", "-s", "vllm-ef", "--margin", "0.1", *SMALL])
+    assert "what the schedule found does differently" in text.output
     no = runner.invoke(app, ["better", "-s", "vllm", "--margin", "0.1", *SMALL, "--json"])
     ans = json.loads(no.output.strip().splitlines()[-1])
     assert ans["answer"] == "no" and ans["bound_s"] > ans["target_s"]
+    assert "differences" not in ans
 
 
 def test_cli_bad_input_exits_2():

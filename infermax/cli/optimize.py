@@ -174,5 +174,19 @@ def better(
         print(json.dumps(nan_to_null(ans.to_dict())))
         return
     console.print(f"[bold]{ans.answer}[/]: {ans.explanation}", highlight=False, soft_wrap=True)
-    console.print(summary_table(_display({k: v for k, v in ans.to_dict().items() if k not in ("answer", "explanation")}),
-                                "better"))
+    console.print(summary_table(_display({k: v for k, v in ans.to_dict().items()
+                                          if k not in ("answer", "explanation", "differences")}), "better"))
+    if ans.differences is not None:
+        console.print(_differences_table(ans.differences, scheduler))
+
+
+def _differences_table(differences: dict, scheduler: str):
+    """What the schedule found does differently from ``scheduler``'s (`solvers.differences`), one row per statistic."""
+    from rich.table import Table
+
+    table = Table(title="what the schedule found does differently", show_header=True)
+    for name, justify in (("statistic", "left"), (scheduler, "right"), ("found", "right")):
+        table.add_column(name, justify=justify)
+    for key, values in differences.items():
+        table.add_row(key.replace("_", " "), *(f"{v:,}" if isinstance(v, int) else f"{v:.3g}" for v in values))
+    return table
