@@ -17,6 +17,7 @@ from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
+from .differences import differences
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, optimize
@@ -44,6 +45,8 @@ class Analysis:
     elapsed_s: float
     milp: OptimizeResult | None = None
     details: dict = field(default_factory=dict)
+    # what the best schedule does differently from the warm start's (`differences.differences`), when it is another
+    differences: dict | None = None
 
     @property
     def gap(self) -> float:
@@ -57,6 +60,8 @@ class Analysis:
         if self.milp is not None:
             out.update({f"milp_{k}" if k in ("status", "objective_s", "gap") else k: v
                         for k, v in self.milp.summary().items() if k not in ("objective", "optimal_over_all_schedules")})
+        if self.differences is not None:
+            out["differences"] = self.differences
         return out
 
 
@@ -140,5 +145,6 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         if milp.status == "optimal" and milp.global_optimum and milp.value_s is not None:
             bound_s, bound_by = max(bound_s, min(milp.bound_s, best_s)), "MILP"
     status = "no_solution" if best is None else ("optimal" if meets(best_s, bound_s) else "feasible")
+    diffs = differences(warm, best) if warm is not None and best is not None and best_by != warm_start else None
     return Analysis(objective, None if best is None else best_s, best_by, best, bound_s, bound_by, status,
-                    deadline.elapsed(), milp, details)
+                    deadline.elapsed(), milp, details, diffs)

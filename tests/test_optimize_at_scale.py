@@ -299,3 +299,21 @@ def test_large_simulations_are_not_started_without_time_for_their_set_up(monkeyp
     assert res.incumbent_s is None and "search_skipped" in res.details and res.bound_s > 0
     with pytest.raises(SimulationTimeout, match="cannot finish within the time limit"):
         better(reqs, Limits(C=4096, M=3000), COST, "vllm", 0.05, Objective(makespan=1), time_limit_s=1e-6)
+
+
+def test_optimize_says_what_its_schedule_does_differently_from_the_warm_start():
+    """A.3's LISO+SISO at B = 8 (linear model), sum of latencies: the search beats vLLM's warm start, and the
+    comparison reads both schedules (vLLM's as simulated here); where the warm start stays the best, none."""
+    from infermax.workload import heterogeneous_mix
+
+    cost, limits = load_cost_model(kind="linear"), Limits(C=4096, M=100_000)
+    reqs = heterogeneous_mix("LISO+SISO", 8, seed=0)
+    res = analyse(reqs, limits, cost, Objective(latency=1), time_limit_s=60)
+    assert res.incumbent_by != "vllm" and res.differences is not None
+    vllm = simulate(reqs, "vllm", limits, cost).schedule
+    assert res.differences["batches"] == [len(vllm.batches), len(res.schedule.batches)]
+    assert res.summary()["differences"] == res.differences
+    # shortest first: the short requests finish before the long ones in the schedule found
+    assert res.differences["length_order"][1] > res.differences["length_order"][0]
+    tiny = analyse([Request(0, 0.0, 1, 3), Request(1, 0.0, 1, 3)], Limits(C=8, M=3), cost, time_limit_s=60)
+    assert tiny.incumbent_by == "vllm" and tiny.differences is None and "differences" not in tiny.summary()

@@ -126,7 +126,9 @@ def optimize(
         print(json.dumps(summary))
         return
     console.print(config_header(config, limits).replace("vllm |", "optimize |", 1), highlight=False, soft_wrap=True)
-    console.print(summary_table(_display(res.summary()), "optimize"))
+    console.print(summary_table(_display({k: v for k, v in res.summary().items() if k != "differences"}), "optimize"))
+    if res.differences is not None:
+        console.print(_differences_table(res.differences, f"{warm_start} (warm start)"))
     if out is not None:
         console.print(f"results written to {out}")
 
@@ -181,7 +183,8 @@ def better(
 
 
 def _differences_table(differences: dict, scheduler: str):
-    """What the schedule found does differently from ``scheduler``'s (`solvers.differences`), one row per statistic."""
+    """What the schedule found does differently from ``scheduler``'s (`solvers.differences`; ``scheduler`` names the
+    column), one row per statistic."""
     from rich.table import Table
 
     table = Table(title="what the schedule found does differently", show_header=True)
