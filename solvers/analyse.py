@@ -145,6 +145,10 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         if milp.status == "optimal" and milp.global_optimum and milp.value_s is not None:
             bound_s, bound_by = max(bound_s, min(milp.bound_s, best_s)), "MILP"
     status = "no_solution" if best is None else ("optimal" if meets(best_s, bound_s) else "feasible")
-    diffs = differences(warm, best) if warm is not None and best is not None and best_by != warm_start else None
+    diffs = None
+    if warm is not None and best is not None and best_by != warm_start:
+        diffs = differences(warm, best, deadline.left())
+        if diffs is None:
+            details["differences_skipped"] = "too little time left to compare the two schedules"
     return Analysis(objective, None if best is None else best_s, best_by, best, bound_s, bound_by, status,
                     deadline.elapsed(), milp, details, diffs)

@@ -87,7 +87,9 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     answer = _answer(requests, limits, cost_model, scheduler, margin, objective, policies, options, deadline, say, sim,
                      memory_budget_bytes)
     if answer.schedule is not None:
-        answer.differences = differences(sim.schedule, answer.schedule)
+        answer.differences = differences(sim.schedule, answer.schedule, deadline.left())
+        if answer.differences is None:
+            answer.methods["differences_skipped"] = "too little time left to compare the two schedules"
     return answer
 
 

@@ -56,3 +56,11 @@ def test_identical_requests_have_no_length_order_and_differences_pair_the_two():
     d = differences(together, one_by_one)
     assert d["batches"] == [2, 6]
     assert d["requests_per_batch"] == [pytest.approx(3.0), pytest.approx(1.0)]
+
+
+def test_differences_are_skipped_when_the_time_left_cannot_cover_them():
+    reqs = [Request(i, 0.0, 2, 2) for i in range(3)]
+    s = _valid(reqs, [ScheduledBatch(items=[(i, 2) for i in range(3)]),
+                      ScheduledBatch(items=[(i, 1) for i in range(3)])])
+    assert differences(s, s, seconds_left=0.0) is None  # 12 items need ~5 µs
+    assert differences(s, s, seconds_left=1.0) is not None
