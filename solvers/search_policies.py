@@ -293,11 +293,11 @@ class PrefillDeferral:
     A prompt prefilled now lengthens the current batch by its cost ``c`` (its prefill alone, less a decode's
     batch), and every running request waits that long. Held back ``t`` decode steps, it no longer delays the
     running requests that finish within them, ``k(t)`` of them, but its own first token, and those of the
-    ``q`` waiting requests behind it, come about ``t`` decode batches of time ``b`` later. The rule holds the
-    prompt back when ``c·k(t) > w·(1 + q)·t·b`` for some ``t`` (a running request's remaining steps; ``b`` the
-    running set's decode batch now; ``w`` a weight, the search tries several). The exchange is only estimated
-    (the decodes held back share fewer intercepts; the requests behind would not all start at once), so it is
-    a heuristic, judged by the replayer like every candidate. Found on A.3 LISO+SISO, B = 16 (linear model):
+    ``q`` other requests still waiting (not admitted in this batch), come about ``t`` decode batches of time ``b``
+    later. The rule holds the prompt back when ``c·k(t) > w·(1 + q)·t·b`` for some ``t`` (a running request's
+    remaining steps; ``b`` the running set's decode batch now; ``w`` a weight, the search tries several). The
+    exchange is only estimated (the decodes held back share fewer intercepts; the requests still waiting would not
+    all start at once), so it is a heuristic, judged by the replayer like every candidate. Found on A.3 LISO+SISO, B = 16 (linear model):
     the forward waves prefilled three 512-token prompts in one batch beside five short decodes (4.987 s latency
     sum); finishing the short requests first gives 4.567 s."""
 
@@ -333,7 +333,7 @@ class PrefillDeferral:
         return c
 
     def defers(self, s: RequestState, behind: int) -> bool:
-        """Hold ``s`` back this batch (``behind``: waiting requests after it)?"""
+        """Hold ``s`` back this batch (``behind``: the other requests still waiting, `q`)?"""
         if not self._finishing:
             return False
         c = self.prompt_s(s.input_tokens - s.m)
