@@ -672,6 +672,32 @@ def test_neighbours_of_a_token_capped_candidate_keep_its_cap():
         assert all(n.build()[1].C == 384 for n in neighbours)
 
 
+def test_neighbours_of_a_deferring_candidate_vary_its_weight_and_order():
+    """Local search around a clairvoyant candidate that holds prompts back: the weight ×3 and ÷3, the other
+    shortest-first order (total length / KV area), and the rest of its parameters kept; a candidate without the
+    rule gets one with weight 0.1 (sum of latencies only)."""
+    import random
+
+    from infermax.costmodel import load_cost_model
+    from infermax.workload import heterogeneous_mix
+    from solvers.search import _State, _clairvoyant, _neighbours
+
+    cost, limits = load_cost_model(kind="linear"), Limits(C=4096, M=100_000)
+    reqs = heterogeneous_mix("LISO+SISO", 16, seed=0)
+    st_ = _State(reqs, limits, cost, Objective(latency=1), Policies(), math.inf, None)
+    cand = _clairvoyant(limits, True, "short_total", rmax=8, defer=0.3, cost_model=cost)
+    around = _neighbours(st_, cand, random.Random(0))
+    weights = sorted({round(n.params["defer"], 9) for n in around})
+    assert weights == [0.1, 0.3, 0.9]
+    assert any(n.params["rank"] == "small_area" and n.params["defer"] == 0.3 for n in around)
+    assert all(n.build()[0].defer is not None for n in around)  # every neighbour keeps the rule (with its cost model)
+    plain = _neighbours(st_, _clairvoyant(limits, True, "short_total", rmax=8), random.Random(0))
+    assert [n.params["defer"] for n in plain if n.params["defer"]] == [0.1]
+    makespan = _State(reqs, limits, cost, Objective(makespan=1), Policies(), math.inf, None)
+    assert not any(n.params["defer"] for n in _neighbours(makespan, _clairvoyant(limits, True, "short_total"),
+                                                           random.Random(0)))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.05, 1.0]), st.integers(1, 1500), st.integers(1, 30)),
                 min_size=1, max_size=12),
