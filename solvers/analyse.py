@@ -17,7 +17,7 @@ from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
-from .differences import differences
+from .differences import compared
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, optimize
@@ -147,8 +147,6 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     status = "no_solution" if best is None else ("optimal" if meets(best_s, bound_s) else "feasible")
     diffs = None
     if warm is not None and best is not None and best_by != warm_start:
-        diffs = differences(warm, best, deadline.left())
-        if diffs is None:
-            details["differences_skipped"] = "too little time left to compare the two schedules"
+        diffs = compared(warm, best, deadline.left(), details)
     return Analysis(objective, None if best is None else best_s, best_by, best, bound_s, bound_by, status,
                     deadline.elapsed(), milp, details, diffs)

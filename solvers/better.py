@@ -18,7 +18,7 @@ from infermax.schedule import Schedule
 
 from .backends import SolveOptions
 from .bounds import slot_bound
-from .differences import differences
+from .differences import compared
 from .formulation import TIME_UNIT
 from .lower_bound import lower_bound_or_zero
 from .objective import Objective
@@ -87,9 +87,7 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     answer = _answer(requests, limits, cost_model, scheduler, margin, objective, policies, options, deadline, say, sim,
                      memory_budget_bytes)
     if answer.schedule is not None:
-        answer.differences = differences(sim.schedule, answer.schedule, deadline.left())
-        if answer.differences is None:
-            answer.methods["differences_skipped"] = "too little time left to compare the two schedules"
+        answer.differences = compared(sim.schedule, answer.schedule, deadline.left(), answer.methods)
     return answer
 
 

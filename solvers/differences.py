@@ -84,6 +84,14 @@ def differences(base: Schedule, found: Schedule, seconds_left: float = float("in
     return {k: [a[k], b[k]] for k in a}
 
 
+def compared(base: Schedule, found: Schedule, seconds_left: float, notes: dict) -> dict[str, list[float]] | None:
+    """`differences`, or None with ``notes["differences_skipped"]`` saying why (`better` and `optimize`)."""
+    out = differences(base, found, seconds_left)
+    if out is None:
+        notes["differences_skipped"] = "too little time left to compare the two schedules"
+    return out
+
+
 def _spearman(x: list[int], y: list[int]) -> float:
     """Spearman's rank correlation (SciPy's, ties at their mean rank); 0 when either side is constant."""
     if len(set(x)) < 2 or len(set(y)) < 2:

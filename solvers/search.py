@@ -597,8 +597,10 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
         if work_cap:
             for w2 in (int(work_cap * 0.7), int(work_cap * 1.4)):
                 out.append(like(cap=w2))
-        for d2 in ((defer / 3, defer * 3) if defer else (0.1,) if st.objective.latency > 0 else ()):
-            out.append(like(weight=d2))
+        if defer:
+            out += [like(weight=defer / 3), like(weight=defer * 3)]
+        elif st.objective.latency > 0:
+            out.append(like(weight=0.1))
         # the two shortest-first orders of the waves, by total length or by KV area: with prompts held back, A.3
         # LILO+SILO B = 64 915.6 s by KV area against 921.9 s by length; LISO+SILO B = 128 1,104.5 against 1,114.9 s
         twin = {"short_total": "small_area", "small_area": "short_total"}.get(p["rank"])

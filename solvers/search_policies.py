@@ -297,9 +297,9 @@ class PrefillDeferral:
     later. The rule holds the prompt back when ``c·k(t) > w·(1 + q)·t·b`` for some ``t`` (a running request's
     remaining steps; ``b`` the running set's decode batch now; ``w`` a weight, the search tries several). The
     exchange is only estimated (the decodes held back share fewer intercepts; the requests still waiting would not
-    all start at once), so it is a heuristic, judged by the replayer like every candidate. Found on A.3 LISO+SISO, B = 16 (linear model):
-    the forward waves prefilled three 512-token prompts in one batch beside five short decodes (4.987 s latency
-    sum); finishing the short requests first gives 4.567 s."""
+    all start at once), so it is a heuristic, judged by the replayer like every candidate. Found on A.3 LISO+SISO,
+    B = 16 (linear model): the forward waves prefilled three 512-token prompts in one batch beside five short
+    decodes (4.987 s latency sum); finishing the short requests first gives 4.567 s."""
 
     def __init__(self, cost_model: CostModel, weight: float):
         self.cost_model, self.weight = cost_model, weight
@@ -371,7 +371,7 @@ class ClairvoyantScheduler(_ProfileScheduler):
 
     def _candidates(self):
         self._fails = 0
-        if self.defer is not None:
+        if self.defer is not None and self.waiting:  # (nobody to hold back otherwise)
             self.defer.start_batch(self.running)
         return self.waiting
 
@@ -717,6 +717,15 @@ class PlannedScheduler(_ProfileScheduler):
 PARTITION_MAX_EVALUATIONS = 200_000
 
 
+def _all_decode_together(requests: Sequence[Request], limits: Limits) -> bool:
+    """Whether `PrefillFirstScheduler`'s schedule fits the limits: every request holds its KV from its prefill to its
+    end, so their peaks must fit ``M`` together, and every request decodes in every decode batch, so there must be
+    at most ``C`` and ``Rmax`` of them."""
+    n = len(requests)
+    return (sum(limits.blocks(r.peak_kv_tokens) for r in requests) <= limits.M and n <= limits.C
+            and (limits.Rmax is None or n <= limits.Rmax))
+
+
 def prefill_partition(requests: Sequence[Request], limits: Limits, cost_model: CostModel) -> list[list[int]] | None:
     """The prompts, shortest first, split into consecutive groups, each one prefill-only batch of whole prompts
     within ``min(C, P)`` tokens, minimising the sum of those batches' times (a DP over group ends) — the first half
@@ -728,8 +737,7 @@ def prefill_partition(requests: Sequence[Request], limits: Limits, cost_model: C
     and 512 tokens, each at or under a token-count step), then three decode batches, 182.690 ms, which meets the
     lower bound (`lower_bound`, item 8), where every earlier candidate stopped at 185.43 ms."""
     n, budget = len(requests), min(limits.C, limits.prefill_budget)
-    if sum(limits.blocks(r.peak_kv_tokens) for r in requests) > limits.M or n > limits.C or (
-            limits.Rmax is not None and n > limits.Rmax):
+    if not _all_decode_together(requests, limits):
         return None
     order = sorted(requests, key=lambda r: (r.prompt_tokens, r.id))
     if any(r.prompt_tokens > budget for r in order):
@@ -766,9 +774,7 @@ def chunked_prefill_plan(requests: Sequence[Request], limits: Limits, chunk_toke
     the 512-token batches of whole prompts), then 127 decode batches, 5.2177 s, where the search's best had been
     vLLM's 5.3082 s. None under the conditions `prefill_partition` gives, or when ``chunk_tokens`` is outside
     1..min(C, P)."""
-    n, budget = len(requests), min(limits.C, limits.prefill_budget)
-    if not 1 <= chunk_tokens <= budget or sum(limits.blocks(r.peak_kv_tokens) for r in requests) > limits.M or \
-            n > limits.C or (limits.Rmax is not None and n > limits.Rmax):
+    if not 1 <= chunk_tokens <= min(limits.C, limits.prefill_budget) or not _all_decode_together(requests, limits):
         return None
     plan: list[list[tuple[int, int]]] = []
     batch, room = [], chunk_tokens
