@@ -33,6 +33,10 @@ DEV_ARGS=(--dtype bf16)
 # GRAPHS=1: profile and replay through CUDA graphs (the GPU's work without launch gaps), into profiles/<gpu>-graphs/
 # and runs/gpu_check/<gpu>-graphs/, beside the eager ones. GPU only.
 [ -n "${GRAPHS:-}" ] && DEV_ARGS+=(--cuda-graphs)
+# DECODE_PADDING: gpu-replay's --decode-padding (default 1.25; inf: one padded decode call per batch, as until
+# 2026-11-29), e.g. to measure both in one call.
+REPLAY_ARGS=()
+[ -n "${DECODE_PADDING:-}" ] && REPLAY_ARGS+=(--decode-padding "$DECODE_PADDING")
 # Schedules from `infermax optimize` replayed too (space-separated files; benchmarks/gpu_schedules/README.md says how
 # they were made): made ahead on this repository's H100 model, since the GPU image lacks HiGHS.
 OPT_SCHEDULES=${OPT_SCHEDULES-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json benchmarks/gpu_schedules/optimize-I512-O128-B64.json"}
@@ -129,7 +133,7 @@ replay_model() {  # $1 = model: simulate vLLM and Sarathi on both workloads, the
   for out in "$RUNS/$model"/*/; do
     out=${out%/}
     if python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$cost" --model "$model" \
-        "${DEV_ARGS[@]}" --out "$out/replay" --no-progress > "$out/replay.log" 2>&1; then
+        "${DEV_ARGS[@]}" ${REPLAY_ARGS[@]+"${REPLAY_ARGS[@]}"} --out "$out/replay" --no-progress > "$out/replay.log" 2>&1; then
       [ "${SCORE:-1}" = 0 ] || score_case "$out" "$model" "${FOLDER[$model]}"
       echo "[$SECONDS s] replayed $model $(basename "$out")"
     else

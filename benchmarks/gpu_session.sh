@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Issue 20 in one call of the device tool: what the machine has, the profiles, fits and replays of
-# benchmarks/gpu_check.sh, then tests/test_profiling.py (its CUDA test included). Every step has its own time limit
-# and a marker in $OUT/steps.log, so a step that hangs costs its limit, not the whole call, and says which it was.
+# Issue 20 in one call of the device tool: what the machine has, one or more passes of benchmarks/gpu_check.sh
+# (profiles, fits and replays), then tests/test_profiling.py (its CUDA tests included). Every step has its own time
+# limit and a marker in $OUT/steps.log, so a step that hangs costs its limit, not the whole call, and says which it was.
 #
-#   run: bash benchmarks/gpu_session.sh                       (timeout_s about 560; MAIN_S=420 for gpu_check.sh)
+#   run: bash benchmarks/gpu_session.sh                       (timeout_s about 580; CALL_S the same less 20)
+#   PASSES="eager:230 graphs" MODELS=llama-3-8b SKIP_PROFILE=1 SCORE=0 CALL_S=560 bash benchmarks/gpu_session.sh
 #   dry run on a CPU:  SMOKE=1 OUT=$(mktemp -d) bash benchmarks/gpu_session.sh
 #
-# Writes $OUT/steps.log, env.txt, gpu_check.log, test_profiling.txt and results.tgz (profiles/<gpu>*/ and
-# runs/gpu_check/): at most 8 files come back, each small, so they come back even when the call is cut short.
+# PASSES: space-separated `name[:limit_s]`, run in order; `eager` is gpu_check.sh as the caller's environment sets
+# it (SKIP_PROFILE=1: replay against the committed fits), `graphs` is gpu_check.sh with GRAPHS=1 (profile, fit and
+# replay through CUDA graphs), `graphs-replay` the same against the committed graph-timed fits (GRAPHS=1
+# SKIP_PROFILE=1). A pass without a limit gets what is left. SCORE=0 leaves the
+# scoring (CPU only) for later: `SCORE_ONLY=runs/gpu_check/<gpu> bash benchmarks/gpu_check.sh` on any machine.
+#
+# Writes $OUT/steps.log, env.txt, gpu_check-<pass>.log per pass, test_profiling.txt and results.tgz
+# (profiles/<gpu>*/ and runs/gpu_check/): at most 8 files come back, each small, so they come back even when the call
+# is cut short.
 #
 # Seen on 2026-11-27 (nvidia-h200, Firecracker): `python3` on the PATH had no torch; the image's is
 # /opt/torch/.venv/bin/python3, and a symbolic link to it does not work (Python then misses the venv), hence the
 # wrapper script below. One python process importing torch, numpy, pandas, scipy, sklearn, typer, rich and
 # matplotlib together and calling torch.cuda.get_device_name() then printed nothing for the rest of a 590 s call;
-# which import or call hung was not found (that run had no per-step limits), so each is a step of its own here.
+# which import or call hung was not found. The second call that day passed every probe, so the probes now run one
+# by one only when the combined one fails (each costs a Python start with torch, a few seconds of device time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT (the device tool sets it)}"
-MAIN_S=${MAIN_S:-420}
-# The whole call must end inside the device tool's timeout_s (pass the same number as CALL_S), or nothing is packed:
-# probes are cut to PROBE_S each, and gpu_check.sh gets what is left after them, less TAIL_S for the tests and packing.
+# The whole call must end inside the device tool's timeout_s (CALL_S a little less), or nothing is packed: probes are
+# cut to PROBE_S each, and the passes get what is left after them, less TAIL_S for the tests and packing.
 CALL_S=${CALL_S:-560} PROBE_S=${PROBE_S:-40} TAIL_S=${TAIL_S:-100}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+for spec in ${PASSES:-eager}; do  # a misspelt pass is refused before any device time is spent
+  case ${spec%%:*} in eager|graphs|graphs-replay) ;; *) echo "unknown pass '${spec%%:*}' (eager, graphs or graphs-replay)" >&2; exit 2;; esac
+done
 step() { echo "[$(date -u +%T) +${SECONDS}s] $*" | tee -a "$OUT/steps.log"; }
 pack() { tar czf "$OUT/results.tgz" profiles/h100-* profiles/h200* profiles/*/llama-3-8b runs/gpu_check \
   2>/dev/null; step "packed $(du -h "$OUT/results.tgz" | cut -f1)"; }
@@ -39,43 +50,56 @@ fi
 step "python: $(command -v python) -> ${PY:-the python on the PATH}"
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; nproc; } > "$OUT/env.txt" 2>&1
-for probe in "import sys; print(sys.version)" \
-             "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
-             "import torch; print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')" \
-             "import numpy, pandas, scipy, sklearn; print('numpy', numpy.__version__, 'pandas', pandas.__version__, 'scipy', scipy.__version__, 'sklearn', sklearn.__version__)" \
-             "import typer, rich, pyarrow; print('typer', typer.__version__, 'pyarrow', pyarrow.__version__)" \
-             "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot; print('matplotlib', matplotlib.__version__)" \
-             "import infermax.cli; print('infermax imports')"; do
-  step "probe: $probe"
-  if ! timeout -k 5 "$PROBE_S" python -c "$probe" >> "$OUT/env.txt" 2>&1; then
-    step "probe failed or timed out"
-    case $probe in *torch*) step "no usable torch: stopping"; cat "$OUT/env.txt"; exit 4;; esac
-  fi
-done
-# The combination that hung on 2026-11-27, and what gpu-replay imports, each under a limit; if the combination hangs,
-# try it with one OpenMP thread (two OpenMP runtimes in one process are a known cause of import deadlocks) and keep
-# that setting for the rest of the call if it helps.
-combo="import torch, numpy, pandas, scipy, sklearn, typer, rich, matplotlib; print('combined imports', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-step "probe: the 2026-11-27 combination"
-if ! timeout -k 5 "$PROBE_S" python -c "$combo" >> "$OUT/env.txt" 2>&1; then
-  step "combination failed or timed out; again with OMP_NUM_THREADS=1"
-  if OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -k 5 "$PROBE_S" python -c "$combo" >> "$OUT/env.txt" 2>&1; then
+probes=("import sys; print(sys.version)"
+        "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+        "import torch; print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')"
+        "import numpy, pandas, scipy, sklearn; print('numpy', numpy.__version__, 'pandas', pandas.__version__, 'scipy', scipy.__version__, 'sklearn', sklearn.__version__)"
+        "import typer, rich, pyarrow; print('typer', typer.__version__, 'pyarrow', pyarrow.__version__)"
+        "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot; print('matplotlib', matplotlib.__version__)"
+        "import infermax.cli, infermax.profiling.execute, infermax.costmodel.fitting; print('replay imports')")
+# Everything at once first (the combination that hung on 2026-11-27 and what gpu-replay imports); only if that fails
+# or hangs, each probe alone, and the combination again with one OpenMP thread (two OpenMP runtimes in one process
+# are a known cause of import deadlocks), kept for the rest of the call if it helps.
+combined="import sys, torch, numpy, pandas, scipy, sklearn, typer, rich, pyarrow, matplotlib
+import infermax.cli, infermax.profiling.execute, infermax.costmodel.fitting
+print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__,
+      'pandas', pandas.__version__, 'scipy', scipy.__version__, 'sklearn', sklearn.__version__,
+      'typer', typer.__version__, 'pyarrow', pyarrow.__version__, 'matplotlib', matplotlib.__version__)
+print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')"
+step "probe: every import at once"
+if ! timeout -k 5 "$PROBE_S" python -c "$combined" >> "$OUT/env.txt" 2>&1; then
+  step "combined probe failed or timed out: each alone"
+  for probe in "${probes[@]}"; do
+    step "probe: $probe"
+    if ! timeout -k 5 "$PROBE_S" python -c "$probe" >> "$OUT/env.txt" 2>&1; then
+      step "probe failed or timed out"
+      case $probe in *torch*) step "no usable torch: stopping"; cat "$OUT/env.txt"; exit 4;; esac
+    fi
+  done
+  if OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout -k 5 "$PROBE_S" python -c "$combined" >> "$OUT/env.txt" 2>&1; then
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
     step "one OpenMP thread works: kept for the rest of the call"
   fi
 fi
-step "probe: gpu-replay's imports"
-timeout -k 5 "$PROBE_S" python -c "import infermax.cli, infermax.profiling.execute, infermax.costmodel.fitting; print('replay imports')" \
-  >> "$OUT/env.txt" 2>&1 || step "probe failed or timed out (rc $?)"
 cat "$OUT/env.txt"
 
-left=$((CALL_S - SECONDS - TAIL_S))
-[ "$left" -lt "$MAIN_S" ] && MAIN_S=$left
-step "gpu_check.sh (limit ${MAIN_S}s)"
-timeout -k 10 "$MAIN_S" bash benchmarks/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
-step "gpu_check.sh rc $?"
-tail -40 "$OUT/gpu_check.log"
-pack
+for spec in ${PASSES:-eager}; do
+  pass=${spec%%:*} limit=${spec#*:}
+  [ "$limit" = "$spec" ] && limit=
+  left=$((CALL_S - SECONDS - TAIL_S))
+  if [ -z "$limit" ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
+  case $pass in
+    eager) settings=();;
+    graphs) settings=(GRAPHS=1 SKIP_PROFILE=);;
+    graphs-replay) settings=(GRAPHS=1 SKIP_PROFILE=1);;
+  esac
+  if [ "$limit" -lt 30 ]; then step "pass $pass: only ${limit}s left, skipped"; continue; fi
+  step "pass $pass: gpu_check.sh ${settings[*]} (limit ${limit}s)"
+  env "${settings[@]}" timeout -k 10 "$limit" bash benchmarks/gpu_check.sh > "$OUT/gpu_check-$pass.log" 2>&1
+  step "pass $pass rc $?"
+  tail -40 "$OUT/gpu_check-$pass.log"
+  pack
+done
 
 step "tests/test_profiling.py"
 timeout -k 5 $((TAIL_S - 20)) python -m pytest -q -p no:cacheprovider tests/test_profiling.py > "$OUT/test_profiling.txt" 2>&1

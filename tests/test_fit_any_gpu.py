@@ -105,3 +105,41 @@ def test_token_ranges_extend_past_the_profiled_sizes():
     assert token_ranges(4096) == TOKEN_RANGES
     assert token_ranges(32768)[-1] == (16385, 65536)
     assert token_ranges(100_000)[-1] == (65537, 262144)
+
+
+@pytest.mark.parametrize("device, expected", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                              ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L4", None), ("", None)])
+def test_a_profile_of_a_registered_device_under_another_name_gets_its_figures(device, expected):
+    from dataclasses import replace
+
+    from infermax.costmodel.fitting import recorded_device_spec
+    from infermax.models import GPUS
+
+    spec = recorded_device_spec({"profiled": {"device": device}}, "H200-graphs")
+    assert spec == (None if expected is None else replace(GPUS[expected], name="h200-graphs"))
+    assert recorded_device_spec({}, "x") is None and recorded_device_spec({"profiled": "?"}, "x") is None
+
+
+def test_fit_of_a_graph_timed_h200_profile_compares_the_roofline_and_saves_the_h200_figures(tmp_path, monkeypatch):
+    # The committed CUDA-graph profile (profiles/h200-graphs: an H200 timed through graphs) refitted from its
+    # measurements alone: the folder's GPU name is not registered, its recorded device is.
+    import shutil
+    from dataclasses import replace
+
+    from infermax.costmodel import profiles_dir
+    from infermax.costmodel.fitting import fit_profile
+    from infermax.models import GPUS, get_gpu, gpu_spec_to_dict
+
+    source = profiles_dir() / "h200-graphs" / "llama-3-8b" / "tp1"
+    folder = tmp_path / "h200-graphs" / "llama-3-8b" / "tp1"
+    folder.mkdir(parents=True)
+    shutil.copy(source / "measurements.csv", folder)
+    doc = json.loads((source / "profile.json").read_text())
+    kept = {k: doc[k] for k in ("gpu", "model", "tp", "num_layers", "hidden_size", "attention", "communication",
+                                "profiled")}
+    (folder / "profile.json").write_text(json.dumps(kept))
+    fitted = fit_profile(folder, plots=False)
+    assert fitted["gpu_spec"] == gpu_spec_to_dict(replace(GPUS["h200"], name="h200-graphs"))
+    assert "roofline" not in fitted and "roofline" in fitted["heldout_error"]["decode_attention"]
+    monkeypatch.setenv("INFERMAX_PROFILES", str(tmp_path))
+    assert get_gpu("h200-graphs").memory_bytes == GPUS["h200"].memory_bytes

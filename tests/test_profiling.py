@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hypothesis import given, settings, strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from infermax.cli import app  # noqa: E402
@@ -279,6 +280,105 @@ def test_graph_replay_path_gives_the_eager_tokens():
     with pytest.raises(RuntimeError, match="batch 1 is laid out differently"):
         graphs.replay(E.Executor(net, sched).plan(sched.batches[0].items, {r: (0, 99) for r, _ in
                                                                           sched.batches[0].items}), None)
+
+
+# ---- decode groups: a batch of very different cache lengths runs as groups of similar ones ----
+
+def test_decode_groups_by_hand():
+    # a 4,000-token conversation beside thirty 400-token ones: padding the thirty to 4,000 reads 5.5x their keys
+    assert L.decode_groups([4000] + [400] * 30) == [1, 30]
+    assert L.decode_groups([4000] + [400] * 30, padding=math.inf) == [31]
+    # 125, 108, 92, 75 (the profile's +-25% spread): 4 x 125 = 500 <= 1.25 x 400, one call as profiled
+    assert L.decode_groups([125, 108, 92, 75]) == [4]
+    # 100, 80: 2 x 100 = 200 <= 1.25 x 180 = 225; then 60: 3 x 100 = 300 > 1.25 x 240 = 300? no, equal: kept;
+    # then 10: 4 x 100 = 400 > 1.25 x 250: a new group
+    assert L.decode_groups([100, 80, 60, 10]) == [3, 1]
+    assert L.decode_groups([7]) == [1] and L.decode_groups([]) == []
+    with pytest.raises(ValueError, match="longest first"):
+        L.decode_groups([5, 9])
+    with pytest.raises(ValueError, match="at least 1"):
+        L.decode_groups([9, 5], padding=0.9)
+
+
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=60), st.sampled_from([1.0, 1.1, 1.25, 2.0, 4.0]))
+@settings(max_examples=200, deadline=None)
+def test_decode_groups_partition_bound_and_greedy(lengths, padding):
+    lengths = sorted(lengths, reverse=True)
+    sizes = L.decode_groups(lengths, padding)
+    assert sum(sizes) == len(lengths) and all(n > 0 for n in sizes)
+    first = 0
+    for k, n in enumerate(sizes):
+        group = lengths[first:first + n]
+        assert n * group[0] <= padding * sum(group) + 1e-9  # within the bound
+        if k + 1 < len(sizes):  # and no longer: the next sequence would break it
+            assert (n + 1) * group[0] > padding * (sum(group) + lengths[first + n])
+        first += n
+
+
+def _spread_schedule() -> Schedule:
+    """Decodes of very different cache lengths in one batch: request 0's prompt is 300 tokens, 1-4's are 3 to 20."""
+    reqs = [Request(0, 0.0, 300, 4), Request(1, 0.0, 3, 4), Request(2, 0.0, 20, 4), Request(3, 0.0, 12, 4),
+            Request(4, 0.0, 5, 4)]
+    b = ScheduledBatch
+    return Schedule(reqs, Limits(C=512, M=1024), [b([(r.id, r.prompt_tokens) for r in reqs])]
+                    + [b([(r.id, 1) for r in reqs]) for _ in range(3)])
+
+
+def test_grouped_decodes_give_the_full_forward_logits():
+    sched = _spread_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=5)
+    plans = []
+    grouped = E.Executor(net, sched, keep_logits=True)
+    plan = grouped.plan
+    grouped.plan = lambda items, before: plans.append(plan(items, before)) or plans[-1]
+    grouped.run(_Flat())
+    # longest cache first, then groups: request 0 alone (301 keys), then 20, 12 (2 x 21 <= 1.25 x 34), then 5, 3
+    assert [rid for rid in plans[1].gen_ids] == [0, 2, 3, 4, 1]
+    assert plans[1].decode_groups == [1, 2, 2]
+    for r in sched.requests:
+        ref = _reference_logits(net, grouped.tokens[r.id][:-1])
+        assert torch.allclose(torch.stack(grouped.logits[r.id]), ref[r.prompt_tokens - 1:], atol=2e-4, rtol=1e-4)
+    # one padded call per batch (as before 2026-11-29) picks the same tokens
+    single = E.Executor(net, sched, decode_padding=math.inf)
+    single.run(_Flat())
+    assert single.tokens == grouped.tokens
+
+
+def test_graph_replay_of_grouped_decodes_gives_the_eager_tokens():
+    sched = _spread_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=5)
+    eager = E.Executor(net, sched)
+    eager.run(_Flat())
+    graphs = _EagerGraphs()
+    E.Executor(net, sched).run(_Flat(), graphs=graphs)
+    assert len(graphs._graphs[1][1].index) == 3  # three decode groups, three fixed index tensors
+    graphs.capturing = False
+    with torch.inference_mode():
+        for _, fixed, _, _ in graphs._graphs:
+            for x in fixed.tensors():
+                x.zero_()
+    timed = E.Executor(net, sched)
+    timed.run(_Flat(), graphs=graphs)
+    assert timed.tokens == eager.tokens
+
+
+@pytest.mark.parametrize("padding, message", [("0.5", "at least 1"), ("abc", "Invalid value for '--decode-padding'")])
+def test_gpu_replay_rejects_a_bad_decode_padding(tiny_profile, tmp_path, padding, message):
+    path = _spread_schedule().save(tmp_path / "s.json")
+    result = runner.invoke(app, ["gpu-replay", str(path), "--model", "llama-3-8b", "--tiny", "--device", "cpu",
+                                 "--cost-model-file", str(tiny_profile / "infermax_linear.json"), "--no-progress",
+                                 "--decode-padding", padding])
+    assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
+
+
+def test_gpu_replay_summary_records_the_decode_padding(tiny_profile):
+    cost = load_cost_model(path=tiny_profile / "infermax_linear.json")
+    sched = _spread_schedule()
+    kwargs = dict(device="cpu", tiny=True, progress=False, warmup_batches=0)
+    assert E.gpu_replay(sched, "llama-3-8b", cost, **kwargs).summary["decode_padding"] == L.DECODE_PADDING
+    assert E.gpu_replay(sched, "llama-3-8b", cost, decode_padding=math.inf, **kwargs).summary["decode_padding"] is None
 
 
 def test_a_batch_that_cannot_be_captured_is_a_clear_error(monkeypatch):

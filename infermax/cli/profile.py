@@ -50,7 +50,12 @@ def gpu_replay(
     measured: Optional[Path] = typer.Option(
         None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "
                    "(that folder) against this cost model. Needs no GPU or PyTorch."),
-    cuda_graphs: GraphsOpt = False, progress: ProgressOpt = True,
+    cuda_graphs: GraphsOpt = False,
+    decode_padding: float = typer.Option(
+        1.25, help="Decodes run in groups of similar lengths, each one attention call over keys padded to its "
+                   "longest, at most this many times the group's keys (the operator profile's own spread); inf: one "
+                   "padded call per batch, as replays did until 2026-11-29."),
+    progress: ProgressOpt = True,
 ) -> None:
     """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction.
 
@@ -73,7 +78,7 @@ def gpu_replay(
             from ..profiling.execute import gpu_replay as run_replay
 
             check = run_replay(sched, model, cost, device=device, dtype=dtype, tiny=tiny, warmup_batches=warmup,
-                               progress=progress, cuda_graphs=cuda_graphs)
+                               progress=progress, cuda_graphs=cuda_graphs, decode_padding=decode_padding)
     except ScheduleViolation as exc:
         fail(f"invalid schedule: {exc}", code=1)
     except (ValueError, FileNotFoundError) as exc:

@@ -395,6 +395,23 @@ def _mean_overall(errors: dict, family: str, parts: set[str]) -> float:
     return float(np.mean([e[family]["all"]["mape_pct"] for name, e in errors.items() if name not in parts]))
 
 
+def recorded_device_spec(doc: dict, name: str):
+    """The registered figures of the device a profile says it was measured on (``profiled.device``, e.g.
+    "NVIDIA H200"), under the profile's own GPU ``name``; None when no registered GPU's name is in it.
+
+    A profile of a registered GPU kept under another folder name (``h200-graphs``: the same chip timed through CUDA
+    graphs; ``h200-pytorch``, ``h200-<date>``: see benchmarks/gpu_check.sh) then gets its roofline comparison, and
+    ``--gpu NAME`` finds its memory size, as the registered GPU's profile does."""
+    import dataclasses
+
+    from ..models import GPUS
+
+    profiled = doc.get("profiled")
+    device = str(profiled.get("device", "") if isinstance(profiled, dict) else "").lower()
+    matches = [key for key in GPUS if key in device]
+    return dataclasses.replace(GPUS[max(matches, key=len)], name=name.lower()) if matches else None
+
+
 def fit_profile(folder: str | Path, plots: bool = True, gpu_spec=None) -> dict:
     """Fit ``folder`` (ours: ``measurements.csv`` + ``profile.json``) and write, into it, both model
     JSONs, the error tables (into ``profile.json``) and one PNG per group. Returns ``profile.json``.
@@ -402,8 +419,9 @@ def fit_profile(folder: str | Path, plots: bool = True, gpu_spec=None) -> dict:
     The fit needs only the measurements, whatever the GPU. The roofline comparison needs the GPU's figures:
     a registered GPU's, ``gpu_spec`` (a ``models.GPUSpec``, saved into ``profile.json`` so that
     ``--gpu NAME`` finds it afterwards, ``models.saved_gpus``) or one saved there before; without them it is
-    skipped and ``profile.json``'s ``roofline`` says why."""
-    from ..models import GPU_SPEC_KEY, get_gpu, gpu_spec_from_dict, gpu_spec_to_dict
+    skipped and ``profile.json``'s ``roofline`` says why. A GPU name that is not registered but whose profile
+    recorded a registered device (``recorded_device_spec``) gets that device's figures."""
+    from ..models import GPU_SPEC_KEY, GPUS, get_gpu, gpu_spec_from_dict, gpu_spec_to_dict
     from .roofline import roofline_model
 
     out = folder = Path(folder)
@@ -411,6 +429,8 @@ def fit_profile(folder: str | Path, plots: bool = True, gpu_spec=None) -> dict:
     doc = read_json(folder / PROFILE_JSON)
     if gpu_spec is None and GPU_SPEC_KEY in doc:
         gpu_spec = gpu_spec_from_dict(doc[GPU_SPEC_KEY], spec.gpu, f"{folder / PROFILE_JSON}: {GPU_SPEC_KEY}")
+    if gpu_spec is None and spec.gpu.lower() not in GPUS:
+        gpu_spec = recorded_device_spec(doc, spec.gpu)
     if gpu_spec is not None:
         if gpu_spec.name != spec.gpu.lower():
             raise ValueError(f"the GPU spec is for {gpu_spec.name!r} but {folder / PROFILE_JSON} profiles {spec.gpu!r}")

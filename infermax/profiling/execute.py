@@ -15,6 +15,7 @@ in place of the cost model, so arrivals and idle waits are honoured exactly as i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,7 +65,8 @@ class BatchPlan:
     ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     prefills: list[tuple[int, int, int]] = field(default_factory=list)  # (pool start, m, c)
-    decodes: list[tuple[int, int]] = field(default_factory=list)  # (pool start, m)
+    decodes: list[tuple[int, int]] = field(default_factory=list)  # (pool start, m), longest cache first
+    decode_groups: list[int] = field(default_factory=list)  # sizes of consecutive decodes, one attention call each
     gen_rows: list[int] = field(default_factory=list)  # token rows whose logits pick the next token
     gen_ids: list[int] = field(default_factory=list)  # request ids of gen_rows
 
@@ -72,13 +74,14 @@ class BatchPlan:
 @dataclass
 class PlanTensors:
     """A BatchPlan's index tensors: token ids, positions, the rows whose logits generate, and for decodes the
-    pool rows to read (``index``, ``valid``: ``layers.decode_index``) and to write (``write_rows``)."""
+    pool rows to write (``write_rows``) and, per decode group, the rows to read (``index``, ``valid``:
+    ``layers.decode_index``)."""
 
     ids: object
     positions: object
     gen_rows: object
-    index: object = None
-    valid: object = None
+    index: list = field(default_factory=list)
+    valid: list = field(default_factory=list)
     write_rows: object = None
 
     @classmethod
@@ -86,12 +89,18 @@ class PlanTensors:
         t = cls(torch.tensor(plan.ids, device=device), torch.tensor(plan.positions, device=device),
                 torch.tensor(plan.gen_rows, device=device, dtype=torch.long))
         if plan.decodes:
-            t.index, t.valid = L.decode_index([st for st, _ in plan.decodes], [m + 1 for _, m in plan.decodes], device)
+            first = 0
+            for size in plan.decode_groups:
+                group = plan.decodes[first:first + size]
+                index, valid = L.decode_index([st for st, _ in group], [m + 1 for _, m in group], device)
+                t.index.append(index)
+                t.valid.append(valid)
+                first += size
             t.write_rows = torch.tensor([st + m for st, m in plan.decodes], device=device)
         return t
 
     def tensors(self) -> list:
-        return [x for x in (self.ids, self.positions, self.gen_rows, self.index, self.valid, self.write_rows)
+        return [x for x in (self.ids, self.positions, self.gen_rows, *self.index, *self.valid, self.write_rows)
                 if x is not None]
 
     def copy_from(self, other: "PlanTensors") -> None:
@@ -119,7 +128,7 @@ class Transformer:
         t = t if t is not None else PlanTensors.of(plan, self.device)
         positions = t.positions
         n_prefill = sum(c for _, _, c in plan.prefills)
-        index, valid, write_rows = t.index, t.valid, t.write_rows
+        write_rows = t.write_rows
         x = L.embed(t.ids, self.emb)
         for layer, w in enumerate(self.layers):
             k_pool, v_pool = self.k_pool[layer], self.v_pool[layer]
@@ -135,7 +144,10 @@ class Transformer:
             if plan.decodes:
                 k_pool.index_copy_(0, write_rows, k[n_prefill:])
                 v_pool.index_copy_(0, write_rows, v[n_prefill:])
-                outs.append(L.decode_attention(q[n_prefill:], k_pool, v_pool, index, valid))
+                row = n_prefill
+                for size, index, valid in zip(plan.decode_groups, t.index, t.valid):
+                    outs.append(L.decode_attention(q[row:row + size], k_pool, v_pool, index, valid))
+                    row += size
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             x = L.add(x, L.linear(attn, w.wo))
             x = L.add(x, L.linear(L.silu_mul(L.linear(L.rms_norm(x, w.ln2), w.w_gate_up)), w.w_down))
@@ -150,10 +162,14 @@ def prompt_tokens(request_id: int, length: int, vocab: int, seed: int = 0) -> li
 
 
 class Executor:
-    """Runs a Schedule's batches on a ``Transformer``; ``tokens[id]`` holds prompt + generated tokens."""
+    """Runs a Schedule's batches on a ``Transformer``; ``tokens[id]`` holds prompt + generated tokens.
 
-    def __init__(self, model: Transformer, schedule: Schedule, seed: int = 0, keep_logits: bool = False):
-        self.model, self.schedule = model, schedule
+    A batch's decodes run longest cache first, in groups of at most ``decode_padding`` times their keys
+    (``layers.decode_groups``; ``inf``: one padded call per batch, as before 2026-11-29)."""
+
+    def __init__(self, model: Transformer, schedule: Schedule, seed: int = 0, keep_logits: bool = False,
+                 decode_padding: float = L.DECODE_PADDING):
+        self.model, self.schedule, self.decode_padding = model, schedule, decode_padding
         self.pool = TokenPool(model.k_pool.shape[1])
         self.tokens = {r.id: prompt_tokens(r.id, r.prompt_tokens, model.s.vocab, seed) for r in schedule.requests}
         self.peak = {r.id: r.peak_kv_tokens for r in schedule.requests}
@@ -181,6 +197,7 @@ class Executor:
                 if m != len(self.tokens[rid]) - 1:
                     raise AssertionError(f"request {rid}: decode at m={m} but {len(self.tokens[rid])} tokens known")
                 decodes.append(rid)
+        decodes.sort(key=lambda rid: -before[rid][0])  # longest cache first (stable: ties keep the batch's order)
         for rid in decodes:
             m = before[rid][0]
             plan.decodes.append((self.slot[rid], m))
@@ -188,6 +205,7 @@ class Executor:
             plan.gen_ids.append(rid)
             plan.ids.append(self.tokens[rid][m])
             plan.positions.append(m)
+        plan.decode_groups = L.decode_groups([m + 1 for _, m in plan.decodes], self.decode_padding)
         return plan
 
     def run(self, cost_model: CostModel, batches: int | None = None, progress=None,
@@ -246,7 +264,7 @@ class BatchGraphs:
 
     @staticmethod
     def _layout(plan: BatchPlan) -> tuple:
-        return tuple(plan.prefills), tuple(plan.decodes), len(plan.ids), tuple(plan.gen_rows)
+        return tuple(plan.prefills), tuple(plan.decodes), tuple(plan.decode_groups), len(plan.ids), tuple(plan.gen_rows)
 
     def capture(self, model: "Transformer", plan: BatchPlan) -> None:
         fixed = PlanTensors.of(plan, model.device)
@@ -300,7 +318,8 @@ def check_positions(schedule: Schedule, shapes: L.Shapes) -> None:
 
 def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",
                tiny: bool = False, warmup_batches: int | None = None, seed: int = 0,
-               progress: bool = True, cuda_graphs: bool = False) -> ReplayCheck:
+               progress: bool = True, cuda_graphs: bool = False,
+               decode_padding: float = L.DECODE_PADDING) -> ReplayCheck:
     """Execute ``schedule`` with ``model`` (random weights) on ``device``; compare with ``cost_model``.
 
     The first ``warmup_batches`` batches (by default all of them) run once untimed, then the whole schedule runs
@@ -313,11 +332,16 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
 
     ``cuda_graphs``: every batch is captured in the warm-up pass and the timed pass replays the graphs
     (``BatchGraphs``), so each batch's time is its GPU work without launch gaps; needs CUDA and the full warm-up.
+
+    ``decode_padding``: the most padding a decode attention call may carry (``layers.decode_groups``); ``inf``
+    runs each batch's decodes as one padded call, as replays did until 2026-11-29.
     """
     from .runner import _progress, device_name, resolve_device
 
     if dtype not in L.DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
+    if not decode_padding >= 1:
+        raise ValueError(f"--decode-padding must be at least 1 (inf: one padded call per batch), got {decode_padding}")
     for j, batch in enumerate(schedule.batches):
         if batch.swap_out or batch.swap_in or batch.hidden:
             raise ValueError(f"batch {j} swaps KV or holds a hidden-form cache; gpu-replay executes KV-form caches "
@@ -333,13 +357,15 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
         graphs, warmup_batches = BatchGraphs(), None
     net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
     if warmup_batches is None or warmup_batches > 0:
-        Executor(net, schedule, seed).run(cost_model, batches=warmup_batches, graphs=graphs)
+        Executor(net, schedule, seed, decode_padding=decode_padding).run(cost_model, batches=warmup_batches,
+                                                                          graphs=graphs)
     if graphs is not None:
         graphs.capturing = False
     with _progress(progress, len(schedule.batches), f"replaying {len(schedule.batches)} batches on {device}") as advance:
-        measured, rec = Executor(net, schedule, seed).run(cost_model, progress=advance, graphs=graphs)
+        measured, rec = Executor(net, schedule, seed, decode_padding=decode_padding).run(
+            cost_model, progress=advance, graphs=graphs)
     info = {"model": shapes.name, "device": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "scheduler": schedule.meta.get("scheduler"), "requests": len(schedule.requests),
             "warmup_batches": len(schedule.batches) if warmup_batches is None else warmup_batches,
-            "cuda_graphs": cuda_graphs}
+            "cuda_graphs": cuda_graphs, "decode_padding": None if math.isinf(decode_padding) else decode_padding}
     return compare(schedule, cost_model, measured, rec, info)

@@ -1,0 +1,121 @@
+"""How much of a gpu-replay's error sits in decode batches that the replayer pads far beyond their KV (issue 20).
+
+`gpu-replay` (up to 2026-11-29) ran a batch's decode attention as one SDPA call over the sequences' keys gathered into
+a padded ``[b, L]`` block, ``L`` the longest KV length rounded up to 8 (``layers.decode_index``). The attention work is
+then about ``b · max`` keys, not their sum. The operator profile's decode batches spread lengths over ±25% of their
+mean (``operators.decode_lengths``), so the cost model, fitted on the sum, has seen padding up to about 1.25×. On a
+fixed I/O grid every sequence has nearly the same length; on a trace slice a batch can hold a 4,000-token
+conversation beside thirty 400-token ones, and the replayer reads four to six times the keys a paged-attention server
+would.
+
+For each replay folder (``<model>/<case>/score-<family>/batches.csv``) this prints, per padding band (``b · max /
+sum`` of the decode KV lengths), the batches, their median signed error (predicted − measured, relative to measured),
+their per-batch MAPE and their share of the measured busy time; then per case the per-batch MAPE and the busy-time
+error over all batches and over the batches padded at most ``--ratio`` times. Optionally draws signed error against
+padding.
+
+    python benchmarks/gpu_replay_padding.py profiles/h200-graphs/replays/2026-11-29 profiles/h200/replays/2026-11-29
+
+Reads only committed files; needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+BANDS = [0, 1.5, 2, 3, 4, 6, np.inf]
+
+
+def padding_ratio(batches: pd.DataFrame) -> pd.Series:
+    """``b · max / sum`` of a batch's decode KV lengths (1 for a batch without decodes)."""
+    padded = batches.n_decode_seqs * batches.decode_kv_max
+    return (padded / batches.decode_kv_tokens.where(batches.decode_kv_tokens > 0)).fillna(1.0)
+
+
+def load(run: Path, family: str) -> pd.DataFrame:
+    frames = []
+    for path in sorted(run.glob(f"*/*/score-{family}/batches.csv")):
+        d = pd.read_csv(path)
+        d["case"] = f"{path.parts[-4]}/{path.parts[-3]}"
+        d["run"] = str(run)
+        frames.append(d)
+    if not frames:
+        raise SystemExit(f"{run}: no */*/score-{family}/batches.csv")
+    d = pd.concat(frames, ignore_index=True)
+    d["signed_pct"] = 100 * (d.predicted_s - d.measured_s) / d.measured_s
+    d["padding"] = padding_ratio(d)
+    return d
+
+
+def summary(d: pd.DataFrame, ratio: float) -> pd.DataFrame:
+    rows = []
+    for (run, case), g in d.groupby(["run", "case"], sort=True):
+        kept = g[g.padding <= ratio]
+        rows.append({"run": Path(run).parent.parent.name + "/" + Path(run).name, "case": case, "batches": len(g),
+                     f"padded > {ratio:g}x": len(g) - len(kept),
+                     "their share of busy time %": 100 * (1 - kept.measured_s.sum() / g.measured_s.sum()),
+                     "MAPE all %": g.signed_pct.abs().mean(),
+                     "busy error all %": 100 * (g.predicted_s.sum() / g.measured_s.sum() - 1),
+                     f"MAPE <= {ratio:g}x %": kept.signed_pct.abs().mean(),
+                     f"busy error <= {ratio:g}x %": 100 * (kept.predicted_s.sum() / kept.measured_s.sum() - 1)})
+    return pd.DataFrame(rows)
+
+
+def bands(d: pd.DataFrame) -> pd.DataFrame:
+    d = d[d.n_decode_seqs > 0].assign(band=pd.cut(d.padding, BANDS))
+    total = d.groupby("run").measured_s.sum()
+    out = d.groupby(["run", "band"], observed=True).agg(
+        batches=("signed_pct", "size"), median_signed_pct=("signed_pct", "median"),
+        mape_pct=("signed_pct", lambda x: x.abs().mean()), measured_s=("measured_s", "sum"),
+        median_decodes=("n_decode_seqs", "median"), median_kv_max=("decode_kv_max", "median")).reset_index()
+    out["busy_share_pct"] = 100 * out.measured_s / out.run.map(total)
+    out["run"] = out.run.map(lambda r: Path(r).parent.parent.name + "/" + Path(r).name)
+    return out.drop(columns="measured_s")
+
+
+def plot(d: pd.DataFrame, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = list(dict.fromkeys(d.run))
+    colors = {case: f"C{i % 10}" for i, case in enumerate(sorted(set(d.case)))}  # one colour per case in every panel
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.2), sharey=True, squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        g = d[(d.run == run) & (d.n_decode_seqs > 0)]
+        for case, h in g.groupby("case"):
+            ax.scatter(h.padding, h.signed_pct, s=6, alpha=0.5, color=colors[case], label=case)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.axvline(1.25, color="grey", ls=":", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("decode padding: batch × longest KV / sum of KV")
+        ax.set_title(Path(run).parent.parent.name + "/" + Path(run).name, fontsize=9)
+    axes[0][0].set_ylabel("predicted − measured, % of measured")
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=case) for case, c in colors.items()]
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=min(5, len(handles)))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=130)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="folders holding <model>/<case>/score-<family>/ folders")
+    ap.add_argument("--family", default="piecewise", help="the fit whose scores are read (default piecewise)")
+    ap.add_argument("--ratio", type=float, default=3.0, help="padding above which a batch is set apart (default 3)")
+    ap.add_argument("--plot", help="also draw signed error against padding into this PNG")
+    args = ap.parse_args()
+    d = pd.concat([load(run, args.family) for run in args.runs], ignore_index=True)
+    pd.set_option("display.width", 200)
+    print(bands(d).round(1).to_string(index=False))
+    print()
+    print(summary(d, args.ratio).round(1).to_string(index=False))
+    if args.plot:
+        plot(d, args.plot)
+
+
+if __name__ == "__main__":
+    main()
