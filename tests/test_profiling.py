@@ -540,3 +540,21 @@ def test_cuda_graph_profile_and_replay_on_cuda(tmp_path):
     check = E.gpu_replay(sched, "llama-3-8b", _Flat(), device="cuda", dtype="fp32", tiny=True, progress=False,
                          cuda_graphs=True)
     assert check.summary["cuda_graphs"] and check.summary["batches"] == len(sched.batches)
+
+
+def test_graph_timing_captures_several_calls_and_reports_one(monkeypatch):
+    # measure_graph's bookkeeping with the CUDA parts stood in for: `calls` calls captured in one graph, the replay
+    # timed, the timing divided by `calls` (the replay's own fixed cost spread over them, as in a batch's graph).
+    from types import SimpleNamespace
+
+    from infermax.profiling import timer as T
+
+    ran = []
+    monkeypatch.setattr(T.torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(T, "capture", lambda fn, pool=None: (SimpleNamespace(replay=fn), fn()))
+    monkeypatch.setattr(T, "measure", lambda fn, device, warmup, reps: fn() or T.Timing.of([8.0, 16.0, 12.0]))
+    t = T.measure_graph(lambda: ran.append(1), "cuda", warmup=2, reps=3, calls=4)
+    assert len(ran) == 2 + 4 + 4  # warm-up, the capture, one (stood-in) timed replay
+    assert (t.median_ms, t.mean_ms, t.reps) == (3.0, 3.0, 3) and t.std_ms == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="calls >= 1"):
+        T.measure_graph(lambda: None, "cuda", calls=0)

@@ -23,7 +23,7 @@ import pandas as pd
 from ..costmodel.measurements import COLUMNS, MEASUREMENTS_CSV, PROFILE_JSON, write_measurements
 from . import layers as L
 from .operators import OperatorBench, get_grid
-from .timer import measure, measure_graph, require_graphs_device
+from .timer import GRAPH_CALLS, measure, measure_graph, require_graphs_device
 
 torch = L.torch
 KNOWN_GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4", "v100")
@@ -139,7 +139,8 @@ def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid:
            "communication": "not applicable (tp=1)" if tp == 1 else
            "not measured: one shard profiled on one device, no all-reduce",
            "profiled": {**env, "command": source}, "recorded_not_fitted": list(NOT_FITTED),
-           "timing": ("CUDA graph replays (GPU work without launch gaps)" if cuda_graphs else
+           "timing": (f"CUDA graph replays of {GRAPH_CALLS} back-to-back calls, per call (GPU work without launch "
+                      f"gaps)" if cuda_graphs else
                       "eager, repetitions enqueued back to back (launch gaps of small operators included)"),
            **({"not_captured": not_captured} if not_captured else {})}
     (folder / PROFILE_JSON).write_text(json.dumps(doc, indent=2) + "\n")

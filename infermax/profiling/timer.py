@@ -21,6 +21,10 @@ class Timing:
     std_ms: float
     reps: int
 
+    def per_call(self, calls: int) -> "Timing":
+        """The timing of one of ``calls`` calls that each timed run made back to back."""
+        return Timing(self.median_ms / calls, self.mean_ms / calls, self.std_ms / calls, self.reps)
+
     @classmethod
     def of(cls, times_ms: list[float]) -> "Timing":
         std = statistics.stdev(times_ms) if len(times_ms) > 1 else 0.0
@@ -75,24 +79,44 @@ def require_graphs_device(device) -> None:
         raise ValueError("--cuda-graphs needs a CUDA device")
 
 
-def measure_graph(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10) -> Timing:
-    """Like ``measure``, but ``fn`` is captured once in a CUDA graph and each timed run is one replay of it.
+# Calls of an operator captured back to back in one graph by ``measure_graph``. A replay has a fixed cost on the GPU
+# besides its kernels (the graph's launch): on an H200 (2026-11-29) a 4-token ``add`` timed as one replay of a
+# one-call graph took 10.5 us, several times the kernel, and a decode batch of Llama-3-8B sums about 400 such
+# operator timings while its own graph pays the cost once. Graph-timed operators over-predicted the fixed grid's
+# 64-sequence decode batches by 9 to 14% (profiles/README.md); GRAPH_CALLS calls per replay spread that cost over
+# them, as a batch's graph spreads it over its operators.
+GRAPH_CALLS = 8
+
+
+def measure_graph(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10,
+                  calls: int = GRAPH_CALLS) -> Timing:
+    """Like ``measure``, but ``calls`` calls of ``fn`` are captured back to back in one CUDA graph, each timed run is
+    one replay of it, and the timing is per call.
 
     A replay is a single launch, so the time is the GPU's work alone, without the gaps in which the GPU waits for
     the host to launch the next kernel: what a server that captures its batches (vLLM's CUDA graphs) pays, where
-    ``measure`` also counts the host's launching of small operators. The ``warmup`` runs before the capture let
-    kernels choose and plan for this shape (cuDNN, cuBLAS), which must not happen during a capture. Raises what the
-    capture raises when ``fn`` cannot be captured (a host synchronisation or a host-to-device copy, say).
+    ``measure`` also counts the host's launching of small operators. Several calls per replay spread the replay's
+    own fixed cost (``GRAPH_CALLS``); the gaps between kernels inside a graph are counted, as in a batch's graph.
+    The ``warmup`` runs before the capture let kernels choose and plan for this shape (cuDNN, cuBLAS), which must
+    not happen during a capture. Raises what the capture raises when ``fn`` cannot be captured (a host
+    synchronisation or a host-to-device copy, say). The calls' results are dropped inside the capture, so their
+    memory is reused from one call to the next.
     """
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    if reps < 1 or warmup < 0 or calls < 1:
+        raise ValueError(f"need reps >= 1, warmup >= 0 and calls >= 1, got reps={reps}, warmup={warmup}, "
+                         f"calls={calls}")
     if torch.device(device).type != "cuda":
         raise ValueError("CUDA graphs need a CUDA device")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)
-    graph, _ = capture(fn)
-    return measure(graph.replay, device, warmup=1, reps=reps)  # the first replay uploads the graph: untimed
+    graph, _ = capture(lambda: _call_times(fn, calls))
+    return measure(graph.replay, device, warmup=1, reps=reps).per_call(calls)  # the first replay uploads: untimed
+
+
+def _call_times(fn: Callable[[], object], calls: int) -> None:
+    for _ in range(calls):
+        fn()
 
 
 _capture_stream = None
