@@ -12,11 +12,13 @@ For each replay folder (``<model>/<case>/score-<family>/batches.csv``) this prin
 sum`` of the decode KV lengths), the batches, their median signed error (predicted − measured, relative to measured),
 their per-batch MAPE and their share of the measured busy time; then per case the per-batch MAPE and the busy-time
 error over all batches and over the batches padded at most ``--ratio`` times. Optionally draws signed error against
-padding.
+padding. ``--keys`` also lays each replayed schedule (``sim/schedule.json``) out as `gpu-replay` does and counts the
+keys its decode attention reads: their sum, as one padded call per batch (the replays measured here), and in the
+groups of ``layers.decode_groups`` (gpu-replay's default since), with the calls per decode batch.
 
     python benchmarks/gpu_replay_padding.py profiles/h200-graphs/replays/2026-11-29 profiles/h200/replays/2026-11-29
 
-Reads only committed files; needs no GPU.
+Reads only committed files; needs no GPU (``--keys`` imports PyTorch for ``layers``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,48 @@ def bands(d: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="measured_s")
 
 
+def decode_lengths_per_batch(schedule) -> list[list[int]]:
+    """Per batch, its decodes' key counts (``m + 1``), longest first, as gpu-replay lays them out."""
+    from infermax.costmodel import load_cost_model
+    from infermax.replay import Replayer
+
+    rp = Replayer(schedule.requests, schedule.limits, load_cost_model())  # times unused
+    out = []
+    for batch in schedule.batches:
+        before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}
+        rp.apply(batch)
+        out.append(sorted((m + 1 for m, icur in before.values() if m >= icur), reverse=True))
+    return out
+
+
+def keys_read(runs: list[Path]) -> pd.DataFrame:
+    """Per replayed schedule: decode keys summed, read as one padded call per batch, read in decode groups."""
+    from infermax.profiling.layers import DECODE_ALIGN, decode_groups
+    from infermax.schedule import Schedule
+
+    def padded(lengths: list[int]) -> int:
+        return len(lengths) * -(-lengths[0] // DECODE_ALIGN) * DECODE_ALIGN
+
+    rows = []
+    for run in runs:
+        for path in sorted(run.glob("*/*/sim/schedule.json")):
+            total = single = grouped = calls = batches = most = 0
+            for lengths in decode_lengths_per_batch(Schedule.load(path)):
+                if not lengths:
+                    continue
+                sizes, first = decode_groups(lengths), 0
+                for size in sizes:
+                    grouped += padded(lengths[first:first + size])
+                    first += size
+                total, single, batches = total + sum(lengths), single + padded(lengths), batches + 1
+                calls, most = calls + len(sizes), max(most, len(sizes))
+            rows.append({"run": run.parent.parent.name + "/" + run.name, "case": f"{path.parts[-4]}/{path.parts[-3]}",
+                         "decode batches": batches, "keys (sum)": total, "one call: keys read / sum": single / total,
+                         "groups: keys read / sum": grouped / total, "groups: calls per batch": calls / batches,
+                         "most calls": most})
+    return pd.DataFrame(rows)
+
+
 def plot(d: pd.DataFrame, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -107,12 +151,16 @@ def main() -> None:
     ap.add_argument("--family", default="piecewise", help="the fit whose scores are read (default piecewise)")
     ap.add_argument("--ratio", type=float, default=3.0, help="padding above which a batch is set apart (default 3)")
     ap.add_argument("--plot", help="also draw signed error against padding into this PNG")
+    ap.add_argument("--keys", action="store_true", help="also count the decode keys read, one call against groups")
     args = ap.parse_args()
     d = pd.concat([load(run, args.family) for run in args.runs], ignore_index=True)
     pd.set_option("display.width", 200)
     print(bands(d).round(1).to_string(index=False))
     print()
     print(summary(d, args.ratio).round(1).to_string(index=False))
+    if args.keys:
+        print()
+        print(keys_read(args.runs).round(2).to_string(index=False))
     if args.plot:
         plot(d, args.plot)
 
