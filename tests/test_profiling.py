@@ -257,16 +257,18 @@ class _EagerGraphs(E.BatchGraphs):
         self._graphs.append((_EagerGraph(fn, out), fixed, out, self._layout(plan)))
 
 
-def test_graph_replay_path_gives_the_eager_tokens():
+@pytest.mark.parametrize("make, decode_groups", [("hand", 1), ("spread", 3)])
+def test_graph_replay_path_gives_the_eager_tokens(make, decode_groups):
     # The timed pass replays batch j's capture with batch j's index values copied in: the same tokens as eager runs.
-    sched = _hand_schedule()
+    # "spread": batch 1's decodes run in three decode groups, three fixed index tensors of their own.
+    sched = _hand_schedule() if make == "hand" else _spread_schedule()
     shapes = L.shard_shapes("llama-3-8b", tiny=True)
     net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=3)
     eager = E.Executor(net, sched)
     eager.run(_Flat())
     graphs = _EagerGraphs()
     E.Executor(net, sched).run(_Flat(), graphs=graphs)
-    assert len(graphs._graphs) == len(sched.batches)
+    assert len(graphs._graphs) == len(sched.batches) and len(graphs._graphs[1][1].index) == decode_groups
     graphs.capturing = False
     with torch.inference_mode():  # stale index values: each replay must copy its own batch's in
         for _, fixed, _, _ in graphs._graphs:
@@ -343,25 +345,6 @@ def test_grouped_decodes_give_the_full_forward_logits():
     single = E.Executor(net, sched, decode_padding=math.inf)
     single.run(_Flat())
     assert single.tokens == grouped.tokens
-
-
-def test_graph_replay_of_grouped_decodes_gives_the_eager_tokens():
-    sched = _spread_schedule()
-    shapes = L.shard_shapes("llama-3-8b", tiny=True)
-    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=5)
-    eager = E.Executor(net, sched)
-    eager.run(_Flat())
-    graphs = _EagerGraphs()
-    E.Executor(net, sched).run(_Flat(), graphs=graphs)
-    assert len(graphs._graphs[1][1].index) == 3  # three decode groups, three fixed index tensors
-    graphs.capturing = False
-    with torch.inference_mode():
-        for _, fixed, _, _ in graphs._graphs:
-            for x in fixed.tensors():
-                x.zero_()
-    timed = E.Executor(net, sched)
-    timed.run(_Flat(), graphs=graphs)
-    assert timed.tokens == eager.tokens
 
 
 @pytest.mark.parametrize("padding, message", [("0.5", "at least 1"), ("abc", "Invalid value for '--decode-padding'")])
