@@ -108,7 +108,8 @@ def test_token_ranges_extend_past_the_profiled_sizes():
 
 
 @pytest.mark.parametrize("device, expected", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
-                                              ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L4", None), ("", None)])
+                                              ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+                                              ("NVIDIA L4", None), ("", None)])
 def test_a_profile_of_a_registered_device_under_another_name_gets_its_figures(device, expected):
     from dataclasses import replace
 

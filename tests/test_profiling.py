@@ -541,3 +541,12 @@ def test_graph_timing_captures_several_calls_and_reports_one(monkeypatch):
     assert (t.median_ms, t.mean_ms, t.reps) == (3.0, 3.0, 3) and t.std_ms == pytest.approx(1.0)
     with pytest.raises(ValueError, match="calls >= 1"):
         T.measure_graph(lambda: None, "cuda", calls=0)
+
+
+@pytest.mark.parametrize("name, key", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                       ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+                                       ("NVIDIA L40S", "l40s"), ("NVIDIA L4", "l4"), ("Some GPU X", "some-gpu-x")])
+def test_gpu_key_names_the_profile_folder(name, key):
+    from infermax.profiling.runner import gpu_key
+
+    assert gpu_key(name, "cuda") == key and gpu_key(name, "cpu") == "cpu"

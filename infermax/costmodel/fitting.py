@@ -408,7 +408,8 @@ def recorded_device_spec(doc: dict, name: str):
 
     profiled = doc.get("profiled")
     device = str(profiled.get("device", "") if isinstance(profiled, dict) else "").lower()
-    matches = [key for key in GPUS if key in device]
+    # every part of a key in the name ("a100-40gb" in "nvidia a100-sxm4-40gb"); the most specific key wins
+    matches = [key for key in GPUS if all(part in device for part in key.split("-"))]
     return dataclasses.replace(GPUS[max(matches, key=len)], name=name.lower()) if matches else None
 
 
