@@ -1,0 +1,39 @@
+"""The scripts that spend a GPU session's scarce device time (benchmarks/gpu_check.sh, gpu_session.sh), run here on
+a CPU in their SMOKE mode, so that a broken step shows up in CI rather than on the GPU machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python` is this interpreter
+    full = {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "INFERMAX_PROFILES": str(tmp_path), **env}
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / script)], cwd=tmp_path, env=full, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_gpu_check_smoke_profiles_fits_replays_and_scores(tmp_path):
+    res = _run("gpu_check.sh", tmp_path, SMOKE="1", MODELS="llama-3-8b", WORKLOADS="fixed")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "FAILED" not in out
+    for case in ("optimize-I64-O4-B8", "sarathi-fixed", "vllm-fixed"):
+        assert f"replayed llama-3-8b {case}" in out
+    for family in ("linear", "piecewise"):  # the table: both fits scored for each replay
+        assert f"| llama-3-8b | vllm | fixed | {family} |" in out
+    assert not (ROOT / "runs" / "gpu_check" / "cpu").exists()  # SMOKE writes nothing into the repository
+
+
+def test_gpu_session_refuses_an_unknown_pass_before_any_step(tmp_path):
+    res = _run("gpu_session.sh", tmp_path, SMOKE="1", OUT=str(tmp_path), PASSES="eager:60 graph")
+    assert res.returncode == 2 and "unknown pass 'graph' (eager, graphs or graphs-replay)" in res.stderr
+    assert not (tmp_path / "steps.log").exists()
