@@ -292,8 +292,8 @@ def test_decode_groups_by_hand():
     assert L.decode_groups([4000] + [400] * 30, padding=math.inf) == [31]
     # 125, 108, 92, 75 (the profile's +-25% spread): 4 x 125 = 500 <= 1.25 x 400, one call as profiled
     assert L.decode_groups([125, 108, 92, 75]) == [4]
-    # 100, 80: 2 x 100 = 200 <= 1.25 x 180 = 225; then 60: 3 x 100 = 300 > 1.25 x 240 = 300? no, equal: kept;
-    # then 10: 4 x 100 = 400 > 1.25 x 250: a new group
+    # 100, 80: 2 x 100 = 200 <= 1.25 x 180 = 225; then 60: 3 x 100 = 300 <= 1.25 x 240 = 300 (equal: kept);
+    # then 10: 4 x 100 = 400 > 1.25 x 250 = 312.5: a new group
     assert L.decode_groups([100, 80, 60, 10]) == [3, 1]
     assert L.decode_groups([7]) == [1] and L.decode_groups([]) == []
     with pytest.raises(ValueError, match="longest first"):
