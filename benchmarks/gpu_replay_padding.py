@@ -79,22 +79,10 @@ def bands(d: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="measured_s")
 
 
-def decode_lengths_per_batch(schedule) -> list[list[int]]:
-    """Per batch, its decodes' key counts (``m + 1``), longest first, as gpu-replay lays them out."""
-    from infermax.costmodel import load_cost_model
-    from infermax.replay import Replayer
-
-    rp = Replayer(schedule.requests, schedule.limits, load_cost_model())  # times unused
-    out = []
-    for batch in schedule.batches:
-        before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}
-        rp.apply(batch)
-        out.append(sorted((m + 1 for m, icur in before.values() if m >= icur), reverse=True))
-    return out
-
-
 def keys_read(runs: list[Path]) -> pd.DataFrame:
     """Per replayed schedule: decode keys summed, read as one padded call per batch, read in decode groups."""
+    from gpu_replay_shapes import batch_layouts  # (benchmarks/, the running script's folder)
+
     from infermax.profiling.layers import DECODE_ALIGN, decode_groups
     from infermax.schedule import Schedule
 
@@ -105,9 +93,10 @@ def keys_read(runs: list[Path]) -> pd.DataFrame:
     for run in runs:
         for path in sorted(run.glob("*/*/sim/schedule.json")):
             total = single = grouped = calls = batches = most = 0
-            for lengths in decode_lengths_per_batch(Schedule.load(path)):
+            for _, lengths in batch_layouts(Schedule.load(path)):
                 if not lengths:
                     continue
+                lengths = sorted(lengths, reverse=True)  # gpu-replay runs them longest first
                 sizes, first = decode_groups(lengths), 0
                 for size in sizes:
                     grouped += padded(lengths[first:first + size])

@@ -39,22 +39,32 @@ WARMUP_BATCHES = 8  # gpu-replay's default until these runs: the first 8 batches
 def attention_shapes(schedule: Schedule) -> list[set[tuple]]:
     """Per batch, the attention calls' shapes as gpu-replay issues them: ('prefill', c, m + c) per chunk,
     ('decode', b, L) for the batch's decodes (``L``: longest key count rounded up to ``DECODE_ALIGN``)."""
-    rp = Replayer(schedule.requests, schedule.limits, load_cost_model())  # times unused
     shapes = []
-    for batch in schedule.batches:
-        before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}
-        rp.apply(batch)
-        keys, decode_lengths = set(), []
-        for rid, c in batch.items:
-            m, icur = before[rid]
-            if m < icur:
-                keys.add(("prefill", c, m + c))
-            else:
-                decode_lengths.append(m + 1)
+    for chunks, decode_lengths in batch_layouts(schedule):
+        keys = {("prefill", c, m + c) for m, c in chunks}
         if decode_lengths:
             keys.add(("decode", len(decode_lengths), -(-max(decode_lengths) // DECODE_ALIGN) * DECODE_ALIGN))
         shapes.append(keys)
     return shapes
+
+
+def batch_layouts(schedule: Schedule) -> list[tuple[list[tuple[int, int]], list[int]]]:
+    """Per batch, as gpu-replay lays it out: its prefill chunks ``(m, c)`` (``c`` tokens after ``m`` cached ones)
+    and its decodes' key counts ``m + 1``, in batch order (applied through a ``Replayer``, as gpu-replay does)."""
+    rp = Replayer(schedule.requests, schedule.limits, load_cost_model())  # times unused
+    out = []
+    for batch in schedule.batches:
+        before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}
+        rp.apply(batch)
+        chunks, decode_lengths = [], []
+        for rid, c in batch.items:
+            m, icur = before[rid]
+            if m < icur:
+                chunks.append((m, c))
+            else:
+                decode_lengths.append(m + 1)
+        out.append((chunks, decode_lengths))
+    return out
 
 
 def cold_batches(shapes: list[set[tuple]], warmup: int = WARMUP_BATCHES) -> np.ndarray:

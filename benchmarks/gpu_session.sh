@@ -30,8 +30,16 @@ cd "$(dirname "$0")/.."
 # cut to PROBE_S each, and the passes get what is left after them, less TAIL_S for the tests and packing.
 CALL_S=${CALL_S:-560} PROBE_S=${PROBE_S:-40} TAIL_S=${TAIL_S:-100}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+pass_settings() {  # $1 = a pass's name; sets `settings`, gpu_check.sh's environment for it; fails for another name
+  case $1 in
+    eager) settings=();;
+    graphs) settings=(GRAPHS=1 SKIP_PROFILE=);;
+    graphs-replay) settings=(GRAPHS=1 SKIP_PROFILE=1);;
+    *) return 1;;
+  esac
+}
 for spec in ${PASSES:-eager}; do  # a misspelt pass is refused before any device time is spent
-  case ${spec%%:*} in eager|graphs|graphs-replay) ;; *) echo "unknown pass '${spec%%:*}' (eager, graphs or graphs-replay)" >&2; exit 2;; esac
+  pass_settings "${spec%%:*}" || { echo "unknown pass '${spec%%:*}' (eager, graphs or graphs-replay)" >&2; exit 2; }
 done
 step() { echo "[$(date -u +%T) +${SECONDS}s] $*" | tee -a "$OUT/steps.log"; }
 pack() { tar czf "$OUT/results.tgz" profiles/h100-* profiles/h200* profiles/*/llama-3-8b runs/gpu_check \
@@ -88,11 +96,7 @@ for spec in ${PASSES:-eager}; do
   [ "$limit" = "$spec" ] && limit=
   left=$((CALL_S - SECONDS - TAIL_S))
   if [ -z "$limit" ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
-  case $pass in
-    eager) settings=();;
-    graphs) settings=(GRAPHS=1 SKIP_PROFILE=);;
-    graphs-replay) settings=(GRAPHS=1 SKIP_PROFILE=1);;
-  esac
+  pass_settings "$pass"
   if [ "$limit" -lt 30 ]; then step "pass $pass: only ${limit}s left, skipped"; continue; fi
   step "pass $pass: gpu_check.sh ${settings[*]} (limit ${limit}s)"
   env "${settings[@]}" timeout -k 10 "$limit" bash benchmarks/gpu_check.sh > "$OUT/gpu_check-$pass.log" 2>&1

@@ -18,17 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 
 from infermax.costmodel import load_cost_model  # noqa: E402
 from infermax.engine import simulate  # noqa: E402
-from infermax.limits import Limits  # noqa: E402
 from infermax.workload import load_trace, with_arrivals  # noqa: E402
+from optimality_gap import LIMITS  # noqa: E402  (the study's limits)
 from solvers.lower_bound import LowerBounder  # noqa: E402
 from solvers.objective import Objective  # noqa: E402
 from solvers.search import search  # noqa: E402
-
-LIMITS = Limits(C=4096, M=100_000)  # the study's (experiments/optimality_gap.py)
 
 
 def main() -> None:

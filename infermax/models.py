@@ -151,6 +151,15 @@ GPUS: dict[str, GPUSpec] = {
 DEFAULT_GPU = "a100"
 
 
+def gpu_named_in(device_name: str, keys) -> str | None:
+    """The key of ``keys`` (short GPU names such as ``a100-40gb``) that names ``device_name`` (a device's name, e.g.
+    "NVIDIA A100-SXM4-40GB"): every part of the key between hyphens is in the name, and the longest such key wins
+    ("a100-40gb" before "a100", "l40s" before "l4"); None when none does."""
+    lowered = device_name.lower()
+    matches = [key for key in keys if all(part in lowered for part in key.split("-"))]
+    return max(matches, key=len) if matches else None
+
+
 def _lookup(kind: str, registry: dict, name: str):
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in registry:

@@ -404,13 +404,11 @@ def recorded_device_spec(doc: dict, name: str):
     ``--gpu NAME`` finds its memory size, as the registered GPU's profile does."""
     import dataclasses
 
-    from ..models import GPUS
+    from ..models import GPUS, gpu_named_in
 
     profiled = doc.get("profiled")
-    device = str(profiled.get("device", "") if isinstance(profiled, dict) else "").lower()
-    # every part of a key in the name ("a100-40gb" in "nvidia a100-sxm4-40gb"); the most specific key wins
-    matches = [key for key in GPUS if all(part in device for part in key.split("-"))]
-    return dataclasses.replace(GPUS[max(matches, key=len)], name=name.lower()) if matches else None
+    key = gpu_named_in(str(profiled.get("device", "") if isinstance(profiled, dict) else ""), GPUS)
+    return None if key is None else dataclasses.replace(GPUS[key], name=name.lower())
 
 
 def fit_profile(folder: str | Path, plots: bool = True, gpu_spec=None) -> dict:

@@ -74,14 +74,9 @@ def gpu_key(name: str, device: str) -> str:
     """Short GPU name for ``profiles/<gpu>/`` (``h100``, ``h200``, ...) from the device name; ``cpu`` on a CPU."""
     if torch.device(device).type != "cuda":
         return "cpu"
-    from ..models import GPUS
+    from ..models import GPUS, gpu_named_in
 
-    lowered = name.lower()
-    # the longest key whose every part is in the name: "a100-40gb" for "NVIDIA A100-SXM4-40GB", "l40s" before "l4"
-    for key in sorted(set(KNOWN_GPUS) | set(GPUS), key=len, reverse=True):
-        if all(part in lowered for part in key.split("-")):
-            return key
-    return re.sub(r"[^a-z0-9]+", "-", lowered).strip("-")
+    return gpu_named_in(name, {*KNOWN_GPUS, *GPUS}) or re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def nvidia_driver() -> str:
