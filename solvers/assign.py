@@ -158,14 +158,15 @@ def complete(form: Formulation) -> None:
         prev_end = _val(form.end[j])
     ends = [_val(e) for e in form.end]
     for i, f in enumerate(form.finish):
-        _set(f, next(ends[j] for j in range(form.slots) if _val(form.cells[i][j].fin) > 0.5))
+        _set(f, next((ends[j] for j in range(form.slots) if _val(form.cells[i][j].fin) > 0.5), ends[-1]))
     for i, ft in enumerate(form.first):
         G = 0.0
         for j in range(form.slots):
             if j > 0:
                 _set(form.seen[i, j - 1], min(1.0, G))
             G += _val(form.cells[i][j].g)
-        _set(ft, next(ends[j] for j in range(form.slots) if sum(_val(form.cells[i][k].g) for k in range(j + 1)) > 0.5))
+        _set(ft, next((ends[j] for j in range(form.slots) if sum(_val(form.cells[i][k].g) for k in range(j + 1)) > 0.5),
+                      ends[-1]))
 
 
 def violations(prob: pulp.LpProblem, tol: float = 1e-6) -> list[str]:

@@ -111,14 +111,17 @@ class Formulation:
 
     def __init__(self, requests: list[Request], limits: Limits, cost_model, slots: int, objective: Objective,
                  policies: Policies = Policies(), objective_cut_s: float | None = None,
-                 strengthening: Strengthening = Strengthening()):
+                 strengthening: Strengthening = Strengthening(), finish_all: bool = True):
         """``objective_cut_s``: a valid lower bound on the objective over every schedule (solvers/lower_bound.py),
-        added as the constraint ``objective >= cut`` so the solver's dual bound starts there."""
+        added as the constraint ``objective >= cut`` so the solver's dual bound starts there. ``finish_all=False``
+        leaves out the rows that make every request finish within the slots, for a model of a schedule's first
+        batches (`benchmarks/window_milp.py` pins the state they reach instead); a request unfinished there counts
+        the last slot's end as its finish and first-token time."""
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.requests, self.limits, self.slots = list(requests), limits, slots
         self.objective, self.policies, self.objective_cut_s = objective, policies, objective_cut_s
-        self.strength = strengthening
+        self.strength, self.finish_all = strengthening, finish_all
         self.terms: tuple[CostTerm, ...] = tuple(t for t in cost_model.milp_terms() if t.active_if not in ALWAYS_ZERO)
         self.rb = [request_bounds(r, limits, policies) for r in self.requests]
         self.fb = feature_bounds(self.rb, limits)
@@ -233,7 +236,8 @@ class Formulation:
             prob += x.fin >= G_before - O + 1, f"fin_ge_{n}"
             self._products(i, x, n)
             m_prev, fin_prev = x.m, x.fin
-        prob += G_before == O, f"terminate_{i}"  # (1)
+        if self.finish_all:
+            prob += G_before == O, f"terminate_{i}"  # (1)
 
     def _symmetry(self) -> None:
         """Identical requests (`identical_classes`) are interchangeable: any schedule stays valid, with the same

@@ -96,6 +96,41 @@ def test_fitted_warm_start_sets_capped_context_and_step_variables():
     assert [sum(t.varValue for t in taus) / TIME_UNIT for taus in form.tau] == pytest.approx(durations, rel=1e-9)
 
 
+def test_set_from_a_schedule_prefix_counts_the_unfinished_to_its_end():
+    """`set_from_schedule` of a schedule's first batches into a model of that many slots whose requests need not
+    finish (``finish_all=False``, as `benchmarks/window_milp.py` builds it): a request unfinished there gets the last
+    slot's end as its finish and first-token time, so the model's latency and TTFT objectives equal the prefix's, by
+    hand from the replayed batch ends (each request's finish or first token if inside the prefix, else its end)."""
+    from infermax.replay import replay
+    from infermax.schedule import Schedule
+    from solvers.assign import set_from_schedule, violations
+    from solvers.formulation import Formulation
+
+    requests, limits = [Request(0, 0, 3, 1), Request(1, 0, 2, 4), Request(2, 0, 4, 3)], Limits(C=4, M=16)
+    sched = simulate(requests, "sarathi", limits, LINEAR).schedule
+    w = 3
+    ends = replay(sched, LINEAR).batches["end_s"].tolist()[:w]
+    prefix = Schedule(requests, limits, sched.batches[:w])
+    done_at = {rid: ends[-1] for rid in range(3)}
+    first_at = dict(done_at)
+    generated = {rid: 0 for rid in range(3)}
+    for j, batch in enumerate(prefix.batches):  # by hand: prompts of 3, 2, 4 tokens, then one token per decode
+        for rid, c in batch.items:
+            before = sum(n for b in prefix.batches[:j] for r, n in b.items if r == rid)
+            if before + c >= requests[rid].prompt_tokens:
+                generated[rid] += 1
+                first_at[rid] = min(first_at[rid], ends[j])
+                if generated[rid] == requests[rid].output_tokens:
+                    done_at[rid] = ends[j]
+    assert any(g < requests[rid].output_tokens for rid, g in generated.items())  # someone is unfinished
+    for objective, expected in ((Objective(latency=1), sum(done_at.values())),
+                                (Objective(ttft=1), sum(first_at.values()) / 3)):
+        form = Formulation(requests, limits, LINEAR, w, objective, finish_all=False)
+        set_from_schedule(form, prefix, LINEAR)
+        assert violations(form.prob) == []
+        assert form.objective_s() == pytest.approx(expected, rel=1e-9)
+
+
 def test_warm_start_breaking_a_forced_policy_is_refused():
     requests, limits = EVICT
     sim = simulate(requests, "vllm", limits, LINEAR)
