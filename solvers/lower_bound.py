@@ -52,6 +52,7 @@ PIPELINE_MAX_REQUESTS = 128
 # this time budget for all of them together (a budget cut short still yields a valid, weaker bound).
 PAIRWISE_MAX_CLASSES = 16
 PAIRWISE_TIME_LIMIT_S = 10.0
+STATE_PATH_TIME_LIMIT_S = 30.0  # the state-path MILP (identical requests): B = 16, I = 512, O = 128 solves in ~29 s
 # Several classes: one joint QP with cross-class blocks (`joint_qp_bound`); False: each class's QP on its own plus
 # min(w) per cross pair (the earlier bound, kept to measure what the joint QP buys).
 JOINT_PAIRWISE = True
@@ -67,7 +68,8 @@ BOUND_SHARE_OF_TIME_LEFT = 0.5
 # The parts that report each whole-sum ingredient of the latency and TTFT bounds (Σ finish − Σ arrival).
 INGREDIENT_PARTS = {"grouped completions": "grouped_sum_s", "pipelined completions": "pipelined_sum_s",
                     "pairwise completions": "pairwise_sum_s", "mean busy times": "mean_busy_sum_s",
-                    "work in progress": "work_in_progress_sum_s", "crowded service": "crowded_service_sum_s"}
+                    "work in progress": "work_in_progress_sum_s", "crowded service": "crowded_service_sum_s",
+                    "state path": "state_path_sum_s"}
 
 
 @dataclass
@@ -102,7 +104,7 @@ class LowerBounder:
     def __init__(self, requests: list[Request], limits: Limits, cost_model, policies: Policies = Policies(),
                  hidden_cache: bool = False, progress=None, pairwise_budget_s: float = PAIRWISE_TIME_LIMIT_S,
                  queue_budget_s: float = QUEUE_TIME_LIMIT_S, mip_budget_s: float = BINNED_MIP_TIME_LIMIT_S,
-                 deadline_s: float | None = None):
+                 deadline_s: float | None = None, state_path_budget_s: float = STATE_PATH_TIME_LIMIT_S):
         """``deadline_s`` (``time.perf_counter()`` time, None: none): past it, the optional ingredients are skipped
         (release times after the first, rank grid points after the first, the arrival suffixes of the makespan, the
         grouped, pipelined and pairwise completion bounds), so the bound comes back sooner, valid and possibly weaker;
@@ -110,7 +112,8 @@ class LowerBounder:
         work within its own budget) still runs.
         ``pairwise_budget_s``: the time the pairwise-completions QPs may take together (offline instances);
         ``queue_budget_s``: the time the queued-completions bound may spend on per-request LPs (online
-        instances); ``mip_budget_s``: the time of the makespan's binned MILP (`_price_per_bin`; the plain one gets
+        instances); ``state_path_budget_s``: the state-path MILP's (identical requests arriving
+        together); ``mip_budget_s``: the time of the makespan's binned MILP (`_price_per_bin`; the plain one gets
         at most `MIP_TIME_LIMIT_S` of it). A shorter budget
         gives a valid, possibly weaker bound; callers under a time limit pass a share of what is left."""
         if not requests:
@@ -124,6 +127,7 @@ class LowerBounder:
         # The whole instance's busy time prices the model itself (a term that can be negative has a free sum in the
         # LP); the bounds over subsets of the requests restrict batches to some of their items, which needs every
         # active term >= 0, so they price a lower model that has none (`nonnegative_gated_terms`), or refuse.
+        self.cost_model = cost_model
         self.model_terms = cost_model.milp_terms()
         self.terms = nonnegative_gated_terms(self.model_terms, self.full.total())
         self.first = DemandArrays.of(self.requests, limits, first_token_only=True)
@@ -132,6 +136,7 @@ class LowerBounder:
         self._alone_cache: dict = {}
         self._splits: list | None = None
         self.pairwise_budget_s, self.queue_budget_s, self.mip_budget_s = pairwise_budget_s, queue_budget_s, mip_budget_s
+        self.state_path_budget_s = state_path_budget_s
         self.deadline_s = deadline_s
         self.cut_by_deadline: list[str] = []  # the ingredients skipped past the deadline
 
@@ -280,6 +285,9 @@ class LowerBounder:
                 busy_and_progress = self._busy_and_progress(arrays, solo) if splits else (None, None)
             finish_sums["mean busy times"], finish_sums["work in progress"] = busy_and_progress
         finish_sums["crowded service"] = crowded
+        if not first_token_only:
+            path = self._state_path_latency_s()
+            finish_sums["state path"] = None if path is None else path + arrival_sum
         found = {name: value for name, value in finish_sums.items() if value is not None}
         for name, value in found.items():
             if name in INGREDIENT_PARTS:
@@ -287,6 +295,28 @@ class LowerBounder:
         set_by = max(found, key=found.get)  # (the first of equal ones)
         parts["set_by"] = set_by
         return found[set_by] - arrival_sum, parts
+
+    def _state_path_latency_s(self) -> float | None:
+        """The state-path bound on Σ latency (`identical_bound`; identical requests arriving together, at most
+        `identical_bound.MAX_REQUESTS`), within ``state_path_budget_s``; None where it does not apply. Its big-M
+        needs the sum of latencies of some schedule: Sarathi's, else vLLM's."""
+        from infermax.engine import simulate
+        from infermax.schedulers.base import SchedulerError
+
+        from .identical_bound import applicable, state_path_latency_bound
+
+        if applicable(self.requests, self.limits, self.cost_model, self.hidden) is not None \
+                or self._past_deadline("state path"):
+            return None
+        for name in ("sarathi", "vllm"):
+            try:
+                result = simulate(self.requests, name, self.limits, self.cost_model)
+            except (SchedulerError, ValueError):
+                continue
+            upper = float(result.requests["finish_s"].sum() - self.arrivals.sum())
+            return state_path_latency_bound(self.requests, self.limits, self.cost_model, upper,
+                                            time_limit_s=self.state_path_budget_s, hidden_cache=self.hidden)
+        return None
 
     def release_grid_values_unpruned(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray
                                      ) -> tuple[np.ndarray, int]:
@@ -715,16 +745,19 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
                         time_left_s: float | None = None) -> tuple[float, str]:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
     allow one (`BoundUnavailable`) or an LP fails in HiGHS (a `RuntimeError`, seen once at O = 10^8).
-    ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued bound's LPs and the makespan's
-    binned MILP get at most a quarter of it, and past half of it the optional ingredients are skipped
-    (`LowerBounder`'s ``deadline_s``; the method string says which)."""
+    ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued bound's LPs, the makespan's
+    binned MILP and the state-path MILP get at most a quarter of it each, and past half of it the optional
+    ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which)."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
                                                                       0.25 * max(time_left_s, 0.0))
         deadline = None if time_left_s is None else time.perf_counter() + BOUND_SHARE_OF_TIME_LEFT * max(time_left_s, 0.0)
+        path = STATE_PATH_TIME_LIMIT_S if time_left_s is None else min(STATE_PATH_TIME_LIMIT_S,
+                                                                       0.25 * max(time_left_s, 0.0))
         lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
-                          queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline).of(objective)
+                          queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline,
+                          state_path_budget_s=path).of(objective)
         cut = lb.parts.get("cut_by_deadline")
         by = "; ".join(f"{name}: {how}" for name, how in lb.set_by.items()) if len(lb.set_by) > 1 else \
             next(iter(lb.set_by.values()))

@@ -369,7 +369,10 @@ def test_grouped_completion_bound_below_brute_force(case, objective, cost):
     busy = lb.parts.get("mean_busy_sum_s", 0.0)
     assert ("mean_busy_sum_s" in lb.parts) == (objective.latency > 0)
     assert busy <= best * (1 + TOL), f"mean-busy-time bound {busy} above the brute-force optimum {best}"
-    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined, pairwise, busy), rel=1e-12)
+    state_path = lb.parts.get("state_path_sum_s", 0.0)  # identical requests arriving together, latency only
+    assert ("state_path_sum_s" in lb.parts) <= (objective.latency > 0 and offline)
+    assert state_path <= best * (1 + TOL), f"state-path bound {state_path} above the brute-force optimum {best}"
+    assert lb.value_s == pytest.approx(max(grouped, order_statistic, pipelined, pairwise, busy, state_path), rel=1e-12)
     assert lb.value_s <= best * (1 + TOL)
 
 
