@@ -27,6 +27,8 @@ from infermax.costmodel.base import kv_cap, padded, padding_quantum, token_step
 from infermax.limits import Limits
 from infermax.request import Request
 
+from .small_lp import LP_SAFETY_RTOL
+
 MAX_REQUESTS = 16  # the MILP has ~10·B³ columns: 16 solves in seconds; 32 was not measured to fit the budget
 BASE_FEATURES = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "prefill_ctx_cap256",
                  "prefill_ctx_cap512", "prefill_ctx_cap1024", "prefill_ctx_cap2048", "n_prefill_seqs", "n_decode_seqs",
@@ -210,7 +212,7 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
     problem = dict(c=cost, constraints=LinearConstraint(matrix, lo, hi),
                    integrality=np.concatenate([np.zeros(nx), np.ones(ne)]),
                    bounds=Bounds(np.zeros(nx + ne), np.concatenate([np.full(nx, np.inf), np.ones(ne)])),
-                   options={"time_limit": max(0.5, left - 1.0), "disp": False})
+                   options={"time_limit": max(0.5, left - 1.0), "disp": False, "mip_rel_gap": 1e-6})
     found = _solve_within(milp, problem, left + 0.5)
     if found is None:
         return None
@@ -249,6 +251,10 @@ def _solve_within(milp, problem: dict, limit_s: float) -> tuple[int, float | Non
 
 
 def _solve_and_send(milp, problem: dict, send) -> None:
+    """The dual bound, also when HiGHS reports an optimum (its objective may lie up to the MIP gap above the true
+    minimum), less `LP_SAFETY_RTOL` for the solver's tolerances."""
     res = milp(**problem)
-    value = res.fun if res.status == 0 else getattr(res, "mip_dual_bound", None)
-    send.send((int(res.status), None if value is None else float(value)))
+    value = getattr(res, "mip_dual_bound", None)
+    if value is None and res.status == 0:
+        value = res.fun * (1 - problem["options"]["mip_rel_gap"])
+    send.send((int(res.status), None if value is None else float(value) * (1 - LP_SAFETY_RTOL)))
