@@ -169,8 +169,8 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
                     keep = np.isfinite(t)
                     hulls[key] = _lower_hull(np.flatnonzero(keep), t[keep]) if keep.any() else []
                 cols += [(p, f, d, q, t * TIME_UNIT) for q, t in hulls[key]]
-    if not cols or time.perf_counter() - started > time_limit_s:
-        return None
+    if not cols or min(c[4] for c in cols) <= 0 or time.perf_counter() - started > time_limit_s:
+        return None  # (a batch shape of no time would leave the big-M below unbounded)
     states = [(p, f) for p in range(B + 1) for f in range(p + 1)]  # every state, with batch shapes or not
     index = {s: i for i, s in enumerate(states)}
     edges = [(s, n) for s in states for n in ((s[0] + 1, s[1]), (s[0], s[1] + 1)) if n in index]
