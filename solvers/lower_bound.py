@@ -314,8 +314,11 @@ class LowerBounder:
             except (SchedulerError, ValueError):
                 continue
             upper = float(result.requests["finish_s"].sum() - self.arrivals.sum())
+            budget = self.state_path_budget_s
+            if self.deadline_s is not None:  # (it skips itself when less than a second is left)
+                budget = min(budget, self.deadline_s - time.perf_counter())
             return state_path_latency_bound(self.requests, self.limits, self.cost_model, upper,
-                                            time_limit_s=self.state_path_budget_s, hidden_cache=self.hidden)
+                                            time_limit_s=budget, hidden_cache=self.hidden)
         return None
 
     def release_grid_values_unpruned(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray
