@@ -29,7 +29,7 @@ from infermax.request import Request
 
 from .small_lp import LP_SAFETY_RTOL
 
-MAX_REQUESTS = 16  # the MILP has ~10·B³ columns: 16 solves in seconds; 32 was not measured to fit the budget
+MAX_REQUESTS = 16  # the MILP grows as ~10·B³ columns: B = 16 (I = 512, O = 128) takes ~30 s; 32 was not tried
 BASE_FEATURES = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "prefill_ctx_cap256",
                  "prefill_ctx_cap512", "prefill_ctx_cap1024", "prefill_ctx_cap2048", "n_prefill_seqs", "n_decode_seqs",
                  "decode_kv_tokens", "decode_kv_max", "swap_tokens", "hidden_recompute_tokens")

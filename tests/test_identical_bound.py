@@ -2,7 +2,7 @@
 
 Checked against the brute-force optimum of tests/test_solver_bruteforce.py on tiny identical instances (evictions,
 chunked prefill, blocks and Rmax among them), against every registered scheduler on random identical workloads
-(hypothesis, through `LowerBounder`), and on where it applies.
+(hypothesis, through `LowerBounder`), and where it applies.
 """
 
 from __future__ import annotations
