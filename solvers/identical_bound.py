@@ -23,16 +23,13 @@ import time
 
 import numpy as np
 
-from infermax.costmodel.base import kv_cap, padded, padding_quantum, token_step
+from infermax.costmodel.base import FEATURE_COLUMNS, terms_time_table
 from infermax.limits import Limits
 from infermax.request import Request
 
 from .small_lp import LP_SAFETY_RTOL
 
 MAX_REQUESTS = 16  # the MILP grows as ~10·B³ columns: B = 16 (I = 512, O = 128) takes ~30 s; 32 was not tried
-BASE_FEATURES = ("n_tokens", "prefill_tokens", "prefill_sq_tokens", "prefill_ctx_tokens", "prefill_ctx_cap256",
-                 "prefill_ctx_cap512", "prefill_ctx_cap1024", "prefill_ctx_cap2048", "n_prefill_seqs", "n_decode_seqs",
-                 "decode_kv_tokens", "decode_kv_max", "swap_tokens", "hidden_recompute_tokens")
 TIME_UNIT = 1000.0  # seconds -> ms inside the MILP
 SAFETY = 1 - 1e-9  # vectorised term sums against the cost model's scalar path: rounding only
 
@@ -52,36 +49,6 @@ def applicable(requests: list[Request], limits: Limits, cost_model, hidden_cache
         if any(c < 0 for p in term.pieces for c in p.coef_s.values()) or max(p.intercept_s for p in term.pieces) < 0:
             return f"cost term {term.name!r} can fall as a feature grows"
     return None
-
-
-def _column(feats: dict[str, np.ndarray], name: str) -> np.ndarray:
-    """Feature ``name`` from base feature arrays, deriving padded, capped and step features as
-    `infermax.costmodel.base.feature_column` does for a table."""
-    if name in feats:
-        return feats[name]
-    q, cap, step = padding_quantum(name), kv_cap(name), token_step(name)
-    if q is not None:
-        return padded(feats["n_tokens"].astype(np.int64), q).astype(float)
-    if cap is not None:
-        return np.minimum(feats["decode_kv_max"], cap)
-    if step is not None:
-        return (feats[step[0]] > step[1]).astype(float)
-    raise KeyError(f"no feature {name!r}")
-
-
-def _batch_times(terms, feats: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """Σ over ``terms`` (gated) of the max of their pieces, for ``n`` batches given as feature arrays."""
-    total = np.zeros(n)
-    for term in terms:
-        value = np.full(n, -np.inf)
-        for p in term.pieces:
-            piece = np.full(n, p.intercept_s)
-            for name, c in p.coef_s.items():
-                if c:
-                    piece += c * _column(feats, name)
-            value = np.maximum(value, piece)
-        total += np.where(_column(feats, term.active_if) > 0, value, 0.0)
-    return total
 
 
 def shape_times(I: int, B: int, limits: Limits, cost_model) -> dict[int, np.ndarray]:
@@ -111,12 +78,12 @@ def shape_times(I: int, B: int, limits: Limits, cost_model) -> dict[int, np.ndar
                 base, extra = (qq // k, qq % k) if k else (qq * 0, qq * 0)
                 sq = (k - extra) * base ** 2 + extra * (base + 1) ** 2 + d_ref if k else qq * 0 + d_ref
                 n = len(qq)
-                feats = {f: np.zeros(n) for f in BASE_FEATURES}
+                feats = {f: np.zeros(n) for f in FEATURE_COLUMNS}
                 feats.update(n_tokens=(qq + d).astype(float), prefill_tokens=(qq + d_ref).astype(float),
                              prefill_sq_tokens=sq.astype(float), n_prefill_seqs=np.full(n, float(k + d_ref)),
                              n_decode_seqs=np.full(n, float(dec)), decode_kv_tokens=np.full(n, float(dec * (I + 1))),
                              decode_kv_max=np.full(n, float(I + 1 if dec else 0)))
-                t = _batch_times(terms, feats, n) + d_ref * I * slope
+                t = terms_time_table(terms, feats) + d_ref * I * slope
                 np.minimum.at(best[k], qq, t)
         out[d] = np.minimum.accumulate(best, axis=0) * SAFETY  # at most k chunks
     return out

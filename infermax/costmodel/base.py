@@ -150,20 +150,39 @@ def features_frame(features: list[BatchFeatures]) -> pd.DataFrame:
     return pd.DataFrame([[getattr(f, c) for c in columns] for f in features], columns=list(columns))
 
 
-def feature_column(table: pd.DataFrame, name: str) -> np.ndarray:
-    """Column ``name`` of a ``features_frame`` table as floats, deriving a padded, capped or step feature if absent."""
+def feature_column(table, name: str) -> np.ndarray:
+    """Column ``name`` of a feature table (a ``features_frame`` DataFrame, or a mapping of feature names to arrays)
+    as floats, deriving a padded, capped or step feature if absent."""
     import numpy as np
 
     if name in table:
-        return table[name].to_numpy(dtype=float)
+        return np.asarray(table[name], dtype=float)
     q, cap, step = padding_quantum(name), kv_cap(name), token_step(name)
     if q is not None:
-        return padded(table["n_tokens"].to_numpy(dtype=np.int64), q).astype(float)
+        return padded(np.asarray(table["n_tokens"], dtype=np.int64), q).astype(float)
     if cap is not None:
-        return np.minimum(table["decode_kv_max"].to_numpy(dtype=float), cap)
+        return np.minimum(np.asarray(table["decode_kv_max"], dtype=float), cap)
     if step is not None:
-        return (table[step[0]].to_numpy(dtype=float) > step[1]).astype(float)
+        return (np.asarray(table[step[0]], dtype=float) > step[1]).astype(float)
     raise KeyError(f"feature table has no column {name!r}")
+
+
+def terms_time_table(terms: tuple[CostTerm, ...], table) -> np.ndarray:
+    """`terms_time_s` for every row of a feature table (`feature_column`), vectorised: per term, the max of its
+    pieces where its gate feature is positive."""
+    import numpy as np
+
+    n = len(feature_column(table, "n_tokens"))
+    total = np.zeros(n)
+    for term in terms:
+        values = np.full(n, -np.inf)
+        for p in term.pieces:
+            piece = np.full(n, p.intercept_s)
+            for name, c in p.coef_s.items():
+                piece = piece + c * feature_column(table, name)
+            values = np.maximum(values, piece)
+        total += np.where(feature_column(table, term.active_if) > 0, values, 0.0)
+    return total
 
 
 @dataclass(frozen=True)

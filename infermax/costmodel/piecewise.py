@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from .base import (FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostTerm, JsonDocumentModel, check_positive_batch_times,
-                   check_slope, feature_column, is_feature, kv_cap, padded, padding_quantum, token_step)
+                   check_slope, is_feature, kv_cap, padding_quantum, terms_time_table, token_step)
 from .hidden import HIDDEN_TERM, hidden_recompute_term, kv_projection_share, no_share_error
 
 KIND, VERSION = "infermax-piecewise", 1
@@ -192,20 +192,9 @@ class PiecewiseCostModel(JsonDocumentModel):
 
     def predict_s(self, table: pd.DataFrame) -> np.ndarray:
         """Batch times in seconds for every row of a ``features_frame`` table (vectorised)."""
-        import numpy as np
-
         if self._hidden_missing and (table["hidden_recompute_tokens"].to_numpy() > 0).any():
             raise no_share_error(self.model)
-        total = np.zeros(len(table))
-        for term in self._terms:
-            values = np.full(len(table), -np.inf)
-            for p in term.pieces:
-                piece = np.full(len(table), p.intercept_s)
-                for name, c in p.coef_s.items():
-                    piece = piece + c * feature_column(table, name)
-                values = np.maximum(values, piece)
-            total += np.where(table[term.active_if].to_numpy() > 0, values, 0.0)
-        return total
+        return terms_time_table(self._terms, table)
 
     def milp_terms(self) -> tuple[CostTerm, ...]:
         """The model's terms, exactly (see ``CostTerm``)."""
