@@ -8,8 +8,9 @@ path of states from (0, 0) to (B, B) (binaries), and in each state on the path a
 later-token items, q first-time prompt tokens) priced by a lower bound on the time of any batch of that shape,
 under the work every schedule must do: B·I first-time prompt tokens, (p + 1)·I of them before the (p + 1)-th first
 token, and B·(O − 1) later tokens, the finishers ranked s..e needing (e − s + 1)·(O − 1) of them from batches started
-before the e-th finish, at most one per request per batch. Proof and measurements: docs/design.md, "The state-path
-bound".
+before the e-th finish, at most one per request per batch. Above 16 requests the states are grouped into *cells*
+(intervals of p and of f, `cells`), each priced at its least favourable member, so that the MILP keeps about ten cells
+a side. Proof and measurements: docs/design.md, "The state-path bound".
 
 It is what the other latency bounds miss on such instances: a batch's intercept is paid by every unfinished request,
 so a request that finishes early pays with the batches the others wait through, and prompt tokens that ride on decode
@@ -29,7 +30,9 @@ from infermax.request import Request
 
 from .small_lp import LP_SAFETY_RTOL
 
-MAX_REQUESTS = 16  # the MILP grows as ~10·B³ columns: B = 16 (I = 512, O = 128) takes ~30 s; 32 was not tried
+MAX_REQUESTS = 48  # I = 512, O = 128: B = 16 (every state) in ~10 s, B = 48 (cells of 6) in ~17 s, B = 64 (cells of 8) ~34 s
+FINE_REQUESTS = 16  # up to this many requests every (p, f) is a state of its own
+CELLS_A_SIDE = 8  # above it, p and f in 1..B − 1 are grouped into about this many cells each
 TIME_UNIT = 1000.0  # seconds -> ms inside the MILP
 SAFETY = 1 - 1e-9  # vectorised term sums against the cost model's scalar path: rounding only
 
@@ -52,41 +55,60 @@ def applicable(requests: list[Request], limits: Limits, cost_model, hidden_cache
 
 
 def shape_times(I: int, B: int, limits: Limits, cost_model) -> dict[int, np.ndarray]:
-    """``times[d][k, q]``: the least time of a batch with ``d`` later-token items (decodes, or the last chunk of a
-    recomputation after an eviction) and ``q`` first-time prompt tokens in at most ``k`` chunks, inf where no batch
-    has that shape. Least over: how many of the ``d`` are recomputation chunks (each one token, context 0, plus the
-    ``I`` or more other tokens its recomputation processes somewhere, charged at the least slope of the always-active
-    token term, `_least_token_slope`), how many chunks the prompt tokens take (≥ ⌈q/I⌉) split evenly, decodes reading
-    I + 1 KV tokens, no context before a chunk."""
-    terms = tuple(t for t in cost_model.milp_terms())
+    """``times[d][k, q]``: a lower bound on the time of any batch with ``d`` later-token items (decodes, or the last
+    chunk of a recomputation after an eviction) and ``q`` first-time prompt tokens in at most ``k`` chunks, inf where
+    no batch has that shape. Decodes read I + 1 KV tokens, the prompt tokens are split evenly over the chunks (Σc² is
+    least there) with no context before them. Of the ``d``, any number ``r`` may be recomputation chunks (each one
+    token at context 0, plus the ``I`` or more other tokens its recomputation processes somewhere, charged at the least
+    slope of the always-active token term, `_least_token_slope`): without prompt chunks (q = 0) every r is priced
+    exactly; with them the batch is priced without its r chunks plus, per chunk, the least growth of every term whose
+    gate is already open (one token, one prefill token and item, Σc² + 1) and I·slope. With coefficients ≥ 0 removing
+    items never lengthens a batch and adding one grows each active term by at least its least piece's growth, so
+    both are below every batch of that shape. (Enumerating r in every shape, as the first version did, gave the same
+    bounds at B = 8 and 16 in a tenth of the time; tests/test_identical_bound.py keeps it as the reference.)"""
+    terms = tuple(cost_model.milp_terms())
     slope = _least_token_slope(terms)
     P = min(limits.C, limits.prefill_budget)
-    q = np.arange(0, min(B * I, limits.C) + 1)
+    Q = min(B * I, limits.C)
+    q = np.arange(0, Q + 1)
+    decodes = np.full((B + 1, B + 1, Q + 1), np.inf)  # [d, k, q]: d decodes, exactly k chunks, no recomputation
+    for d in range(B + 1):
+        for k in range(1, B + 1):
+            qk = q[(q >= k) & (q <= k * I) & (q <= P) & (q + d <= limits.C)]
+            if len(qk):
+                decodes[d, k, qk] = _batch_times(terms, I, d, k, qk, r=np.zeros(len(qk), dtype=int))
+        if 0 < d <= limits.C:
+            r = np.arange(0, min(d, P) + 1)  # k = 0, q = 0: d − r decodes and r recomputation chunks
+            decodes[d, 0, 0] = float(np.min(_batch_times(terms, I, d, 0, np.zeros(len(r), dtype=int), r)
+                                            + r * I * slope))
+    decodes = np.minimum.accumulate(decodes, axis=1)  # at most k chunks
+    step = {"n_tokens": 1.0, "prefill_tokens": 1.0, "prefill_sq_tokens": 1.0, "n_prefill_seqs": 1.0}
+    per_chunk = I * slope + sum(min(sum(c * step.get(f, 0.0) for f, c in piece.coef_s.items()) for piece in t.pieces)
+                                for t in terms if t.active_if in ("n_tokens", "n_prefill_seqs", "prefill_tokens"))
     out = {}
-    for d in range(0, B + 1):
-        best = np.full((B + 1, len(q)), np.inf)
-        for k in range(0, B + 1):
-            qk = q[(q >= k) & (q <= k * I)] if k else q[:1]
-            if not len(qk):
-                continue
-            for d_ref in range(0, d + 1):
-                dec = d - d_ref
-                ok = (qk + d_ref <= P) & (qk + d <= limits.C) & (qk + d > 0)
-                if not ok.any():
-                    continue
-                qq = qk[ok]
-                base, extra = (qq // k, qq % k) if k else (qq * 0, qq * 0)
-                sq = (k - extra) * base ** 2 + extra * (base + 1) ** 2 + d_ref if k else qq * 0 + d_ref
-                n = len(qq)
-                feats = {f: np.zeros(n) for f in FEATURE_COLUMNS}
-                feats.update(n_tokens=(qq + d).astype(float), prefill_tokens=(qq + d_ref).astype(float),
-                             prefill_sq_tokens=sq.astype(float), n_prefill_seqs=np.full(n, float(k + d_ref)),
-                             n_decode_seqs=np.full(n, float(dec)), decode_kv_tokens=np.full(n, float(dec * (I + 1))),
-                             decode_kv_max=np.full(n, float(I + 1 if dec else 0)))
-                t = terms_time_table(terms, feats) + d_ref * I * slope
-                np.minimum.at(best[k], qq, t)
-        out[d] = np.minimum.accumulate(best, axis=0) * SAFETY  # at most k chunks
+    fewer = np.full((B + 1, Q + 1), np.inf)  # min over d' < d of decodes[d'] − d'·per_chunk (k ≥ 1)
+    for d in range(B + 1):
+        t = decodes[d].copy()
+        if d:
+            t[1:] = np.minimum(t[1:], np.where(q + d <= limits.C, fewer[1:] + d * per_chunk, np.inf))
+        out[d] = t * SAFETY
+        fewer = np.minimum(fewer, decodes[d] - d * per_chunk)
     return out
+
+
+def _batch_times(terms, I: int, d: int, k: int, q: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Model time of batches of ``d`` later-token items, ``r`` of them one-token recomputation chunks at context 0
+    (the rest decodes reading I + 1), and ``q`` first-time prompt tokens split evenly over ``k`` chunks."""
+    n = len(q)
+    base, extra = (q // k, q % k) if k else (q * 0, q * 0)
+    sq = (k - extra) * base ** 2 + extra * (base + 1) ** 2 if k else q * 0
+    dec = d - r
+    feats = {f: np.zeros(n) for f in FEATURE_COLUMNS}
+    feats.update(n_tokens=(q + d).astype(float), prefill_tokens=(q + r).astype(float),
+                 prefill_sq_tokens=(sq + r).astype(float), n_prefill_seqs=(k + r).astype(float),
+                 n_decode_seqs=dec.astype(float), decode_kv_tokens=(dec * (I + 1)).astype(float),
+                 decode_kv_max=np.where(dec > 0, I + 1.0, 0.0))
+    return terms_time_table(terms, feats)
 
 
 def _least_token_slope(terms) -> float:
@@ -106,77 +128,39 @@ def _lower_hull(q: np.ndarray, t: np.ndarray) -> list[tuple[int, float]]:
     return hull
 
 
+def cells(B: int, width: int | None = None) -> list[tuple[int, int]]:
+    """The intervals the counts p and f (0..B) are grouped into: 0 and B alone, 1..B − 1 in runs of ``width``
+    (default 1 up to `FINE_REQUESTS` requests, else about `CELLS_A_SIDE` runs)."""
+    if width is None:
+        width = 1 if B <= FINE_REQUESTS else -(-(B - 1) // CELLS_A_SIDE)
+    return [(0, 0)] + [(a, min(a + width - 1, B - 1)) for a in range(1, B, width)] + ([(B, B)] if B else [])
+
+
 def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model, upper_s: float,
-                             time_limit_s: float = 10.0, hidden_cache: bool = False) -> float | None:
+                             time_limit_s: float = 10.0, hidden_cache: bool = False,
+                             cell_width: int | None = None) -> float | None:
     """A lower bound on Σ (finish − arrival) over every schedule of ``requests`` (module docstring), or None where it
     does not apply (`applicable`). ``upper_s``: the sum of latencies of some schedule (it caps the batches a better
     schedule can have, the MILP's big-M); the result is at most ``upper_s``. With ``time_limit_s`` the MILP's dual
-    bound when it stops early, still a bound."""
+    bound when it stops early, still a bound. ``cell_width``: the states' grouping (`cells`; the tests force it on
+    small instances)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
-    import scipy.sparse as sp
 
     if applicable(requests, limits, cost_model, hidden_cache) is not None:
         return None
     started = time.perf_counter()
     B, I, O = len(requests), requests[0].prompt_tokens, requests[0].output_tokens
-    times = shape_times(I, B, limits, cost_model)
-    kv_per_decoder = limits.blocks(I + 1)
-    cols = []  # (p, f, d, q, t_ms)
-    hulls: dict = {}
-    for p in range(B + 1):
-        for f in range(min(p, B - 1) + 1):
-            for d in range(p - f + 1):
-                kcap = min(B - p, (limits.Rmax - d) if limits.Rmax is not None else B)
-                qcap = min((B - p) * I, limits.M - d * kv_per_decoder)
-                if kcap < 0 or qcap < 0:
-                    continue
-                key = (d, kcap, qcap)
-                if key not in hulls:
-                    t = times[d][kcap, :qcap + 1]
-                    keep = np.isfinite(t)
-                    hulls[key] = _lower_hull(np.flatnonzero(keep), t[keep]) if keep.any() else []
-                cols += [(p, f, d, q, t * TIME_UNIT) for q, t in hulls[key]]
-    if not cols or min(c[4] for c in cols) <= 0 or time.perf_counter() - started > time_limit_s:
+    lattice = _Lattice(cells(B, cell_width), B)
+    cols = _columns(lattice, shape_times(I, B, limits, cost_model), I, limits)
+    if not len(cols) or cols[:, 6].min() <= 0 or time.perf_counter() - started > time_limit_s:
         return None  # (a batch shape of no time would leave the big-M below unbounded)
-    states = [(p, f) for p in range(B + 1) for f in range(p + 1)]  # every state, with batch shapes or not
-    index = {s: i for i, s in enumerate(states)}
-    edges = [(s, n) for s in states for n in ((s[0] + 1, s[1]), (s[0], s[1] + 1)) if n in index]
-    nx, ne = len(cols), len(edges)
-    p_, f_, d_, q_, t_ = (np.array(c) for c in zip(*cols))
-    cost = np.concatenate([(B - f_) * t_, np.zeros(ne)])
-    # a schedule better than upper_s has fewer batches than this in a state with f finished (each costs ≥ τ_min·(B − f))
-    nbig = {f: upper_s * TIME_UNIT / (t_.min() * (B - f)) for f in range(B)}
-    rows, lo, hi = [], [], []
-
-    def add(coef: np.ndarray, low: float, high: float) -> None:  # rows kept sparse: up to ~10^5 columns
-        rows.append(sp.csr_matrix(np.concatenate([coef, np.zeros(ne)]) if len(coef) == nx else coef))
-        lo.append(low)
-        hi.append(high)
-
-    add(d_.astype(float), B * (O - 1), np.inf)
-    add(q_.astype(float), B * I, np.inf)
-    for p in range(B):
-        add(np.where(p_ <= p, q_, 0).astype(float), (p + 1) * I, np.inf)
-    for s in range(1, B + 1):
-        for e in range(s, B + 1):
-            share = np.clip(e - np.maximum(f_ + 1, s) + 1, 0, None)
-            add(np.where(f_ <= e - 1, np.minimum(d_, share), 0).astype(float), (e - s + 1) * (O - 1), np.inf)
-    for s in states:
-        row = np.zeros(nx + ne)
-        for j, (a, b) in enumerate(edges):
-            row[nx + j] += (a == s) - (b == s)
-        flow = 1.0 if s == (0, 0) else -1.0 if s == (B, B) else 0.0
-        add(row, flow, flow)
-        if s != (B, B):  # batches only in a state the path leaves
-            row = np.zeros(nx + ne)
-            row[:nx] = (p_ == s[0]) & (f_ == s[1])
-            row[nx:] = [-nbig[s[1]] * (a == s) for a, _ in edges]
-            add(row, -np.inf, 0.0)
-    matrix = sp.vstack(rows, format="csr")
+    matrix, lo, hi = _rows(lattice, cols, I, O, upper_s * TIME_UNIT)
+    nx, ne = len(cols), len(lattice.edges)
     left = time_limit_s - (time.perf_counter() - started)
     if left <= 1.0:
         return None
-    problem = dict(c=cost, constraints=LinearConstraint(matrix, lo, hi),
+    weight = B - cols[:, 3]  # the unfinished requests, at least B − (the cell's largest f)
+    problem = dict(c=np.concatenate([weight * cols[:, 6], np.zeros(ne)]), constraints=LinearConstraint(matrix, lo, hi),
                    integrality=np.concatenate([np.zeros(nx), np.ones(ne)]),
                    bounds=Bounds(np.zeros(nx + ne), np.concatenate([np.full(nx, np.inf), np.ones(ne)])),
                    options={"time_limit": max(0.5, left - 1.0), "disp": False, "mip_rel_gap": 1e-6})
@@ -189,6 +173,86 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
     if value is None or not math.isfinite(value):
         return None
     return min(value / TIME_UNIT, upper_s)
+
+
+class _Lattice:
+    """The states: pairs (i, j) of a p-cell and an f-cell that hold some p ≥ f, the f-cell {B} only with the p-cell
+    {B} (the end state); edges step one cell in p or in f."""
+
+    def __init__(self, cell: list[tuple[int, int]], B: int):
+        self.cell, last = cell, len(cell) - 1
+        self.states = [(i, j) for i in range(len(cell)) for j in range(len(cell))
+                       if cell[j][0] <= cell[i][1] and (j < last or i == last)]
+        self.end = (last, last)
+        self.index = {s: k for k, s in enumerate(self.states)}
+        self.edges = [(s, n) for s in self.states for n in ((s[0] + 1, s[1]), (s[0], s[1] + 1)) if n in self.index]
+
+
+def _columns(lattice: _Lattice, times: dict, I: int, limits: Limits) -> np.ndarray:
+    """One row per (state, d, q) hull vertex, as (state index, p_lo, f_lo, f_hi, d, q, time in ms). In a cell a batch
+    has at most p_hi − f_lo later-token items and B − p_lo prompts (chunks) left to start."""
+    B = lattice.cell[-1][1]
+    kv_per_decoder = limits.blocks(I + 1)
+    cols, hulls = [], {}
+    for k, (i, j) in enumerate(lattice.states):
+        if (i, j) == lattice.end:
+            continue
+        (p_lo, p_hi), (f_lo, f_hi) = lattice.cell[i], lattice.cell[j]
+        for d in range(p_hi - f_lo + 1):
+            kcap = min(B - p_lo, (limits.Rmax - d) if limits.Rmax is not None else B)
+            qcap = min((B - p_lo) * I, limits.M - d * kv_per_decoder)
+            if kcap < 0 or qcap < 0:
+                continue
+            key = (d, kcap, qcap)
+            if key not in hulls:
+                t = times[d][kcap, :qcap + 1]
+                keep = np.isfinite(t)
+                hulls[key] = _lower_hull(np.flatnonzero(keep), t[keep]) if keep.any() else []
+            cols += [(k, p_lo, f_lo, f_hi, d, q, t * TIME_UNIT) for q, t in hulls[key]]
+    return np.array(cols, dtype=float).reshape(-1, 7)
+
+
+def _rows(lattice: _Lattice, cols: np.ndarray, I: int, O: int, upper_ms: float):
+    """The MILP's rows over (columns, edges): the work (vi)-(viii) of docs/design.md's proof, each over the cells
+    that may hold its batches, then the unit flow along the path and batches only in states the path leaves (big-M:
+    a schedule below ``upper_ms`` has fewer batches in a state than upper / (τ_min·(B − f_hi)))."""
+    import scipy.sparse as sp
+
+    B = lattice.cell[-1][1]
+    state, p_lo, f_lo, f_hi, d, q = (cols[:, c] for c in range(6))
+    nx, ne = len(cols), len(lattice.edges)
+    work, lo = [d, q], [B * (O - 1), B * I]
+    for _, p_hi in lattice.cell[:-1]:  # the first p_hi + 1 first tokens end batches started with p ≤ p_hi
+        work.append(np.where(p_lo <= p_hi, q, 0.0))
+        lo.append((p_hi + 1) * I)
+    points = sorted({b for a, b in lattice.cell[1:]} | {a for a, b in lattice.cell[1:]})
+    for s, e in sorted({(1, e) for e in points} | {(s, B) for s in points}):  # the first e, and the last B − s + 1
+        share = np.clip(e - np.maximum(f_lo + 1, s) + 1, 0, None)
+        work.append(np.where(f_lo <= e - 1, np.minimum(d, share), 0.0))
+        lo.append((e - s + 1) * (O - 1))
+    blocks = [sp.hstack([sp.csr_matrix(np.array(work)), sp.csr_matrix((len(work), ne))])]
+    hi = [np.inf] * len(work)
+    n_states = len(lattice.states)
+    src = np.array([lattice.index[a] for a, _ in lattice.edges])
+    dst = np.array([lattice.index[b] for _, b in lattice.edges])
+    flow = sp.csr_matrix((np.r_[np.ones(ne), -np.ones(ne)], (np.r_[src, dst], np.r_[np.arange(ne), np.arange(ne)])),
+                         shape=(n_states, ne))
+    blocks.append(sp.hstack([sp.csr_matrix((n_states, nx)), flow]))
+    start, end = lattice.index[(0, 0)], lattice.index[lattice.end]
+    net = np.zeros(n_states)
+    net[start], net[end] = 1.0, -1.0
+    lo += net.tolist()
+    hi += net.tolist()
+    tmin = cols[:, 6].min()
+    nbig = np.array([upper_ms / (tmin * (B - lattice.cell[j][1])) if (i, j) != lattice.end else 0.0
+                     for i, j in lattice.states])
+    member = sp.csr_matrix((np.ones(nx), (state.astype(int), np.arange(nx))), shape=(n_states, nx))
+    leaves = sp.csr_matrix((-nbig[src], (src, np.arange(ne))), shape=(n_states, ne))
+    keep = np.array([s != lattice.end for s in lattice.states])
+    blocks.append(sp.hstack([member, leaves]).tocsr()[keep])
+    lo += [-np.inf] * int(keep.sum())
+    hi += [0.0] * int(keep.sum())
+    return sp.vstack(blocks, format="csr"), lo, hi
 
 
 def _solve_within(milp, problem: dict, limit_s: float) -> tuple[int, float | None] | None:

@@ -2,7 +2,9 @@
 
 Checked against the brute-force optimum of tests/test_solver_bruteforce.py on tiny identical instances (evictions,
 chunked prefill, blocks and Rmax among them), against every registered scheduler on random identical workloads
-(hypothesis, through `LowerBounder`), and where it applies.
+(hypothesis, through `LowerBounder`), and where it applies; its batch-shape table against enumerating every shape's
+recomputation count, and its grouped states (cells, above 16 requests) against brute force, the ungrouped MILP and
+every registered scheduler.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from infermax.request import Request
 from infermax.schedulers import available
 from infermax.workload import fixed
 from solvers import Objective
-from solvers.identical_bound import applicable, state_path_latency_bound
+from solvers.identical_bound import FEATURE_COLUMNS, applicable, cells, shape_times, state_path_latency_bound
+from infermax.costmodel.base import terms_time_table
 from solvers.lower_bound import LowerBounder
 from tests.test_solver_bruteforce import COSTS, SLOTS, brute_force
 
@@ -48,6 +51,8 @@ def test_below_brute_force(case, cost):
         return
     lb = state_path_latency_bound(requests, limits, cm, upper)
     assert lb is not None and 0 < lb <= best * (1 + TOL), f"bound {lb} above the brute-force optimum {best}"
+    grouped = state_path_latency_bound(requests, limits, cm, upper, cell_width=2)  # 1..B − 1 in one cell at B = 3
+    assert grouped is not None and 0 < grouped <= best * (1 + TOL), f"grouped bound {grouped} above {best}"
 
 
 def test_applies_only_to_identical_requests_arriving_together():
@@ -56,7 +61,8 @@ def test_applies_only_to_identical_requests_arriving_together():
     assert applicable([Request(0, 0, 2, 2), Request(1, 0, 2, 3)], limits, cm) is not None
     assert applicable([Request(0, 0, 2, 2), Request(1, 0.1, 2, 2)], limits, cm) is not None
     assert applicable([Request(0, 0, 2, 2), Request(1, 0, 2, 2)], limits, cm, hidden_cache=True) is not None
-    assert applicable([Request(i, 0, 2, 2) for i in range(17)], limits, cm) is not None
+    assert applicable([Request(i, 0, 2, 2) for i in range(48)], limits, cm) is None
+    assert applicable([Request(i, 0, 2, 2) for i in range(49)], limits, cm) is not None
 
 
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
@@ -102,3 +108,85 @@ def test_lifts_the_latency_bound_of_a_fixed_grid_point():
     others = {k: v for k, v in lb.parts.items() if k.endswith("_sum_s") and k != "state_path_sum_s"}
     assert all(v < lb.value_s for v in others.values())
     assert lb.value_s <= LATENCY.value(simulate(requests, "sarathi", limits, COST)) * (1 + TOL)
+
+
+def _enumerated_shape_times(I, B, limits, cost_model):
+    """The first version's table: every number r of recomputation chunks among the d later-token items priced as a
+    batch (one token each at context 0, plus I tokens at the least token slope), every chunk count k."""
+    import numpy as np
+
+    from solvers.identical_bound import _least_token_slope
+
+    terms = tuple(cost_model.milp_terms())
+    slope = _least_token_slope(terms)
+    P = min(limits.C, limits.prefill_budget)
+    q = np.arange(0, min(B * I, limits.C) + 1)
+    out = {}
+    for d in range(B + 1):
+        best = np.full((B + 1, len(q)), np.inf)
+        for k in range(B + 1):
+            qk = q[(q >= k) & (q <= k * I)] if k else q[:1]
+            for r in range(d + 1):
+                qq = qk[(qk + r <= P) & (qk + d <= limits.C) & (qk + d > 0)]
+                if not len(qq):
+                    continue
+                base, extra = (qq // k, qq % k) if k else (qq * 0, qq * 0)
+                sq = ((k - extra) * base ** 2 + extra * (base + 1) ** 2 if k else qq * 0) + r
+                n, dec = len(qq), d - r
+                feats = {f: np.zeros(n) for f in FEATURE_COLUMNS}
+                feats.update(n_tokens=(qq + d) * 1.0, prefill_tokens=(qq + r) * 1.0, prefill_sq_tokens=sq * 1.0,
+                             n_prefill_seqs=np.full(n, k + r * 1.0), n_decode_seqs=np.full(n, dec * 1.0),
+                             decode_kv_tokens=np.full(n, dec * (I + 1.0)), decode_kv_max=np.full(n, I + 1.0 if dec else 0.0))
+                np.minimum.at(best[k], qq, terms_time_table(terms, feats) + r * I * slope)
+        out[d] = np.minimum.accumulate(best, axis=0)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["auto", *COSTS])
+@pytest.mark.parametrize("I,B,limits", [(8, 6, Limits(C=64, M=1000)), (24, 5, Limits(C=48, P=32, M=1000)),
+                                        (3, 7, Limits(C=16, M=100))])
+def test_shape_table_below_every_recomputation_count(kind, I, B, limits):
+    """The table prices a batch with recomputation chunks by the batch without them plus a least growth per chunk;
+    that must stay at or below pricing every count of them outright, and be finite wherever that is."""
+    import numpy as np
+
+    cm = COST if kind == "auto" else COSTS[kind]
+    if applicable(fixed(I, 2, B), limits, cm) is not None:
+        pytest.skip("a model the bound does not take")
+    fast, exact = shape_times(I, B, limits, cm), _enumerated_shape_times(I, B, limits, cm)
+    for d in exact:
+        finite = np.isfinite(exact[d])
+        assert np.isfinite(fast[d][finite]).all(), f"d={d}: the table rules out a shape a batch can have"
+        assert (fast[d][finite] <= exact[d][finite] * (1 + 1e-12)).all(), f"d={d}: above the enumeration"
+
+
+def test_cells():
+    assert cells(8) == [(i, i) for i in range(9)]
+    assert cells(40) == [(0, 0)] + [(a, a + 4) for a in range(1, 36, 5)] + [(36, 39), (40, 40)]
+    assert cells(5, 3) == [(0, 0), (1, 3), (4, 4), (5, 5)]
+
+
+@pytest.mark.parametrize("I,O,B", [(64, 8, 10), (16, 24, 12)])
+def test_grouped_states_relax_the_ungrouped_milp(I, O, B):
+    """Every path and batch mix of the ungrouped MILP maps to one of the grouped MILP that costs no more, so grouping
+    can only lower the bound."""
+    requests, limits = fixed(I, O, B), Limits(C=512, M=20_000)
+    upper = LATENCY.value(simulate(requests, "sarathi", limits, COST))
+    fine = state_path_latency_bound(requests, limits, COST, upper, time_limit_s=60)
+    assert fine is not None and fine < upper
+    for width in (2, 3, 5):
+        grouped = state_path_latency_bound(requests, limits, COST, upper, time_limit_s=60, cell_width=width)
+        assert grouped is not None and grouped <= fine * (1 + 1e-6), f"cells of {width}: {grouped} > {fine}"
+
+
+@pytest.mark.parametrize("I,O,B,limits", [(32, 6, 20, Limits(C=256, M=4_000)), (200, 3, 24, Limits(C=1024, M=50_000)),
+                                          (8, 12, 40, Limits(C=128, M=1_000, Rmax=16))])
+def test_grouped_bound_below_every_scheduler(I, O, B, limits):
+    """Above 16 requests (cells of 3 and 5): below every registered scheduler's sum of latencies."""
+    requests = fixed(I, O, B)
+    results = {n: simulate(requests, n, limits, COST, swap_cost=SWAP) for n in SCHEDULERS}
+    plain = {n: LATENCY.value(r) for n, r in results.items() if not r.batches["hidden_seqs"].sum()}
+    lb = state_path_latency_bound(requests, limits, COST, max(plain.values()), time_limit_s=60)
+    assert lb is not None and lb > 0
+    for name, got in plain.items():
+        assert lb <= got * (1 + TOL), f"bound {lb} > {name}'s {got}"
