@@ -61,8 +61,8 @@ def test_applies_only_to_identical_requests_arriving_together():
     assert applicable([Request(0, 0, 2, 2), Request(1, 0, 2, 3)], limits, cm) is not None
     assert applicable([Request(0, 0, 2, 2), Request(1, 0.1, 2, 2)], limits, cm) is not None
     assert applicable([Request(0, 0, 2, 2), Request(1, 0, 2, 2)], limits, cm, hidden_cache=True) is not None
-    assert applicable([Request(i, 0, 2, 2) for i in range(48)], limits, cm) is None
-    assert applicable([Request(i, 0, 2, 2) for i in range(49)], limits, cm) is not None
+    assert applicable([Request(i, 0, 2, 2) for i in range(64)], limits, cm) is None
+    assert applicable([Request(i, 0, 2, 2) for i in range(65)], limits, cm) is not None
 
 
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
