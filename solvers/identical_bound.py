@@ -33,7 +33,8 @@ from .small_lp import LP_SAFETY_RTOL
 
 MAX_REQUESTS = 64  # I = 512, O = 128 (highspy): B = 16 every state ~10 s; cells: B = 32 ~6 s, 48 ~11 s, 64 ~22 s
 FINE_REQUESTS = 16  # up to this many requests every (p, f) is a state of its own
-CELLS_A_SIDE = 8  # above it, p and f in 1..B − 1 are grouped into about this many cells each
+CELLS_A_SIDE = 8  # above it, p and f in 1..B − 1 are grouped into about this many cells each at first
+REFINE_FACTOR = 3.0  # then cells one narrower while the time left is this many times the last MILP's (B = 48: 12 s, then 29 s)
 TIME_UNIT = 1000.0  # seconds -> ms inside the MILP
 SAFETY = 1 - 1e-9  # vectorised term sums against the cost model's scalar path: rounding only
 MIP_REL_GAP = 1e-6  # the MILP's dual bound is what is used; closer than this is not worth HiGHS's time
@@ -130,11 +131,16 @@ def _lower_hull(q: np.ndarray, t: np.ndarray) -> list[tuple[int, float]]:
     return hull
 
 
+def default_width(B: int) -> int:
+    """The first cells' width: 1 up to `FINE_REQUESTS` requests, else about `CELLS_A_SIDE` cells over 1..B − 1."""
+    return 1 if B <= FINE_REQUESTS else -(-(B - 1) // CELLS_A_SIDE)
+
+
 def cells(B: int, width: int | None = None) -> list[tuple[int, int]]:
     """The intervals the counts p and f (0..B) are grouped into: 0 and B alone, 1..B − 1 in runs of ``width``
     (default 1 up to `FINE_REQUESTS` requests, else about `CELLS_A_SIDE` runs)."""
     if width is None:
-        width = 1 if B <= FINE_REQUESTS else -(-(B - 1) // CELLS_A_SIDE)
+        width = default_width(B)
     return [(0, 0)] + [(a, min(a + width - 1, B - 1)) for a in range(1, B, width)] + ([(B, B)] if B else [])
 
 
@@ -144,19 +150,41 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
     """A lower bound on Σ (finish − arrival) over every schedule of ``requests`` (module docstring), or None where it
     does not apply (`applicable`). ``upper_s``: the sum of latencies of some schedule (it caps the batches a better
     schedule can have, the MILP's big-M); the result is at most ``upper_s``. With ``time_limit_s`` the MILP's dual
-    bound when it stops early, still a bound. ``cell_width``: the states' grouping (`cells`; the tests force it on
-    small instances)."""
+    bound when it stops early, still a bound. ``cell_width``: the states' grouping (`cells`; the tests force it);
+    by default the cells of `cells`, then narrower ones while the time left is at least `REFINE_FACTOR` times what
+    the last MILP took (each MILP's value is a bound; the largest is returned)."""
     if applicable(requests, limits, cost_model, hidden_cache) is not None:
         return None
     started = time.perf_counter()
     B, I, O = len(requests), requests[0].prompt_tokens, requests[0].output_tokens
-    lattice = _Lattice(cells(B, cell_width), B)
-    cols = _columns(lattice, shape_times(I, B, limits, cost_model), I, limits)
-    if not len(cols) or cols[:, 6].min() <= 0 or time.perf_counter() - started > time_limit_s:
+    times = shape_times(I, B, limits, cost_model)
+    best, last_s = None, 0.0
+    for width in ([cell_width] if cell_width is not None else range(default_width(B), 0, -1)):
+        left = time_limit_s - (time.perf_counter() - started)
+        if left <= 1.0 or (best is not None and left < REFINE_FACTOR * last_s):
+            break
+        run = time.perf_counter()
+        value = _cell_milp_bound(_Lattice(cells(B, width), B), times, I, O, limits, upper_s, left)
+        last_s = time.perf_counter() - run
+        if value is not None and (best is None or value > best):
+            best = value
+        if best is not None and best >= upper_s:  # (infeasible: no schedule is better than upper_s)
+            break
+    return best
+
+
+def _cell_milp_bound(lattice: "_Lattice", times: dict, I: int, O: int, limits: Limits, upper_s: float,
+                     left_s: float) -> float | None:
+    """The MILP over ``lattice`` within ``left_s``: its optimum or dual bound (at most ``upper_s``; ``upper_s`` when
+    it is infeasible), None without one."""
+    started = time.perf_counter()
+    B = lattice.cell[-1][1]
+    cols = _columns(lattice, times, I, limits)
+    if not len(cols) or cols[:, 6].min() <= 0:
         return None  # (a batch shape of no time would leave the big-M below unbounded)
     matrix, lo, hi = _rows(lattice, cols, I, O, upper_s * TIME_UNIT)
     nx, ne = len(cols), len(lattice.edges)
-    left = time_limit_s - (time.perf_counter() - started)
+    left = left_s - (time.perf_counter() - started)
     if left <= 1.0:
         return None
     weight = B - cols[:, 3]  # the unfinished requests, at least B − (the cell's largest f)

@@ -21,7 +21,8 @@ from infermax.request import Request
 from infermax.schedulers import available
 from infermax.workload import fixed
 from solvers import Objective
-from solvers.identical_bound import FEATURE_COLUMNS, applicable, cells, shape_times, state_path_latency_bound
+from solvers.identical_bound import (FEATURE_COLUMNS, applicable, cells, default_width, shape_times,
+                                     state_path_latency_bound)
 from infermax.costmodel.base import terms_time_table
 from solvers.lower_bound import LowerBounder
 from tests.test_solver_bruteforce import COSTS, SLOTS, brute_force
@@ -182,11 +183,23 @@ def test_grouped_states_relax_the_ungrouped_milp(I, O, B):
 @pytest.mark.parametrize("I,O,B,limits", [(32, 6, 20, Limits(C=256, M=4_000)), (200, 3, 24, Limits(C=1024, M=50_000)),
                                           (8, 12, 40, Limits(C=128, M=1_000, Rmax=16))])
 def test_grouped_bound_below_every_scheduler(I, O, B, limits):
-    """Above 16 requests (cells of 3 and 5): below every registered scheduler's sum of latencies."""
+    """Above 16 requests, with the first cells (3 and 5 wide here) and one narrower: below every registered
+    scheduler's sum of latencies."""
     requests = fixed(I, O, B)
     results = {n: simulate(requests, n, limits, COST, swap_cost=SWAP) for n in SCHEDULERS}
     plain = {n: LATENCY.value(r) for n, r in results.items() if not r.batches["hidden_seqs"].sum()}
-    lb = state_path_latency_bound(requests, limits, COST, max(plain.values()), time_limit_s=60)
-    assert lb is not None and lb > 0
-    for name, got in plain.items():
-        assert lb <= got * (1 + TOL), f"bound {lb} > {name}'s {got}"
+    for width in (default_width(B), default_width(B) - 1):
+        lb = state_path_latency_bound(requests, limits, COST, max(plain.values()), time_limit_s=60, cell_width=width)
+        assert lb is not None and lb > 0
+        for name, got in plain.items():
+            assert lb <= got * (1 + TOL), f"cells of {width}: bound {lb} > {name}'s {got}"
+
+
+def test_narrower_cells_while_time_is_left():
+    """The default grouping starts wide and refines while time is left; the result is the largest bound found, so
+    never below the first cells' alone."""
+    requests, limits = fixed(32, 6, 20), Limits(C=256, M=4_000)
+    upper = LATENCY.value(simulate(requests, "sarathi", limits, COST))
+    first = state_path_latency_bound(requests, limits, COST, upper, time_limit_s=60, cell_width=default_width(20))
+    refined = state_path_latency_bound(requests, limits, COST, upper, time_limit_s=20)
+    assert first is not None and refined is not None and first * (1 - 1e-9) <= refined <= upper
