@@ -52,7 +52,7 @@ PIPELINE_MAX_REQUESTS = 128
 # this time budget for all of them together (a budget cut short still yields a valid, weaker bound).
 PAIRWISE_MAX_CLASSES = 16
 PAIRWISE_TIME_LIMIT_S = 10.0
-STATE_PATH_TIME_LIMIT_S = 30.0  # the state-path MILP (identical requests): I = 512, O = 128, B = 16 ~10 s, B = 48 ~17 s
+STATE_PATH_TIME_LIMIT_S = 30.0  # the state-path MILPs (identical requests): I = 512, O = 128, B = 16-64 in 9-23 s
 # Several classes: one joint QP with cross-class blocks (`joint_qp_bound`); False: each class's QP on its own plus
 # min(w) per cross pair (the earlier bound, kept to measure what the joint QP buys).
 JOINT_PAIRWISE = True
