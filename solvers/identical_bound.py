@@ -37,6 +37,9 @@ CELLS_A_SIDE = 8  # above it, p and f in 1..B − 1 are grouped into about this 
 REFINE_FACTOR = 3.0  # then cells one narrower while the time left is this many times the last MILP's (B = 48: 12 s, then 29 s)
 TIME_UNIT = 1000.0  # seconds -> ms inside the MILP
 SAFETY = 1 - 1e-9  # vectorised term sums against the cost model's scalar path: rounding only
+# The batch-shape table (`table_cells`) is refused above this many entries: B = 64 with 4,096 prompt-token values fills
+# 17.3 M in ~11 s (181 MB at its peak); B = 64 at C = 8,192 would take twice that, more than the bound's budget.
+MAX_TABLE_CELLS = 20_000_000
 MIP_REL_GAP = 1e-6  # the MILP's dual bound is what is used; closer than this is not worth HiGHS's time
 
 
@@ -44,20 +47,24 @@ def applicable(requests: list[Request], limits: Limits, cost_model, hidden_cache
     """Why the bound does not apply, or None: it needs identical requests arriving together, at most
     `MAX_REQUESTS` of them, no prefix caching or hidden-form caches, and a cost model whose terms never fall when a
     feature grows (every coefficient ≥ 0, every term with a piece of intercept ≥ 0), so that the least features of a
-    batch shape give the least time."""
+    batch shape give the least time; and a batch-shape table of at most `MAX_TABLE_CELLS` entries."""
     if not requests or len(requests) > MAX_REQUESTS:
         return f"more than {MAX_REQUESTS} requests"
     if len({(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests}) > 1:
         return "requests differ or arrive at different times"
     if hidden_cache or getattr(limits, "prefix_caching", False):
         return "hidden-form caches or prefix caching"
+    cells_needed = table_cells(requests[0].prompt_tokens, len(requests), limits)
+    if cells_needed > MAX_TABLE_CELLS:
+        return (f"its batch-shape table would hold {cells_needed:,} entries ({cells_needed * 8 / 2**20:,.0f} MiB), "
+                f"more than {MAX_TABLE_CELLS:,}")
     for term in cost_model.milp_terms():
         if any(c < 0 for p in term.pieces for c in p.coef_s.values()) or max(p.intercept_s for p in term.pieces) < 0:
             return f"cost term {term.name!r} can fall as a feature grows"
     return None
 
 
-def shape_times(I: int, B: int, limits: Limits, cost_model) -> dict[int, np.ndarray]:
+def shape_times(I: int, B: int, limits: Limits, cost_model, deadline: float | None = None) -> dict[int, np.ndarray] | None:
     """``times[d][k, q]``: a lower bound on the time of any batch with ``d`` later-token items (decodes, or the last
     chunk of a recomputation after an eviction) and ``q`` first-time prompt tokens in at most ``k`` chunks, inf where
     no batch has that shape. Decodes read I + 1 KV tokens, the prompt tokens are split evenly over the chunks (Σc² is
@@ -68,35 +75,42 @@ def shape_times(I: int, B: int, limits: Limits, cost_model) -> dict[int, np.ndar
     gate is already open (one token, one prefill token and item, Σc² + 1) and I·slope. With coefficients ≥ 0 removing
     items never lengthens a batch and adding one grows each active term by at least its least piece's growth, so
     both are below every batch of that shape. (Enumerating r in every shape, as the first version did, gave the same
-    bounds at B = 8 and 16 in a tenth of the time; tests/test_identical_bound.py keeps it as the reference.)"""
+    bounds at B = 8 and 16 in a tenth of the time; tests/test_identical_bound.py keeps it as the reference.) None when
+    ``deadline`` (a `time.perf_counter` value) passes first."""
     terms = tuple(cost_model.milp_terms())
     slope = _least_token_slope(terms)
     P = min(limits.C, limits.prefill_budget)
     Q = min(B * I, limits.C)
     q = np.arange(0, Q + 1)
-    decodes = np.full((B + 1, B + 1, Q + 1), np.inf)  # [d, k, q]: d decodes, exactly k chunks, no recomputation
-    for d in range(B + 1):
-        for k in range(1, B + 1):
-            qk = q[(q >= k) & (q <= k * I) & (q <= P) & (q + d <= limits.C)]
-            if len(qk):
-                decodes[d, k, qk] = _batch_times(terms, I, d, k, qk, r=np.zeros(len(qk), dtype=int))
-        if 0 < d <= limits.C:
-            r = np.arange(0, min(d, P) + 1)  # k = 0, q = 0: d − r decodes and r recomputation chunks
-            decodes[d, 0, 0] = float(np.min(_batch_times(terms, I, d, 0, np.zeros(len(r), dtype=int), r)
-                                            + r * I * slope))
-    decodes = np.minimum.accumulate(decodes, axis=1)  # at most k chunks
     step = {"n_tokens": 1.0, "prefill_tokens": 1.0, "prefill_sq_tokens": 1.0, "n_prefill_seqs": 1.0}
     per_chunk = I * slope + sum(min(sum(c * step.get(f, 0.0) for f, c in piece.coef_s.items()) for piece in t.pieces)
                                 for t in terms if t.active_if in ("n_tokens", "n_prefill_seqs", "prefill_tokens"))
     out = {}
-    fewer = np.full((B + 1, Q + 1), np.inf)  # min over d' < d of decodes[d'] − d'·per_chunk (k ≥ 1)
+    fewer = np.full((B + 1, Q + 1), np.inf)  # min over d' < d of decodes(d') − d'·per_chunk (k ≥ 1)
     for d in range(B + 1):
-        t = decodes[d].copy()
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        decodes = np.full((B + 1, Q + 1), np.inf)  # [k, q]: d decodes, exactly k chunks, no recomputation
+        for k in range(1, B + 1):
+            qk = q[(q >= k) & (q <= k * I) & (q <= P) & (q + d <= limits.C)]
+            if len(qk):
+                decodes[k, qk] = _batch_times(terms, I, d, k, qk, r=np.zeros(len(qk), dtype=int))
+        if 0 < d <= limits.C:
+            r = np.arange(0, min(d, P) + 1)  # k = 0, q = 0: d − r decodes and r recomputation chunks
+            decodes[0, 0] = float(np.min(_batch_times(terms, I, d, 0, np.zeros(len(r), dtype=int), r) + r * I * slope))
+        decodes = np.minimum.accumulate(decodes, axis=0)  # at most k chunks
+        t = decodes.copy()
         if d:
             t[1:] = np.minimum(t[1:], np.where(q + d <= limits.C, fewer[1:] + d * per_chunk, np.inf))
         out[d] = t * SAFETY
-        fewer = np.minimum(fewer, decodes[d] - d * per_chunk)
+        fewer = np.minimum(fewer, decodes - d * per_chunk)
     return out
+
+
+def table_cells(I: int, B: int, limits: Limits) -> int:
+    """How many entries `shape_times` fills: (B + 1)² × (q values + 1), 8 bytes each, and about as many model
+    evaluations."""
+    return (B + 1) ** 2 * (min(B * I, limits.C) + 1)
 
 
 def _batch_times(terms, I: int, d: int, k: int, q: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -157,7 +171,9 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
         return None
     started = time.perf_counter()
     B, I, O = len(requests), requests[0].prompt_tokens, requests[0].output_tokens
-    times = shape_times(I, B, limits, cost_model)
+    times = shape_times(I, B, limits, cost_model, deadline=started + time_limit_s - 1.0)
+    if times is None:
+        return None
     best, last_s = None, 0.0
     for width in ([cell_width] if cell_width is not None else range(default_width(B), 0, -1)):
         left = time_limit_s - (time.perf_counter() - started)

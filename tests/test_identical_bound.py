@@ -66,6 +66,17 @@ def test_applies_only_to_identical_requests_arriving_together():
     assert applicable([Request(i, 0, 2, 2) for i in range(65)], limits, cm) is not None
 
 
+def test_refuses_a_shape_table_too_large_before_building_it():
+    """B = 64 at C = 8,192 would fill 34.6 M entries (~26 s here): refused with its size, before anything is built;
+    and the table stops at its deadline."""
+    requests = fixed(512, 8, 64)
+    reason = applicable(requests, Limits(C=8192, M=100_000), COSTS["linear"])
+    assert reason is not None and f"{65 ** 2 * 8193:,} entries" in reason  # (B + 1)² × (C + 1) prompt-token values
+    assert state_path_latency_bound(requests, Limits(C=8192, M=100_000), COSTS["linear"], 1e9) is None
+    assert applicable(requests, Limits(C=4096, M=100_000), COSTS["linear"]) is None
+    assert shape_times(512, 64, Limits(C=4096, M=100_000), COSTS["linear"], deadline=0.0) is None
+
+
 SWAP = SwapCost(per_token_s=0.002, fixed_s=0.001)
 SCHEDULERS = [n for n in available() if n != "bros-strict"]
 COST = load_cost_model()  # the default (fitted piecewise: token steps, capped reads)
