@@ -110,20 +110,13 @@ class SmallLP:
             cols.extend(index[name] for name in row)
             coefs.extend(row.values())
             start.append(len(cols))
-        lp = highspy.HighsLp()
-        lp.num_col_, lp.num_row_ = n, len(self.rows)
         cost = np.zeros(n)
         for name, coef in objective.items():
             cost[index[name]] = coef
-        lp.col_cost_ = cost
-        lp.col_lower_ = (np.array([-inf if name in self.free else 0.0 for name in self.names]) if self.free
-                         else np.zeros(n))  # (free sums only for a model with a term that can be negative)
-        lp.col_upper_ = np.array([inf if self.upper.get(name) is None else self.upper[name] for name in self.names])
-        lp.row_lower_, lp.row_upper_ = np.array(lower), np.array(upper)
-        a = lp.a_matrix_
-        a.format_ = highspy.MatrixFormat.kRowwise
-        a.num_col_, a.num_row_ = n, len(self.rows)
-        a.start_, a.index_, a.value_ = np.array(start, dtype=np.int32), np.array(cols, dtype=np.int32), np.array(coefs)
+        lp = rowwise_lp(cost, (np.array([-inf if name in self.free else 0.0 for name in self.names]) if self.free
+                               else np.zeros(n)),  # (free sums only for a model with a term that can be negative)
+                        np.array([inf if self.upper.get(name) is None else self.upper[name] for name in self.names]),
+                        np.array(lower), np.array(upper), start, cols, coefs)
         h = quiet_highs()
         h.passModel(lp)
         h.run()
@@ -135,6 +128,25 @@ class SmallLP:
         if values is not None:
             values.update(zip(self.names, h.getSolution().col_value))
         return float(h.getInfo().objective_function_value)
+
+
+def rowwise_lp(cost, col_lower, col_upper, row_lower, row_upper, start, index, value, integer=None):
+    """A highspy.HighsLp from a row-wise (CSR) matrix: ``start``/``index``/``value`` as a CSR matrix's
+    indptr/indices/data, bounds of ±highspy.kHighsInf for none; ``integer``: a boolean per column (a MILP)."""
+    import highspy
+
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(cost), len(row_lower)
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, col_lower, col_upper
+    lp.row_lower_, lp.row_upper_ = row_lower, row_upper
+    a = lp.a_matrix_
+    a.format_ = highspy.MatrixFormat.kRowwise
+    a.num_col_, a.num_row_ = len(cost), len(row_lower)
+    a.start_, a.index_ = np.asarray(start, dtype=np.int32), np.asarray(index, dtype=np.int32)
+    a.value_ = np.asarray(value, dtype=float)
+    if integer is not None:
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in integer]
+    return lp
 
 
 _HIGHS_GREETED = False
