@@ -156,3 +156,17 @@ def test_check_names_each_broken_invariant():
     orders = filed()
     orders.holding[0.2] += 1
     assert orders.check() == "the holder counts per target are wrong"
+
+
+def test_refiling_pops_the_victims_stale_back_entries():
+    """A batch's victims had the most slack, so their holder entries are the back of the holder deque; once they
+    stop holding, re-filing the batch's items pops them before appending, instead of leaving them under the new
+    holders for every later victim stream to read past."""
+    orders = RtOrders()
+    orders.file([(0.2, (float(i), 0.0, i), True) for i in range(4)])
+    for rid in (2, 3):  # this batch's victims: the two most-slack holders
+        orders.stop_holding(rid)
+    orders.file([(0.2, (10.0, 0.0, 0), True)])  # the request the batch ran, re-filed
+    held = list(orders.held[0.2])
+    assert held[-1] == (10.0, 0.0, 0)
+    assert (2.0, 0.0, 2) not in held and (3.0, 0.0, 3) not in held

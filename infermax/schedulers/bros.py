@@ -229,11 +229,6 @@ class BrosScheduler(Scheduler):
                 orders.forget(s.id)
         # Only the requests in the batch changed their slack reference or host tokens.
         ran = {rid for rid, _ in batch.items}  # (a request swapped in is one of the items: `next_batch`)
-        self._file_rt([rt[rid] for rid in ran if rid in rt])
-        for rid in (ran if be else ()):
-            if rid in be:
-                self._unfile_be(rid)
-                self._file_be(be[rid])
         gpu = self.mgr.gpu
         for rid, _ in batch.swap_out:
             if rid in ran:
@@ -248,6 +243,13 @@ class BrosScheduler(Scheduler):
                 # (It held KV when the iteration started, since only the selected requests gain KV and they run;
                 # the block managers swap an RT request's KV out whole, so it always leaves.)
                 orders.stop_holding(rid)
+        # (After the swapped-out ones leave the holders: the re-filing then pops their stale entries from the back
+        # of the holder orders, where this batch's victims were.)
+        self._file_rt([rt[rid] for rid in ran if rid in rt])
+        for rid in (ran if be else ()):
+            if rid in be:
+                self._unfile_be(rid)
+                self._file_be(be[rid])
 
     def _file_be(self, s: RequestState) -> None:
         """Enter BE request ``s`` in the BE order under its current key (fewest checkpointed blocks, then arrival)."""

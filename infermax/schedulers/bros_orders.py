@@ -17,7 +17,8 @@ latest filed so far). So keys enter at the end of a deque. The old key is not lo
 where it is as a *stale* entry. An entry is live while it is the very key object its request holds now
 (``key[rid] is entry``; for ``held``, ``holder[rid] is entry``), and every reader skips the others. Stale entries
 gather at the front of ``cand`` and ``late`` (the requests a batch runs are the most urgent) and at the back of
-``held`` (the victims dropped are those with the most slack), where readers pop them. A target's candidate and late deques are
+``held`` (the victims dropped are those with the most slack), where readers pop them (and `file` pops them before
+it appends, so a batch's victims do not end up under the next batch's new holders). A target's candidate and late deques are
 rebuilt from their live entries once they hold more than twice its requests plus `COMPACT_SLACK` entries, and its
 holder deque once it holds more than twice its holders plus `COMPACT_SLACK` (a target may keep thousands of
 requests while few of them hold KV, and a reader from the holders' back must not pass the stale entries of all the
@@ -102,6 +103,9 @@ class RtOrders:
             _append(self.cand, target, keys)
             if held_keys:
                 held_keys.sort()
+                held = self.held.get(target)
+                while held and holder.get(held[-1][2]) is not held[-1]:  # stale back entries (dropped victims)
+                    held.pop()
                 _append(self.held, target, held_keys)
             self._compact(target)
         for target in left.difference(by_target):
