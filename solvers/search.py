@@ -509,8 +509,10 @@ def _evaluate(st: _State, cand: Candidate) -> float | None:
     if value is not None and value == value and (st.best is None or value < st.best[0]):
         st.best = (value, cand, result, elapsed)
         _log(st, f"{cand.name}: {value:.6g} s (best so far, {elapsed:.2f} s)")
-    else:
-        _log(st, f"{cand.name}: {rec.get('value_s', rec.get('error'))}")
+    elif "error" in rec:
+        _log(st, f"{cand.name}: {rec['error']}")
+    else:  # (a NaN objective, say of a run that finished nothing, prints as nan)
+        _log(st, f"{cand.name}: {value:.6g} s ({elapsed:.2f} s)")
     return value
 
 

@@ -731,3 +731,20 @@ def test_token_capped_candidates_are_valid_on_random_workloads(rows, block, Rmax
             if cand.family == "work-ranked":
                 assert result.summary["evictions"] == 0
             assert replay(result.schedule, cost, limits=limits).summary == result.summary
+
+
+def test_progress_lines_give_every_candidate_its_value_in_seconds_or_its_error():
+    """One line per candidate simulated: ``name: value s (…)`` (the best so far marked), or ``name: error``; never
+    a bare float."""
+    reqs = [Request(i, 0.0, 8, 8) for i in range(12)]
+    lines: list[str] = []
+    res = search(reqs, Limits(C=64, M=100), COST, Objective(makespan=1), time_limit_s=60.0, progress=lines.append)
+    assert res.evaluations > 1
+    for rec in res.candidates:
+        said = [line[len(rec["name"]) + 2:] for line in lines if line.startswith(rec["name"] + ": ")]
+        assert len(said) == 1, rec["name"]
+        if "error" in rec:
+            assert said[0] == rec["error"]
+        else:
+            value, unit = said[0].split(" ")[:2]
+            assert unit == "s" and float(value) == pytest.approx(rec["value_s"], rel=1e-5)
