@@ -11,18 +11,18 @@ ascending key order:
 - ``held``: additionally, the KV holders as of the iteration's start (FindPreemptBlock's victims, read from the
   most-slack end).
 
-A request gets a new key only when a batch runs it (its reference time becomes the batch's end, later than every
-key filed: BROS never chunks a prefill, so every item yields a token) or when it arrives (its arrival time, the
-latest filed so far). So keys enter at the end of a deque. The old key is not looked for and removed: it stays
-where it is as a *stale* entry. An entry is live while it is the very key object its request holds now
-(``key[rid] is entry``; for ``held``, ``holder[rid] is entry``), and every reader skips the others. Stale entries
-gather at the front of ``cand`` and ``late`` (the requests a batch runs are the most urgent) and at the back of
-``held`` (the victims dropped are those with the most slack), where readers pop them (and `file` pops them before
-it appends, so a batch's victims do not end up under the next batch's new holders). A target's candidate and late
-deques are rebuilt from their live entries once they hold more than twice its requests plus `COMPACT_SLACK` entries, and its
-holder deque once it holds more than twice its holders plus `COMPACT_SLACK` (a target may keep thousands of
-requests while few of them hold KV, and a reader from the holders' back must not pass the stale entries of all the
-others), so stale entries cost O(1) amortised per re-filing and memory stays linear in the queued requests.
+A request gets a new key only when a batch runs it (its reference time becomes the batch's end, later than every key
+filed: BROS never chunks a prefill, so every item yields a token) or when it arrives (its arrival time, the latest
+filed so far). So keys enter at the end of a deque. The old key is not looked for and removed: it stays where it is
+as a *stale* entry. An entry is live while it is the very key object its request holds now (``key[rid] is entry``;
+for ``held``, ``holder[rid] is entry``), and every reader skips the others. Stale entries gather at the front of
+``cand`` and ``late`` (the requests a batch runs are the most urgent) and at the back of ``held`` (the victims
+dropped are those with the most slack), where readers pop them (and `file` pops them before it appends, so a batch's
+victims do not end up under the next batch's new holders). A target's candidate and late deques are rebuilt from
+their live entries once they hold more than twice its requests plus `COMPACT_SLACK` entries, and its holder deque
+once it holds more than twice its holders plus `COMPACT_SLACK` (a target may keep thousands of requests while few of
+them hold KV, and a reader from the holders' back must not pass the stale entries of all the others), so stale
+entries cost O(1) amortised per re-filing and memory stays linear in the queued requests.
 
 Exceptions to appending, kept exact: a key below the last entry (a target that is one request's TTFT target and
 another's TPOT target, where an arrival is filed after a batch that ended later; direct calls) is put in place by
