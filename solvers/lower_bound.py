@@ -53,6 +53,7 @@ PIPELINE_MAX_REQUESTS = 128
 PAIRWISE_MAX_CLASSES = 16
 PAIRWISE_TIME_LIMIT_S = 10.0
 STATE_PATH_TIME_LIMIT_S = 30.0  # the state-path MILPs (identical requests): I = 512, O = 128, B = 16-64 in 9-23 s
+STATE_PATH_STOP_SLACK_S = 1.5  # a state path that gave nothing this close to its budget ran out of time
 # Several classes: one joint QP with cross-class blocks (`joint_qp_bound`); False: each class's QP on its own plus
 # min(w) per cross pair (the earlier bound, kept to measure what the joint QP buys).
 JOINT_PAIRWISE = True
@@ -138,7 +139,7 @@ class LowerBounder:
         self.pairwise_budget_s, self.queue_budget_s, self.mip_budget_s = pairwise_budget_s, queue_budget_s, mip_budget_s
         self.state_path_budget_s = state_path_budget_s
         self.deadline_s = deadline_s
-        self.cut_by_deadline: list[str] = []  # the ingredients skipped past the deadline
+        self.cut_by_deadline: list[str] = []  # the ingredients skipped past the deadline or stopped by their time
 
     def _past_deadline(self, ingredient: str) -> bool:
         """Whether ``ingredient`` must be skipped (noted in ``cut_by_deadline``)."""
@@ -317,8 +318,13 @@ class LowerBounder:
             budget = self.state_path_budget_s
             if self.deadline_s is not None:  # (it skips itself when less than a second is left)
                 budget = min(budget, self.deadline_s - time.perf_counter())
-            return state_path_latency_bound(self.requests, self.limits, self.cost_model, upper,
-                                            time_limit_s=budget, hidden_cache=self.hidden)
+            started = time.perf_counter()
+            value = state_path_latency_bound(self.requests, self.limits, self.cost_model, upper,
+                                             time_limit_s=budget, hidden_cache=self.hidden)
+            if value is None and time.perf_counter() - started >= budget - STATE_PATH_STOP_SLACK_S:
+                # it ran out of its time (it applies): say so, with the time it had, since more time gives a bound
+                self.cut_by_deadline.append(f"state path (no bound within its {max(budget, 0.0):.3g} s)")
+            return value
         return None
 
     def release_grid_values_unpruned(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray

@@ -123,6 +123,19 @@ def test_lifts_the_latency_bound_of_a_fixed_grid_point():
     assert lb.value_s <= LATENCY.value(simulate(requests, "sarathi", limits, COST)) * (1 + TOL)
 
 
+def test_a_state_path_out_of_time_is_named_and_one_in_time_is_not():
+    """A state path that gives no bound within its budget is reported as cut for time, with that budget (more time
+    would give one); one that finishes, or one that does not apply, is not."""
+    limits = Limits(C=4096, M=100_000)
+    starved = LowerBounder(fixed(512, 128, 24), limits, COST, state_path_budget_s=1.5).of(LATENCY)
+    assert "state path (no bound within its 1.5 s)" in starved.parts["cut_by_deadline"]
+    assert "state_path_sum_s" not in starved.parts
+    finished = LowerBounder(fixed(512, 128, 8), limits, COST).of(LATENCY)
+    assert finished.set_by["latency"] == "state path" and "cut_by_deadline" not in finished.parts
+    mixed = [Request(0, 0.0, 512, 128), Request(1, 0.0, 256, 64)]  # not identical: the state path does not apply
+    assert "cut_by_deadline" not in LowerBounder(mixed, limits, COST, state_path_budget_s=1.5).of(LATENCY).parts
+
+
 def _enumerated_shape_times(I, B, limits, cost_model):
     """The first version's table: every number r of recomputation chunks among the d later-token items priced as a
     batch (one token each at context 0, plus I tokens at the least token slope), every chunk count k."""
