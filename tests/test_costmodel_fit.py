@@ -414,3 +414,34 @@ def test_costmodel_show_prints_terms_and_errors():
     missing = CliRunner().invoke(app, ["costmodel", "show", "--gpu", "h200", "--model", "llama-2-70b"],
                                  env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "--cost-model roofline" in missing.output
+
+
+@pytest.mark.parametrize("nonneg_intercept", [False, True])
+def test_max_affine_fits_each_group_once_and_reusing_changes_nothing(monkeypatch, nonneg_intercept):
+    """`_refine` reuses the piece fits of groups it has fitted before (within one `_fit_scaled`): no group is fitted
+    twice, and the fits equal those made with every piece fitted afresh."""
+    from infermax.costmodel import maxaffine
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(1, 100, (240, 2))
+    y = np.maximum(1 + x @ [0.3, 0.1], 5 + x @ [0.05, 0.4]) * rng.uniform(0.95, 1.05, 240)
+    fitted_groups, fit_piece = [], maxaffine._fit_piece
+
+    def counting(x1, yy, w, nn):
+        fitted_groups.append((yy.tobytes(), nn))
+        return fit_piece(x1, yy, w, nn)
+
+    monkeypatch.setattr(maxaffine, "_fit_piece", counting)
+    cached = maxaffine.fit_max_affine_all(x, y, 4, nonneg_intercept=nonneg_intercept)
+    assert len(fitted_groups) == len(set(fitted_groups)) > 4
+
+    class Forgetful(dict):  # a cache that keeps nothing: every piece fitted afresh, as before the reuse
+        def __setitem__(self, key, value):
+            pass
+
+    refine = maxaffine._refine
+    monkeypatch.setattr(maxaffine, "_refine", lambda *a, **k: refine(*a[:5], Forgetful()))
+    fresh = maxaffine.fit_max_affine_all(x, y, 4, nonneg_intercept=nonneg_intercept)
+    assert len(fitted_groups) > 2 * len(set(fitted_groups))  # (afresh, groups come back)
+    for a, b in zip(cached, fresh, strict=True):
+        assert np.array_equal(a.intercepts, b.intercepts) and np.array_equal(a.slopes, b.slopes)
