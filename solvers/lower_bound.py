@@ -287,7 +287,8 @@ class LowerBounder:
             finish_sums["mean busy times"], finish_sums["work in progress"] = busy_and_progress
         finish_sums["crowded service"] = crowded
         if not first_token_only:
-            path = self._state_path_latency_s()
+            known = max((v for v in finish_sums.values() if v is not None), default=None)
+            path = self._state_path_latency_s(None if known is None else known - arrival_sum)
             finish_sums["state path"] = None if path is None else path + arrival_sum
         found = {name: value for name, value in finish_sums.items() if value is not None}
         for name, value in found.items():
@@ -297,10 +298,11 @@ class LowerBounder:
         parts["set_by"] = set_by
         return found[set_by] - arrival_sum, parts
 
-    def _state_path_latency_s(self) -> float | None:
+    def _state_path_latency_s(self, floor_s: float | None = None) -> float | None:
         """The state-path bound on Σ latency (`identical_bound`; identical requests arriving together, at most
         `identical_bound.MAX_REQUESTS`), within ``state_path_budget_s``; None where it does not apply. Its big-M
-        needs the sum of latencies of some schedule: Sarathi's, else vLLM's."""
+        needs the sum of latencies of some schedule: Sarathi's, else vLLM's. ``floor_s``: the other ingredients' best
+        (its MILPs stop once they cannot beat it, `state_path_latency_bound`)."""
         from infermax.engine import simulate
         from infermax.schedulers.base import SchedulerError
 
@@ -320,7 +322,7 @@ class LowerBounder:
                 budget = min(budget, self.deadline_s - time.perf_counter())
             started = time.perf_counter()
             value = state_path_latency_bound(self.requests, self.limits, self.cost_model, upper,
-                                             time_limit_s=budget, hidden_cache=self.hidden)
+                                             time_limit_s=budget, hidden_cache=self.hidden, floor_s=floor_s)
             if value is None and time.perf_counter() - started >= budget - STATE_PATH_STOP_SLACK_S:
                 # it ran out of its time (it applies): say so, with the time it had, since more time gives a bound
                 self.cut_by_deadline.append(f"state path (no bound within its {max(budget, 0.0):.3g} s)")

@@ -116,10 +116,12 @@ def test_lifts_the_latency_bound_of_a_fixed_grid_point():
     """I = 512, O = 128, B = 4 under the default model: the other ingredients leave the prompts' cost to ride on
     decode batches, which needs decoders already prefilled; the state path sets the bound, still below Sarathi."""
     requests, limits = fixed(512, 128, 4), Limits(C=4096, M=100_000)
-    lb = LowerBounder(requests, limits, COST).of(LATENCY)
+    bounder = LowerBounder(requests, limits, COST)
+    lb = bounder.of(LATENCY)
     assert lb.set_by["latency"] == "state path"
-    others = {k: v for k, v in lb.parts.items() if k.endswith("_sum_s") and k != "state_path_sum_s"}
-    assert all(v < lb.value_s for v in others.values())
+    parts = bounder.latency_sum_s().parts  # (every ingredient's value; `of` keeps the winner's)
+    others = {k: v for k, v in parts.items() if k.endswith("_sum_s") and k != "state_path_sum_s"}
+    assert len(others) >= 4 and all(v < lb.value_s for v in others.values())
     assert lb.value_s <= LATENCY.value(simulate(requests, "sarathi", limits, COST)) * (1 + TOL)
 
 
@@ -134,6 +136,44 @@ def test_a_state_path_out_of_time_is_named_and_one_in_time_is_not():
     assert finished.set_by["latency"] == "state path" and "cut_by_deadline" not in finished.parts
     mixed = [Request(0, 0.0, 512, 128), Request(1, 0.0, 256, 64)]  # not identical: the state path does not apply
     assert "cut_by_deadline" not in LowerBounder(mixed, limits, COST, state_path_budget_s=1.5).of(LATENCY).parts
+
+
+@pytest.mark.parametrize("B", [4, 8])
+def test_a_floor_stops_the_milps_that_cannot_beat_it_and_changes_no_other_value(B):
+    """Given a bound it must beat (``floor_s``), the state path returns the same value when the floor is below it
+    and nothing when the floor is above it (its MILPs stop at their first solution under the floor)."""
+    requests, limits = fixed(512, 128, B), Limits(C=4096, M=100_000)
+    value = state_path_latency_bound(requests, limits, COST, 1e4)
+    assert state_path_latency_bound(requests, limits, COST, 1e4, floor_s=0.5 * value) == value
+    assert state_path_latency_bound(requests, limits, COST, 1e4, floor_s=2.0 * value) is None
+
+
+def test_no_narrower_cells_after_a_milp_stopped_at_the_floor(monkeypatch):
+    """B = 20 (cells of 3, then 2, then 1 while time is left): with a schedule's own sum of latencies as the floor,
+    which no bound exceeds, the first MILP stops at it and nothing narrower is solved."""
+    from solvers import identical_bound
+
+    requests, limits = fixed(512, 128, 20), Limits(C=4096, M=100_000)
+    floor = LATENCY.value(simulate(requests, "sarathi", limits, COST))
+    solved, milp = [], identical_bound._cell_milp_bound
+    monkeypatch.setattr(identical_bound, "_cell_milp_bound", lambda *a, **k: solved.append(a[0]) or milp(*a, **k))
+    assert state_path_latency_bound(requests, limits, COST, 2 * floor, time_limit_s=60, floor_s=floor) is None
+    assert len(solved) == 1
+
+
+def test_the_bounder_gives_the_state_path_the_other_ingredients_best_as_its_floor(monkeypatch):
+    from solvers import identical_bound
+
+    floors, path = [], identical_bound.state_path_latency_bound
+
+    def recording(*args, floor_s=None, **kwargs):
+        floors.append(floor_s)
+        return path(*args, floor_s=floor_s, **kwargs)
+
+    monkeypatch.setattr(identical_bound, "state_path_latency_bound", recording)
+    parts = LowerBounder(fixed(512, 128, 4), Limits(C=4096, M=100_000), COST).latency_sum_s().parts
+    others = [v for k, v in parts.items() if k.endswith("_sum_s") and k != "state_path_sum_s"]
+    assert len(floors) == 1 and len(others) >= 4 and floors[0] == pytest.approx(max(others), rel=1e-12)
 
 
 def _enumerated_shape_times(I, B, limits, cost_model):
