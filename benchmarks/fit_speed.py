@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from startup import timed_python  # (this folder is on sys.path when the script runs)
 
 HERE = Path(__file__).resolve().parent.parent
 MODEL_FILES = ("infermax_linear.json", "infermax_piecewise.json")
@@ -30,15 +29,7 @@ MODEL_FILES = ("infermax_linear.json", "infermax_piecewise.json")
 
 def _fit(tree: Path, profile: Path, out: Path) -> tuple[float, float]:
     """Wall and CPU seconds of one `infermax fit` child process run from ``tree``."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    # (run from ``tree``: `python -m` puts the working folder before PYTHONPATH)
-    subprocess.run([sys.executable, "-m", "infermax", "fit", str(profile), "--out", str(out)], env=env, check=True,
-                   cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return timed_python(tree, ["-m", "infermax", "fit", str(profile), "--out", str(out)], dict(os.environ), tree)
 
 
 def main() -> None:

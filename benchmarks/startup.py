@@ -38,9 +38,15 @@ COMMAND = ["-m", "infermax", "simulate", "--I", "1", "--O", "1", "--B", "1", "--
 
 def run_once(tree: Path, env: dict, cwd: str) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one whole ``simulate`` process on ``tree``."""
+    return timed_python(tree, COMMAND, env, cwd)
+
+
+def timed_python(tree: Path, args: list[str], env: dict, cwd: str | Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one ``python ARGS`` child process with ``tree`` on its PYTHONPATH, run from
+    ``cwd`` (`python -m` puts the working folder before PYTHONPATH); its error output on a failure."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, *COMMAND], env={**env, "PYTHONPATH": str(tree)}, cwd=cwd,
+    done = subprocess.run([sys.executable, *args], env={**env, "PYTHONPATH": str(tree)}, cwd=cwd,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
