@@ -133,55 +133,73 @@ def _solve_in_child(run, prob: pulp.LpProblem, options: SolveOptions, warm: bool
     start (the variables here still hold it) and the last incumbent HiGHS sent (CBC sends none: it reports its
     solutions only when it returns), and says so in ``notes``. The backend's own errors are raised again here; a
     process that ends without an answer (killed for memory, say) raises `SolverFailed`."""
-    ctx = mp.get_context("fork")
     variables = prob.variables()
     stop_after_s = options.stop_after_s
     if stop_after_s is None:
         stop_after_s = options.time_limit_s + stop_grace_s(options.time_limit_s)
-    _stop_highs_threads()
     scratch = tempfile.mkdtemp(prefix="infermax-solver-")  # its temporary files (CBC's model and solution files)
-    receive, send = ctx.Pipe(duplex=False)
     started = time.perf_counter()
-    child = ctx.Process(target=_child_solve, args=(run, prob, variables, options, warm, send, scratch), daemon=True)
+    try:
+        with forked(lambda send: _child_solve(run, prob, variables, options, warm, send, scratch)) as (child, receive):
+            return _follow(child, receive, prob, variables, options, warm, started, stop_after_s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def forked(target: Callable):
+    """A forked process running ``target(send)``, ``send`` the sending end of a pipe; yields (the process, the
+    receiving end). On leaving, the process is stopped with its whole group where it made one (CBC runs as a
+    grandchild), else alone, and waited for. HiGHS's worker threads are shut down first (`_stop_highs_threads`)."""
+    _stop_highs_threads()
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=target, args=(send,), daemon=True)
     child.start()
     send.close()
-    trace: list[Progress] = []
-    found: list[float] | None = None  # the last incumbent the solver sent
     try:
-        while True:
-            left = stop_after_s - (time.perf_counter() - started)
-            if not receive.poll(max(left, 0.0)):  # (what arrived before the stop is still read)
-                return _stopped(prob, variables, options, warm, found, trace, time.perf_counter() - started)
-            try:
-                message = receive.recv()
-            except EOFError:
-                child.join(1.0)
-                raise SolverFailed(f"the {options.backend} process ended without an answer (exit code "
-                                   f"{child.exitcode}; a negative code is the signal that stopped it, e.g. -9 when "
-                                   f"the system ran out of memory)") from None
-            kind, payload = message
-            if kind == "progress":
-                trace.append(payload)
-                if options.on_progress:
-                    options.on_progress(payload)
-            elif kind == "incumbent":
-                found = payload
-            elif kind == "done":
-                outcome, values = payload
-                for v, value in zip(variables, values):
-                    v.varValue = value
-                return outcome
-            else:
-                raise payload
+        yield child, receive
     finally:
         receive.close()
         if child.is_alive():
             try:
                 os.killpg(child.pid, signal.SIGKILL)
-            except OSError:  # not yet in its own group
+            except OSError:  # not in a group of its own (yet)
                 child.kill()
         child.join()
-        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _follow(child, receive, prob: pulp.LpProblem, variables: list, options: SolveOptions, warm: bool, started: float,
+            stop_after_s: float) -> SolveOutcome:
+    """`_solve_in_child`'s side of the pipe: progress and incumbents as they come, until the outcome, an error, the
+    child's end or the stop."""
+    trace: list[Progress] = []
+    found: list[float] | None = None  # the last incumbent the solver sent
+    while True:
+        left = stop_after_s - (time.perf_counter() - started)
+        if not receive.poll(max(left, 0.0)):  # (what arrived before the stop is still read)
+            return _stopped(prob, variables, options, warm, found, trace, time.perf_counter() - started)
+        try:
+            message = receive.recv()
+        except EOFError:
+            child.join(1.0)
+            raise SolverFailed(f"the {options.backend} process ended without an answer (exit code "
+                               f"{child.exitcode}; a negative code is the signal that stopped it, e.g. -9 when "
+                               f"the system ran out of memory)") from None
+        kind, payload = message
+        if kind == "progress":
+            trace.append(payload)
+            if options.on_progress:
+                options.on_progress(payload)
+        elif kind == "incumbent":
+            found = payload
+        elif kind == "done":
+            outcome, values = payload
+            for v, value in zip(variables, values):
+                v.varValue = value
+            return outcome
+        else:
+            raise payload
 
 
 def _stopped(prob: pulp.LpProblem, variables: list, options: SolveOptions, warm: bool, found: list[float] | None,

@@ -159,9 +159,27 @@ def cells(B: int, width: int | None = None) -> list[tuple[int, int]]:
     return [(0, 0)] + [(a, min(a + width - 1, B - 1)) for a in range(1, B, width)] + ([(B, B)] if B else [])
 
 
+@dataclass(frozen=True)
+class StatePathOutcome:
+    """What `state_path_latency` gave: ``value_s``, the bound (None: it does not apply, or no MILP gave one within
+    the time), and ``stopped_at_floor``, whether a MILP stopped at a solution at or below the caller's floor (then
+    no grouping tried could beat it: nothing was lost for want of time)."""
+
+    value_s: float | None
+    stopped_at_floor: bool = False
+
+
 def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model, upper_s: float,
                              time_limit_s: float = 10.0, hidden_cache: bool = False,
                              cell_width: int | None = None, floor_s: float | None = None) -> float | None:
+    """`state_path_latency`'s value: the bound, or None."""
+    return state_path_latency(requests, limits, cost_model, upper_s, time_limit_s, hidden_cache, cell_width,
+                              floor_s).value_s
+
+
+def state_path_latency(requests: list[Request], limits: Limits, cost_model, upper_s: float,
+                       time_limit_s: float = 10.0, hidden_cache: bool = False,
+                       cell_width: int | None = None, floor_s: float | None = None) -> StatePathOutcome:
     """A lower bound on Σ (finish − arrival) over every schedule of ``requests`` (module docstring), or None where it
     does not apply (`applicable`). ``upper_s``: the sum of latencies of some schedule (it caps the batches a better
     schedule can have, the MILP's big-M); the result is at most ``upper_s``. With ``time_limit_s`` the MILP's dual
@@ -173,12 +191,12 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
     narrowing lifted the bound by a few percent where measured (B = 32: 88.15 → 90.60 s) and costs more than the
     last, so a grouping that cannot beat the floor is where the time is better left to the caller."""
     if applicable(requests, limits, cost_model, hidden_cache) is not None:
-        return None
+        return StatePathOutcome(None)
     started = time.perf_counter()
     B, I, O = len(requests), requests[0].prompt_tokens, requests[0].output_tokens
     times = shape_times(I, B, limits, cost_model, deadline=started + time_limit_s - 1.0)
     if times is None:
-        return None
+        return StatePathOutcome(None)
     best, last_s = None, 0.0
     for width in ([cell_width] if cell_width is not None else range(default_width(B), 0, -1)):
         left = time_limit_s - (time.perf_counter() - started)
@@ -188,12 +206,12 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
         value = _cell_milp_bound(_Lattice(cells(B, width), B), times, I, O, limits, upper_s, left, floor_s)
         last_s = time.perf_counter() - run
         if value is BELOW_FLOOR:
-            break
+            return StatePathOutcome(best, stopped_at_floor=True)
         if value is not None and (best is None or value > best):
             best = value
         if best is not None and best >= upper_s:  # (infeasible: no schedule is better than upper_s)
             break
-    return best
+    return StatePathOutcome(best)
 
 
 def _cell_milp_bound(lattice: "_Lattice", times: dict, I: int, O: int, limits: Limits, upper_s: float,
@@ -326,26 +344,15 @@ def _solve_within(problem: _Problem, limit_s: float) -> tuple[str, float | None]
     ``limit_s``: HiGHS does not always keep its own time limit (`backends.solve`; here one instance of 16 requests,
     I = 1,518, O = 16, C = 1,518, M = 15,330, ran for minutes on a 5 s limit). None when it was stopped or no fork is
     safe here (the bound is then skipped, never late)."""
-    import multiprocessing as mp
-
-    from .backends import _can_fork, _stop_highs_threads
+    from .backends import _can_fork, forked
 
     if not _can_fork():
         return None
-    _stop_highs_threads()  # (a forked HiGHS would wait for the parent's worker threads)
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_solve_and_send, args=(problem, send), daemon=True)
-    child.start()
-    send.close()
-    try:
-        return receive.recv() if receive.poll(limit_s) else None
-    except EOFError:  # the child died
-        return None
-    finally:
-        child.kill()
-        child.join()
-        receive.close()
+    with forked(lambda send: _solve_and_send(problem, send)) as (_, receive):
+        try:
+            return receive.recv() if receive.poll(limit_s) else None
+        except EOFError:  # the child died
+            return None
 
 
 def _solve_and_send(problem: _Problem, send) -> None:

@@ -306,7 +306,7 @@ class LowerBounder:
         from infermax.engine import simulate
         from infermax.schedulers.base import SchedulerError
 
-        from .identical_bound import applicable, state_path_latency_bound
+        from .identical_bound import applicable, state_path_latency
 
         if applicable(self.requests, self.limits, self.cost_model, self.hidden) is not None \
                 or self._past_deadline("state path"):
@@ -321,12 +321,14 @@ class LowerBounder:
             if self.deadline_s is not None:  # (it skips itself when less than a second is left)
                 budget = min(budget, self.deadline_s - time.perf_counter())
             started = time.perf_counter()
-            value = state_path_latency_bound(self.requests, self.limits, self.cost_model, upper,
-                                             time_limit_s=budget, hidden_cache=self.hidden, floor_s=floor_s)
-            if value is None and time.perf_counter() - started >= budget - STATE_PATH_STOP_SLACK_S:
-                # it ran out of its time (it applies): say so, with the time it had, since more time gives a bound
+            outcome = state_path_latency(self.requests, self.limits, self.cost_model, upper, time_limit_s=budget,
+                                         hidden_cache=self.hidden, floor_s=floor_s)
+            if outcome.value_s is None and not outcome.stopped_at_floor \
+                    and time.perf_counter() - started >= budget - STATE_PATH_STOP_SLACK_S:
+                # it ran out of its time (it applies): say so, with the time it had, since more time gives a bound;
+                # a stop at the floor is not one (no grouping could beat the other ingredients)
                 self.cut_by_deadline.append(f"state path (no bound within its {max(budget, 0.0):.3g} s)")
-            return value
+            return outcome.value_s
         return None
 
     def release_grid_values_unpruned(self, T: float, late: DemandArrays, grid: list[int], reached: np.ndarray

@@ -164,16 +164,31 @@ def test_no_narrower_cells_after_a_milp_stopped_at_the_floor(monkeypatch):
 def test_the_bounder_gives_the_state_path_the_other_ingredients_best_as_its_floor(monkeypatch):
     from solvers import identical_bound
 
-    floors, path = [], identical_bound.state_path_latency_bound
+    floors, path = [], identical_bound.state_path_latency
 
     def recording(*args, floor_s=None, **kwargs):
         floors.append(floor_s)
         return path(*args, floor_s=floor_s, **kwargs)
 
-    monkeypatch.setattr(identical_bound, "state_path_latency_bound", recording)
+    monkeypatch.setattr(identical_bound, "state_path_latency", recording)
     parts = LowerBounder(fixed(512, 128, 4), Limits(C=4096, M=100_000), COST).latency_sum_s().parts
     others = [v for k, v in parts.items() if k.endswith("_sum_s") and k != "state_path_sum_s"]
     assert len(floors) == 1 and len(others) >= 4 and floors[0] == pytest.approx(max(others), rel=1e-12)
+
+
+def test_a_stop_at_the_floor_is_not_reported_as_out_of_time(monkeypatch):
+    """The state path that stops at its floor (the other ingredients' best, which no grouping could beat) lost
+    nothing for want of time: it is not listed among the ingredients cut by the deadline, however late it stopped
+    (the slack that tells a timed-out MILP widened to cover every stop)."""
+    from solvers import lower_bound
+
+    monkeypatch.setattr(lower_bound, "STATE_PATH_STOP_SLACK_S", 1e9)
+    requests, limits = fixed(512, 128, 4), Limits(C=4096, M=100_000)
+    floor = 2 * LATENCY.value(simulate(requests, "sarathi", limits, COST))
+    bounder = LowerBounder(requests, limits, COST)
+    assert bounder._state_path_latency_s(floor_s=floor) is None
+    assert not bounder.cut_by_deadline
+    assert bounder._state_path_latency_s(floor_s=None) is not None  # (without the floor it gives its bound)
 
 
 def _enumerated_shape_times(I, B, limits, cost_model):
