@@ -8,6 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+# Tests that read the CLI's tables give it their own width (CliRunner's env COLUMNS). rich fixes a console's width for
+# good when COLUMNS is set as the console is made (the CLI's consoles are made when it is imported), and pytest-xdist's
+# workers, like some shells, run with COLUMNS set (80), so it is removed before any test module imports the CLI.
+os.environ.pop("COLUMNS", None)
+
 # CI (CI=true) draws the same hypothesis examples on every run, so a submission's result does not depend on the
 # random draw; local runs keep drawing new examples (that is how the EcoServe group-release deadlock was found).
 settings.register_profile("ci", derandomize=True, print_blob=True)
