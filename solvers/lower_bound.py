@@ -242,24 +242,8 @@ class LowerBounder:
         # 15.1 s queued), and the grid would spend a --time-limit deadline first (43 s of LPs there).
         busy_and_progress = (self._busy_and_progress(arrays, solo) if not first_token_only and len(releases) > 1
                              else None)
-        points = 0
         reached = lower if queued is None else np.maximum(lower, queued)  # what the k-th completion has already
-        for T in releases:
-            if T != releases[0] and self._past_deadline("release times after the first"):
-                break
-            before = int(np.searchsorted(sorted_arrivals, T, side="left"))  # n_T
-            late = arrays if before == 0 else arrays.subset(order[before:])
-            grid = _k_grid(n - before)
-            values, computed = self._release_grid_values(T, late, grid, reached[before:])
-            points += computed
-            # completion k >= before + m gets T + busy(m') for the largest grid m' <= k − before
-            idx = np.searchsorted(np.asarray(grid), np.arange(1, n - before + 1), side="right") - 1
-            raised = values[idx]
-            lower[before:] = np.maximum(lower[before:], raised)
-            if reached is not lower:
-                reached[before:] = np.maximum(reached[before:], raised)
-            if self.progress:
-                self.progress(int(T), n)
+        points = self._raise_by_release_times(arrays, releases, order, lower, reached)
         arrival_sum = float(self.arrivals.sum())
         parts = {"sum_solo_s": float(solo.sum()), "lp_grid_points": points, "release_times": len(releases),
                  "order_statistic_sum_s": float(lower.sum()) - arrival_sum}
@@ -297,6 +281,33 @@ class LowerBounder:
         set_by = max(found, key=found.get)  # (the first of equal ones)
         parts["set_by"] = set_by
         return found[set_by] - arrival_sum, parts
+
+    def _raise_by_release_times(self, arrays: DemandArrays, releases: np.ndarray, order: np.ndarray,
+                                lower: np.ndarray, reached: np.ndarray) -> int:
+        """(b) of `_completion_sum`, in place: the k-th completion's bound ``lower`` (and ``reached``, what it has
+        already, which the grid's pruning reads; it may be ``lower`` itself) raised to T + the busy time of the
+        (k − n_T) least demanding requests arriving at or after T, for the first release time T and the later ones
+        until the deadline. ``order``: the requests by arrival. Returns how many grid points were solved."""
+        n = len(arrays)
+        sorted_arrivals = self.arrivals[order]
+        points = 0
+        for T in releases:
+            if T != releases[0] and self._past_deadline("release times after the first"):
+                break
+            before = int(np.searchsorted(sorted_arrivals, T, side="left"))  # n_T
+            late = arrays if before == 0 else arrays.subset(order[before:])
+            grid = _k_grid(n - before)
+            values, computed = self._release_grid_values(T, late, grid, reached[before:])
+            points += computed
+            # completion k >= before + m gets T + busy(m') for the largest grid m' <= k − before
+            idx = np.searchsorted(np.asarray(grid), np.arange(1, n - before + 1), side="right") - 1
+            raised = values[idx]
+            lower[before:] = np.maximum(lower[before:], raised)
+            if reached is not lower:
+                reached[before:] = np.maximum(reached[before:], raised)
+            if self.progress:
+                self.progress(int(T), n)
+        return points
 
     def _state_path_latency_s(self, floor_s: float | None = None) -> float | None:
         """The state-path bound on Σ latency (`identical_bound`; identical requests arriving together, at most
