@@ -35,7 +35,20 @@ paragraph after it). Prints ten measurements; nothing here is a bound or enters 
    λ·Rmax·a0·(KV area)/M (a request's share of the memory its batches hold, scaled to a full batch), the prompt's
    work plus λ times the decodes' (λ ≠ 1 weights one phase more), and prefill budgets P below C.
 
+11. The work-in-progress bound's classes against completion counts (2026-11-30): in its best mix (θ, V_cap) each
+   request picks its cheapest finish class on its own, and 1,125 pick the first (finish by T_1 = 60.8 s), while the
+   per-rank bounds (the queued bound's E_k, and the sorted arrival + time alone) allow at most 183 finishes by then.
+   A valid tightening: no schedule has more than #{k: E_k ≤ T} finishes by T, so the minimum over class choices can
+   be taken over those that respect every such cap (an assignment LP with nested caps, solved by HiGHS; a class no
+   cheaper than a later one is left out, since a later class uses fewer caps). Printed: each class's cumulative
+   choices against its cap, and the bound with and without the caps over a θ grid at each V_cap. Measured: the
+   same bound to three decimals (17.201 s) with the caps. The excess is mostly ties: a class before a request's own
+   earliest finish costs it the same floor (max(lower_r, T_{k-1}) = lower_r) and, in the first 11 of the 24 classes
+   (where V(T_k) ≥ V_cap), the same crowding, so the first such class is picked; the caps move those requests to
+   classes that cost the same. Not built.
+
     PYTHONPATH=. python benchmarks/slice_gap_analysis.py            # ~5 min on the 2-core machine
+    PYTHONPATH=. python benchmarks/slice_gap_analysis.py --caps-only   # item 11 alone, ~15 s
 
 The slice, limits and model are the optimality study's (first 2,000 azure-conv requests, C = 4,096, M = 100K, the
 paper's linear model).
@@ -216,9 +229,13 @@ def _v_window(tau: float, segments: np.ndarray) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--key-search-s", type=float, default=60.0, help="item 9's hill-climbing budget (seconds)")
+    ap.add_argument("--caps-only", action="store_true", help="item 11 alone")
     args = ap.parse_args()
     cost = load_cost_model(kind="linear")
     reqs = load_trace("azure-conv", limit=2000)
+    if args.caps_only:
+        class_caps(LowerBounder(reqs, LIMITS, cost))
+        return
     work = marginal_work_s(reqs, cost, LIMITS)
     ef, evicting = _algorithm1_policy("rank-i-ef"), _algorithm1_policy("rank-i")
 
@@ -295,6 +312,65 @@ def main() -> None:
     d0, d1 = (float(x) for x in item_marginal_s(marginal, decode_read=np.array([0.0, 1.0])))
     lanes_and_keys(reqs, cost, work, (d0, d1 - d0), best_lim, args.key_search_s)
     other_keys(reqs, cost, work, a0, marginal, best_lim)
+    class_caps(bounder)
+
+
+def _capped_choice_sum(theta: float, table, none, tables, which, caps) -> float:
+    """Σ_r C_r's mix at ``theta`` (as `progress_sum`) with each request's class chosen under the completion caps:
+    at most ``caps[k]`` requests of the main busy period finish by threshold k (an LP; its value is a lower bound on
+    the integer choice's)."""
+    import scipy.sparse as sparse
+    from scipy.optimize import linprog
+
+    main = tables.in_main
+    late = theta * none[which] + (1 - theta) * tables.late
+    by_class = theta * table[which] + (1 - theta) * tables.floors
+    rows, count = np.unique(np.column_stack([by_class[main], late[main]]), axis=0, return_counts=True)
+    later = np.minimum.accumulate(rows[:, ::-1], axis=1)[:, ::-1]
+    keep = np.ones(rows.shape, bool)
+    keep[:, :-1] = rows[:, :-1] < later[:, 1:]  # a class no cheaper than a later one uses more caps for nothing
+    row, k = np.nonzero(keep)
+    n_classes = rows.shape[1] - 1
+    assign = sparse.csr_matrix((np.ones(len(row)), (row, np.arange(len(row)))), shape=(len(rows), len(row)))
+    prefix = sparse.csr_matrix(k[None, :] <= np.arange(n_classes)[:, None], dtype=float)
+    res = linprog(rows[row, k], A_ub=prefix, b_ub=caps[:n_classes].astype(float), A_eq=assign,
+                  b_eq=count.astype(float), bounds=(0, None), method="highs")
+    return theta * tables.constant + float(late[~main].sum()) + float(res.fun)
+
+
+def class_caps(bounder) -> None:
+    """Item 11 (module docstring)."""
+    from solvers.progress_bound import THETAS, progress_tables
+
+    arrays, arrivals, n = bounder.full, bounder.arrivals, len(bounder.arrivals)
+    solo = bounder._solo_s(False)
+    per_rank = np.maximum(np.sort(arrivals + solo), bounder._queued_finish_times(arrays, False))
+    print("11. work-in-progress classes under completion caps (mean latency, s)")
+    best = None
+    for split in bounder._additive_splits():
+        terms, which = bounder._progress_inputs(arrays, split)
+        tables = progress_tables(arrivals, arrivals + solo, terms, which, split[0])
+        caps = np.searchsorted(per_rank, tables.thresholds, side="right")  # finishes possible by each threshold
+        for c, (table, none) in enumerate(zip(tables.classes, tables.none)):
+            free, capped = [], []
+            for theta in np.unique(np.concatenate([THETAS[::10], THETAS[85:100]])):  # (the best mixes lie near 0.93)
+                options = theta * none[which] + (1 - theta) * tables.late
+                by_class = theta * table[which] + (1 - theta) * tables.floors
+                cheapest = by_class.argmin(axis=1)
+                picks = tables.in_main & (by_class[np.arange(n), cheapest] < options)
+                options[picks] = by_class[np.arange(n), cheapest][picks]
+                value = theta * tables.constant + float(options.sum())
+                free.append(value)
+                capped.append(_capped_choice_sum(theta, table, none, tables, which, caps))
+                if best is None or value > best[0]:
+                    best = (value, theta, np.where(picks, cheapest, -1), caps, tables.thresholds)
+            print(f"   a0 {split[0] * 1e3:.2f} ms, V_cap #{c}: best over θ without caps "
+                  f"{(max(free) - arrivals.sum()) / n:.3f}, with caps {(max(capped) - arrivals.sum()) / n:.3f}")
+    value, theta, picks, caps, thresholds = best
+    print(f"   the best mix without caps (θ = {theta:.2f}, {(value - arrivals.sum()) / n:.2f} s): finishes chosen "
+          f"by each threshold against the most possible")
+    for k in range(0, len(thresholds), 3):
+        print(f"   by {thresholds[k]:6.1f} s: {int(((picks >= 0) & (picks <= k)).sum()):5d} chosen, at most {int(caps[k])}")
 
 
 def over_time(best, a0: float, window_s: float = 40.0) -> None:
