@@ -34,7 +34,9 @@ EXIT_CODES = (0, 1, 2)  # answered / the scheduler's own run outlasted the limit
 
 
 def _length_csv(rng: random.Random, folder: str, i: int) -> str:
-    path = os.path.join(folder, f"trace{i}.csv")
+    # names a terminal library could read as markup or emoji ('[/x]' once stopped a command with rich's MarkupError)
+    path = os.path.join(folder, f"trace{i}{rng.choice(['', '', '[/x]', ' [red]', ':smile:'])}.csv")
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # ('[/x]': a folder 'trace<i>[' holding 'x].csv')
     cols = ["num_prefill_tokens", "num_decode_tokens"] + (["arrived_at"] if rng.random() < 0.5 else [])
     cols += ["note"] if rng.random() < 0.3 else []
     t, rows = 0.0, []

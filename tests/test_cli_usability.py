@@ -180,3 +180,19 @@ def test_tables_are_whole_at_80_columns(args):
     assert done.returncode == 0, done.stderr
     assert "…" not in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("name", ["[/x]", "[red]"])
+def test_paths_and_names_print_as_typed(tmp_path, name):
+    """What a user typed is not rich markup: an output folder '…/[/x]' stopped `simulate` with rich's MarkupError
+    after the run, '…/[red]' printed as '…/', and a sweep named 'a[red]b' as 'ab'."""
+    out = tmp_path / name
+    res = runner.invoke(app, ["simulate", "--I", "1", "--O", "1", "--B", "1", "--out", str(out)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert f"results written to {out}" in res.output
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'name = "a{name.replace("/", "")}b"\n[base]\nB = 2\nI = 4\nO = 2\n[axes]\nscheduler = ["vllm"]\n')
+    swept = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "sweep"), "--no-plots"],
+                          env={"COLUMNS": "250"})
+    assert swept.exit_code == 0, swept.output
+    assert f"a{name.replace('/', '')}b: 1 points" in swept.output

@@ -22,14 +22,17 @@ from ..jsonio import nan_to_null
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Simulate LLM inference schedulers on cost models fitted to GPU profiles.")
-# emoji=False: a user's ':word:' (a distribution 'uniform:100:10', a file name) must print as typed, not as an emoji
-console = Console(emoji=False)
-err_console = Console(stderr=True, emoji=False)
+# emoji=False and markup=False: what a user typed (a distribution 'uniform:100:10', a path 'runs/[a]/x', a spec's
+# name), and the messages built from it, must print as typed: as markup, ':word:' became an emoji, '[a]' vanished and
+# '[/a]' stopped the command with rich's MarkupError. The few lines styled on purpose pass markup=True and escape
+# what they interpolate.
+console = Console(emoji=False, markup=False)
+err_console = Console(stderr=True, emoji=False, markup=False)
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: message`` to stderr and exit with ``code`` (2: bad input, 1: invalid schedule)."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from ..jsonio import nan_to_null
 from .common import (out_dir, ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
@@ -175,7 +176,7 @@ def better(
     if as_json:
         print(json.dumps(nan_to_null(ans.to_dict())))
         return
-    console.print(f"[bold]{ans.answer}[/]: {ans.explanation}", highlight=False, soft_wrap=True)
+    console.print(f"[bold]{ans.answer}[/]: {escape(ans.explanation)}", markup=True, highlight=False, soft_wrap=True)
     console.print(summary_table(_display({k: v for k, v in ans.to_dict().items()
                                           if k not in ("answer", "explanation", "differences")}), "better"))
     if ans.differences is not None:

@@ -127,11 +127,12 @@ class _Bar:
     """Rich progress bar over points (finished ones already counted)."""
 
     def __init__(self, total: int, cached: int, name: str):
+        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
 
         self.errors = 0
-        self.progress = Progress(TextColumn(f"sweep {name}"), BarColumn(), MofNCompleteColumn(), TextColumn("points"),
+        self.progress = Progress(TextColumn(f"sweep {escape(name)}"), BarColumn(), MofNCompleteColumn(), TextColumn("points"),
                                  TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn(), TimeRemainingColumn())
         self.task = self.progress.add_task(name, total=total, completed=cached, errors=0)
 
