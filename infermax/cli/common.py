@@ -30,6 +30,12 @@ console = Console(emoji=False, markup=False)
 err_console = Console(stderr=True, emoji=False, markup=False)
 
 
+def progress_line(message: str) -> None:
+    """One progress line of `optimize` / `better` on stderr, indented, never wrapped (a log keeps each line whole;
+    a terminal wraps it on screen)."""
+    err_console.print(f"  {message}", highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: message`` to stderr and exit with ``code`` (2: bad input, 1: invalid schedule)."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)

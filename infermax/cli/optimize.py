@@ -14,10 +14,10 @@ import typer
 from rich.markup import escape
 
 from ..jsonio import nan_to_null
-from .common import (out_dir, ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
+from .common import (out_dir, progress_line, ArrivalOpt, BlockSizeOpt, BOpt, CostModelKindOpt, CostModelPathOpt, COpt, CvOpt, GpuMemUtilOpt,
                      GpuOpt, InputDistOpt, IOpt, JsonOpt, MixOpt, ModelOpt, MOpt, OOpt, OutputDistOpt, POpt, RateOpt,
                      RmaxOpt, SeedOpt, TimeScaleOpt, TpOpt, TraceLimitOpt, TraceOpt, app, at_least, config_header,
-                     console, err_console, fail, flag, run_config, scheduler_name, summary_table)
+                     console, fail, flag, run_config, scheduler_name, summary_table)
 
 _RUN_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel", "I", "O", "B", "mix", "input_dist", "output_dist", "trace",
              "trace_limit", "arrival", "rate", "cv", "time_scale", "C", "P", "M", "gpu_mem_util", "Rmax", "block_size",
@@ -56,8 +56,8 @@ def _setup(scheduler: str, options: dict, objective: str, solver: str, time_limi
         fail(str(exc))
 
     def show(p):
-        err_console.print(f"  {p.time_s:7.1f}s  incumbent {p.incumbent / 1e3:.6g} s  bound {p.bound / 1e3:.6g} s  "
-                          f"gap {p.gap:.2%}  nodes {p.nodes}", highlight=False)
+        progress_line(f"{p.time_s:7.1f}s  incumbent {p.incumbent / 1e3:.6g} s  bound {p.bound / 1e3:.6g} s  "
+                      f"gap {p.gap:.2%}  nodes {p.nodes}")
 
     opts = SolveOptions(solver, time_limit, gap, threads, on_progress=None if quiet else show)
     return config, requests, limits, cost, obj, Policies(no_hybrid, no_chunked_prefill, eviction_free), opts
@@ -114,7 +114,7 @@ def optimize(
         "vllm", locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
     if slots is not None and slots < 1:
         fail("--slots must be >= 1")
-    say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
+    say = None if as_json else progress_line
     res = _run(lambda: analyse(requests, limits, cost, obj, policies, warm_start=None if warm_start == "none" else warm_start,
                                slots=slots, options=opts, time_limit_s=time_limit, progress=say,
                                started_s=started_s))
@@ -166,7 +166,7 @@ def better(
         fail("--margin must be in (0, 1)")
     config, requests, limits, cost, obj, policies, opts = _setup(
         scheduler, locals(), objective, solver, time_limit, gap, threads, no_hybrid, no_chunked_prefill, eviction_free, as_json)
-    say = None if as_json else (lambda msg: err_console.print(f"  {msg}", highlight=False))
+    say = None if as_json else progress_line
     ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts, time_limit_s=time_limit,
                            progress=say, swap_cost=config.swap_cost(), started_s=started_s))
     if out is not None:  # (created by `out_dir` when the option was read)
