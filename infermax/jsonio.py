@@ -1,4 +1,4 @@
-"""JSON helpers shared by the file formats (schedules, cost models, results)."""
+"""Reading text and JSON files, shared by the file formats (schedules, cost models, results, sweep specs, traces)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,26 @@ from pathlib import Path
 from typing import Any
 
 
-def read_json(path: str | Path) -> Any:
-    """Parse a JSON file; a syntax error becomes a ValueError naming the file."""
+def read_utf8(path: str | Path) -> str:
+    """A text file's contents, read as UTF-8 with a leading byte-order mark dropped (editors and spreadsheets on
+    Windows write one); a file that is not UTF-8 text (a binary file given by mistake) raises a ValueError naming it."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(not_utf8_message(path, exc)) from None
+
+
+def not_utf8_message(path: str | Path, exc: UnicodeDecodeError) -> str:
+    return f"{path}: not a UTF-8 text file (byte {exc.start} cannot be decoded)"
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file (`read_utf8`); a syntax error becomes a ValueError naming the file."""
+    path = Path(path)
+    text = read_utf8(path)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
 

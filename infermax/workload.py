@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:  # numpy only where lengths or arrivals are drawn: a fixed, offline or trace workload needs none
     import numpy as np
 
+from infermax.jsonio import not_utf8_message
 from infermax.request import Request
 
 TRACE_DIR = Path(__file__).parent / "data" / "traces"
@@ -263,23 +264,30 @@ def read_trace(source: str | Path, limit: int | None = None) -> tuple[list[Reque
     if limit is not None:
         limit = _check_int("limit", limit)
     path = trace_path(source)
+    try:  # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the first column's name
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            return _read_rows(path, csv.reader(f), limit)
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(not_utf8_message(path, exc)) from None
+
+
+def _read_rows(path: Path, reader, limit: int | None) -> tuple[list[Request], bool]:
+    """`read_trace` on an open CSV reader."""
+    header = [h.strip() for h in next(reader, [])]
+    missing = [c for c in LENGTH_COLUMNS if c not in header]
+    if missing:
+        raise TraceFormatError(f"{path}, line 1: header lacks column(s) {', '.join(missing)}; expected "
+                               f"{','.join(LENGTH_COLUMNS)} (and optionally arrived_at), found "
+                               f"{','.join(header) or 'nothing'}")
+    columns = TRACE_COLUMNS if "arrived_at" in header else LENGTH_COLUMNS
+    index = [header.index(c) for c in columns]
     rows: list[tuple[float, int, int]] = []
-    with path.open(newline="") as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in LENGTH_COLUMNS if c not in header]
-        if missing:
-            raise TraceFormatError(f"{path}, line 1: header lacks column(s) {', '.join(missing)}; expected "
-                                   f"{','.join(LENGTH_COLUMNS)} (and optionally arrived_at), found "
-                                   f"{','.join(header) or 'nothing'}")
-        columns = TRACE_COLUMNS if "arrived_at" in header else LENGTH_COLUMNS
-        index = [header.index(c) for c in columns]
-        for row in reader:
-            if limit is not None and len(rows) >= limit:
-                break
-            if not any(cell.strip() for cell in row):
-                continue
-            rows.append(_parse_trace_row(path, reader.line_num, row, columns, index, rows[-1][0] if rows else None))
+    for row in reader:
+        if limit is not None and len(rows) >= limit:
+            break
+        if not any(cell.strip() for cell in row):
+            continue
+        rows.append(_parse_trace_row(path, reader.line_num, row, columns, index, rows[-1][0] if rows else None))
     if not rows:
         raise TraceFormatError(f"{path}: trace has no requests")
     start_s = rows[0][0]

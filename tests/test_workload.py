@@ -151,6 +151,44 @@ def test_malformed_trace_names_line(tmp_path, body, line, what):
     assert f"line {line}," in str(e.value) and str(path) in str(e.value)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_header(tmp_path):
+    """A CSV saved by a spreadsheet starts with U+FEFF; its first column was not found ("header lacks column(s)
+    num_prefill_tokens ... found \ufeffnum_prefill_tokens")."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbfnum_prefill_tokens,num_decode_tokens\n10,5\n20,3\n")
+    requests, has_arrivals = read_trace(path)
+    assert [(r.prompt_tokens, r.output_tokens) for r in requests] == [(10, 5), (20, 3)] and not has_arrivals
+
+
+def test_a_file_that_is_not_utf8_text_is_refused_by_name(tmp_path):
+    """A binary file given as a trace raised the codec's own message, without the file's name."""
+    path = tmp_path / "results.parquet"
+    path.write_bytes(b"PAR1\x15\x04\x15\xb8\x01\xff\xfe")
+    with pytest.raises(TraceFormatError, match="not a UTF-8 text file") as e:
+        load_trace(path)
+    assert str(path) in str(e.value)
+
+
+def test_json_and_spec_files_share_the_reading(tmp_path):
+    """The same for the other files a user names: a schedule or cost-model JSON and a sweep spec (a binary spec
+    stopped `sweep` with a UnicodeDecodeError traceback); a byte-order mark is read past."""
+    from infermax.jsonio import read_json
+    from infermax.sweep.spec import SpecError, load_spec
+
+    binary = tmp_path / "x.toml"
+    binary.write_bytes(b"name = \"\xd0\x00\xff\"\n")
+    with pytest.raises(SpecError, match="not a UTF-8 text file"):
+        load_spec(binary)
+    with pytest.raises(ValueError, match="not a UTF-8 text file"):
+        read_json(binary)
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf{\"a\": 1}")
+    assert read_json(marked) == {"a": 1}
+    spec = tmp_path / "marked.toml"
+    spec.write_bytes(b"\xef\xbb\xbfname = \"m\"\n[base]\nB = 2\nI = 4\nO = 2\n[axes]\nscheduler = [\"vllm\"]\n")
+    assert load_spec(spec).name == "m"
+
+
 def test_trace_header_and_empty_errors(tmp_path):
     with pytest.raises(TraceFormatError, match="line 1.*num_decode_tokens"):
         load_trace(_write(tmp_path, "arrived_at,num_prefill_tokens\n0,5\n"))

@@ -76,6 +76,7 @@ def _parse_gpu_spec(text: str, gpu: Optional[str], profile_dir: Path):
     ``profile.json``'s ``gpu``)."""
     import json
 
+    from ..jsonio import read_json
     from ..models import gpu_spec_from_dict
 
     if gpu is None and (profile_dir / "mlp.csv").is_file():
@@ -85,10 +86,7 @@ def _parse_gpu_spec(text: str, gpu: Optional[str], profile_dir: Path):
 
     path = Path(text)
     if path.is_file():
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        doc = read_json(path)
         return gpu_spec_from_dict(doc, (doc.get("name") if isinstance(doc, dict) else None) or gpu, str(path))
     doc = {}
     for item in text.split(","):

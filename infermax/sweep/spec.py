@@ -38,6 +38,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from ..jsonio import read_utf8
 from .points import get_kind
 
 
@@ -81,7 +82,11 @@ def load_spec(path: str | Path) -> SweepSpec:
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        doc = tomllib.loads(path.read_text())
+        text = read_utf8(path)
+    except ValueError as exc:  # (not UTF-8 text)
+        raise SpecError(str(exc)) from None
+    try:
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from exc
     return parse_spec(doc, source=path)
