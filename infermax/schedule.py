@@ -97,18 +97,7 @@ class Schedule:
         try:
             limits = Limits(**data["limits"])
             requests = [_request_from_json(row) for row in data["requests"]]
-            batches = [
-                ScheduledBatch(
-                    items=[(int(rid), int(c)) for rid, c in b["items"]],
-                    evict=[int(rid) for rid in b.get("evict", [])],
-                    not_before_s=b.get("not_before_s"),
-                    hidden=frozenset(int(rid) for rid in b.get("hidden", [])),
-                    swap_out=[(int(rid), int(n)) for rid, n in b.get("swap_out", [])],
-                    swap_in=[(int(rid), int(n)) for rid, n in b.get("swap_in", [])],
-                    cache_hits=[(int(rid), int(n)) for rid, n in b.get("cache_hits", [])],
-                )
-                for b in data["batches"]
-            ]
+            batches = [_batch_from_json(b, j) for j, b in enumerate(data["batches"])]
             meta = data.get("meta", {})
             if not isinstance(meta, dict):
                 raise TypeError(f"meta must be an object, got {type(meta).__name__}")
@@ -139,10 +128,47 @@ def _request_json(r: Request) -> list | dict:
     return row + [r.ttft_slo_s, r.tbt_slo_s] if r.has_slo else row
 
 
+def _whole(value, what: str) -> int:
+    """A JSON integer: an int, or a float without a fraction (another tool may write 4.0); a bool, a string or 1.5
+    is refused rather than read as 1, 7 or 1 (``int()`` would)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _batch_from_json(b: dict, j: int) -> ScheduledBatch:
+    if not isinstance(b, dict):
+        raise ValueError(f"batch {j} must be an object, got {b!r}")
+    return ScheduledBatch(
+        items=_pairs(b, "items", j),
+        evict=[_whole(rid, f"batch {j} evict") for rid in b.get("evict", [])],
+        not_before_s=b.get("not_before_s"),
+        hidden=frozenset(_whole(rid, f"batch {j} hidden") for rid in b.get("hidden", [])),
+        swap_out=_pairs(b, "swap_out", j),
+        swap_in=_pairs(b, "swap_in", j),
+        cache_hits=_pairs(b, "cache_hits", j),
+    )
+
+
+def _pairs(batch: dict, key: str, j: int) -> list[tuple[int, int]]:
+    """A batch's [request id, tokens] pairs under ``key`` (absent: none)."""
+    pairs = []
+    for pair in batch.get(key, []) if key != "items" else batch["items"]:
+        if type(pair) is list and len(pair) == 2 and type(pair[0]) is int and type(pair[1]) is int:
+            pairs.append((pair[0], pair[1]))  # (what json.loads gives for a well-formed entry: no call per value)
+            continue
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"batch {j} {key}: each entry is [request id, tokens], got {pair!r}")
+        pairs.append((_whole(pair[0], f"batch {j} {key} request id"), _whole(pair[1], f"batch {j} {key} tokens")))
+    return pairs
+
+
 def _request_from_json(row: list | dict) -> Request:
     if isinstance(row, dict):
         return Request(**row)
-    if len(row) not in (4, 6):
+    if not isinstance(row, (list, tuple)) or len(row) not in (4, 6):
         raise ValueError(f"a request is [id, arrival_s, prompt_tokens, output_tokens(, ttft_slo_s, tbt_slo_s)], got {row!r}")
     slo = [None if v is None else float(v) for v in row[4:]]
-    return Request(int(row[0]), float(row[1]), int(row[2]), int(row[3]), *slo)
+    return Request(_whole(row[0], "request id"), float(row[1]), _whole(row[2], f"request {row[0]} prompt_tokens"),
+                   _whole(row[3], f"request {row[0]} output_tokens"), *slo)

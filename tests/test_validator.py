@@ -89,6 +89,33 @@ def test_malformed_schedule_file(tmp_path):
         Schedule.load(path)
 
 
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["batches"][0]["items"][0].__setitem__(1, 1.5), "batch 0 items tokens must be an integer, got 1.5"),
+    (lambda d: d["batches"][0]["items"][0].__setitem__(1, True), "batch 0 items tokens must be an integer, got True"),
+    (lambda d: d["batches"][0]["items"][0].__setitem__(0, "0"), "batch 0 items request id must be an integer"),
+    (lambda d: d["batches"][1].__setitem__("evict", [0.5]), "batch 1 evict must be an integer"),
+    (lambda d: d["batches"][0].__setitem__("items", [[0]]), r"batch 0 items: each entry is \[request id, tokens\]"),
+    (lambda d: d["batches"].__setitem__(0, None), "batch 0 must be an object"),
+    (lambda d: d["requests"][0].__setitem__(2, 4.5), "request 0 prompt_tokens must be an integer, got 4.5"),
+])
+def test_token_counts_and_ids_are_integers_not_truncated(tmp_path, change, message):
+    """A schedule written by another tool with 1.5 tokens in an item was read as 1 (``int()``), and true as 1, so
+    the replay failed later with an unrelated error, or passed; now the file is refused where it is wrong. An
+    integral float (4.0) is still read."""
+    schedule = Schedule([Request(0, 0.0, 4, 2)], Limits(C=8, M=100),
+                        [ScheduledBatch(items=[(0, 4)]), ScheduledBatch(items=[(0, 1)])])
+    doc = schedule.to_json()
+    path = tmp_path / "s.json"
+    change(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=message):
+        Schedule.load(path)
+    whole = schedule.to_json()
+    whole["batches"][0]["items"][0][1] = 4.0
+    path.write_text(json.dumps(whole))
+    assert Schedule.load(path).batches[0].items == [(0, 4)]
+
+
 def test_replayer_features_match_the_batch_by_hand():
     """The replayer builds each batch's `BatchFeatures` positionally (its hot path): every field must land where
     the dataclass declares it. Checked on the declared order itself and on a batch whose first twelve fields (all
