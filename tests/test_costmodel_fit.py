@@ -445,3 +445,16 @@ def test_max_affine_fits_each_group_once_and_reusing_changes_nothing(monkeypatch
     assert len(fitted_groups) > 2 * len(set(fitted_groups))  # (afresh, groups come back)
     for a, b in zip(cached, fresh, strict=True):
         assert np.array_equal(a.intercepts, b.intercepts) and np.array_equal(a.slopes, b.slopes)
+
+
+def test_a_measurements_file_that_is_not_a_csv_is_refused_by_name(tmp_path):
+    """`infermax fit` on a folder whose measurements.csv is binary, or broken by a stray quote, said only what the
+    codec or the tokenizer said, without the file."""
+    from infermax.costmodel.measurements import read_measurements
+
+    for body, what in ((b"\x15\x04\x15\xb8\x01\xff\xfe", "not a UTF-8 text file"), (b'a,b\n1,"2\n', "not a readable CSV")):
+        path = tmp_path / "measurements.csv"
+        path.write_bytes(body)
+        with pytest.raises(ValueError, match=what) as e:
+            read_measurements(path)
+        assert str(path) in str(e.value)

@@ -306,3 +306,4 @@ def test_length_only_trace_from_the_cli(tmp_path):
     res = runner.invoke(app, ["simulate", "--trace", path, "--arrival", "poisson", "--rate", "1", "--json"])
     assert res.exit_code == 0, res.output
     assert '"num_requests": 3' in res.output and '"generated_tokens": 10' in res.output
+
