@@ -458,3 +458,14 @@ def test_a_measurements_file_that_is_not_a_csv_is_refused_by_name(tmp_path):
         with pytest.raises(ValueError, match=what) as e:
             read_measurements(path)
         assert str(path) in str(e.value)
+
+
+def test_a_profile_folder_without_its_profile_json_is_refused_by_name(tmp_path):
+    """`infermax fit` on a folder holding measurements.csv alone said "[Errno 2] No such file or directory: .../profile.json"
+    (after copying the CSV to --out); now it says what is missing and what writes it, before anything is copied."""
+    from infermax.costmodel.profile_import import prepare
+
+    (tmp_path / "measurements.csv").write_text((PROFILE / "measurements.csv").read_text())
+    with pytest.raises(ValueError, match="has measurements.csv but no profile.json"):
+        prepare(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

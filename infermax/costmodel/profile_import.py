@@ -155,6 +155,9 @@ def prepare(path: str | Path, out: str | Path | None = None, **options) -> list[
     if not path.is_dir():
         raise ValueError(f"{path}: not a folder")
     if (path / MEASUREMENTS_CSV).is_file():
+        if not (path / PROFILE_JSON).is_file():
+            raise ValueError(f"{path}: has {MEASUREMENTS_CSV} but no {PROFILE_JSON} (what was profiled, on what: "
+                             f"`infermax profile` writes both)")
         if out is None or Path(out).resolve() == path.resolve():
             return [path]
         Path(out).mkdir(parents=True, exist_ok=True)
