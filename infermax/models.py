@@ -212,7 +212,7 @@ def gpu_spec_to_dict(gpu: GPUSpec) -> dict:
 def saved_gpus() -> dict[str, GPUSpec]:
     """Specs of unregistered GPUs saved with fitted profiles (``profiles/<gpu>/<model>/tp<N>/profile.json``,
     key ``gpu_spec``; written by ``infermax fit --gpu-spec``). The first profile of a GPU (sorted) is used."""
-    import json
+    from .jsonio import read_json
 
     from .costmodel import profiles_dir
 
@@ -222,8 +222,8 @@ def saved_gpus() -> dict[str, GPUSpec]:
         if gpu in GPUS or gpu in found:
             continue
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            doc = read_json(path)
+        except (OSError, ValueError):  # (not UTF-8, not JSON: that profile names no GPU)
             continue
         if isinstance(doc, dict) and GPU_SPEC_KEY in doc:
             found[gpu] = gpu_spec_from_dict(doc[GPU_SPEC_KEY], gpu, f"{path}: {GPU_SPEC_KEY}")

@@ -83,3 +83,21 @@ def test_cli_scores_a_saved_run_against_another_model(schedule, tmp_path):
     assert result.exit_code == 2 and "not a measurement of this schedule" in result.output
     result = runner.invoke(app, ["gpu-replay", str(path), "--measured", str(tmp_path), "--no-progress"])
     assert result.exit_code == 2 and "not a `gpu-replay --out` folder" in result.output
+
+
+def test_a_measured_run_whose_files_are_not_text_is_refused_by_name(tmp_path):
+    """`gpu-replay --measured RUN` read RUN's batches.csv and summary.json without naming a file that is not UTF-8
+    text (the codec's message only)."""
+    from infermax.profiling.scoring import BATCHES_CSV, SUMMARY_JSON
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / BATCHES_CSV).write_bytes(b"\x15\x04\x15\xb8\x01\xff\xfe")
+    with pytest.raises(ValueError, match="not a UTF-8 text file") as e:
+        load_measured(run)
+    assert BATCHES_CSV in str(e.value)
+    (run / BATCHES_CSV).write_text("measured_s\n0.01\n")
+    (run / SUMMARY_JSON).write_bytes(b"{\xff}")
+    with pytest.raises(ValueError, match="not a UTF-8 text file") as e:
+        load_measured(run)
+    assert SUMMARY_JSON in str(e.value)

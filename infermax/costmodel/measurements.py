@@ -71,7 +71,7 @@ def _frame(rows: dict, provenance: Provenance, tp: int) -> pd.DataFrame:
     return table[list(COLUMNS)]
 
 
-def _read_csv(path: str | Path, **options) -> pd.DataFrame:
+def read_csv_file(path: str | Path, **options) -> pd.DataFrame:
     """``pd.read_csv``, with a file that is not a readable CSV (a binary file, a stray quote) refused by name."""
     try:
         return pd.read_csv(path, **options)
@@ -86,7 +86,7 @@ def import_vidur_mlp(path: str | Path, tp: int, provenance: Provenance) -> pd.Da
 
     Where ``num_tokens`` appears twice the first row is kept (Vidur's file repeats a few sizes).
     """
-    table = _read_csv(path)
+    table = read_csv_file(path)
     table = table[table["num_tensor_parallel_workers"] == tp].drop_duplicates("num_tokens")
     if table.empty:
         raise ValueError(f"{path}: no rows with num_tensor_parallel_workers == {tp}")
@@ -101,13 +101,13 @@ def import_vidur_mlp(path: str | Path, tp: int, provenance: Provenance) -> pd.Da
 
 def vidur_tp_degrees(path: str | Path) -> list[int]:
     """The TP degrees present in a Vidur ``mlp.csv`` or ``attention.csv``."""
-    return sorted(int(t) for t in _read_csv(path, usecols=["num_tensor_parallel_workers"])
+    return sorted(int(t) for t in read_csv_file(path, usecols=["num_tensor_parallel_workers"])
                   ["num_tensor_parallel_workers"].unique())
 
 
 def vidur_model_shape(path: str | Path) -> dict:
     """The model shape columns of a Vidur ``mlp.csv`` (first row)."""
-    row = _read_csv(path, nrows=1).iloc[0]
+    row = read_csv_file(path, nrows=1).iloc[0]
     return {c: int(row[c]) for c in VIDUR_SHAPE_COLUMNS}
 
 
@@ -122,7 +122,7 @@ def import_vidur_attention(path: str | Path, tp: int, provenance: Provenance) ->
     """Prefill (``attn_prefill``, ``attn_kv_cache_save``) and decode (``attn_decode``) rows of a
     Vidur-format ``attention.csv`` for one TP degree. Decode rows' KV-cache save is not imported:
     it is a few microseconds per whole batch and the cost models leave it out (see ``fitting``)."""
-    table = _read_csv(path)
+    table = read_csv_file(path)
     table = table[table["num_tensor_parallel_workers"] == tp]
     if table.empty:
         raise ValueError(f"{path}: no rows with num_tensor_parallel_workers == {tp}")
@@ -149,7 +149,7 @@ def import_vidur_all_reduce(path: str | Path, tp: int, hidden_size: int, provena
     """All-reduce rows of a Vidur network ``all_reduce.csv`` for ``tp`` workers on one node
     (``devices_per_node == num_workers``); ``num_tokens = size_bytes / (2 · hidden_size)`` (fp16
     activations of ``hidden_size`` per token, as Vidur converts them). Repeated sizes: first kept."""
-    table = _read_csv(path)
+    table = read_csv_file(path)
     table = table[(table["num_workers"] == tp) & (table["devices_per_node"] == tp)].drop_duplicates("size")
     if table.empty:
         raise ValueError(f"{path}: no all-reduce rows with num_workers == devices_per_node == {tp}")
@@ -167,7 +167,7 @@ def write_measurements(table: pd.DataFrame, path: str | Path) -> None:
 
 def read_measurements(path: str | Path) -> pd.DataFrame:
     """Read and check a ``measurements.csv``: every column present, times positive and finite."""
-    table = _read_csv(path, keep_default_na=False, na_values={"mean_ms": [""], "std_ms": [""]})
+    table = read_csv_file(path, keep_default_na=False, na_values={"mean_ms": [""], "std_ms": [""]})
     missing = [c for c in COLUMNS if c not in table]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ..costmodel.base import BatchFeatures, CostModel
+from ..costmodel.measurements import read_csv_file
+from ..jsonio import read_json
 from ..replay import Replayer, replay
 from ..schedule import Schedule
 
@@ -129,11 +131,11 @@ def load_measured(run: str | Path) -> tuple[list[float], dict]:
     path = run / BATCHES_CSV
     if not path.is_file():
         raise ValueError(f"{run} holds no {BATCHES_CSV}: not a `gpu-replay --out` folder")
-    table = pd.read_csv(path)
+    table = read_csv_file(path)
     if "measured_s" not in table.columns:
         raise ValueError(f"{path} has no measured_s column")
     info = {}
     if (run / SUMMARY_JSON).is_file():
-        summary = json.loads((run / SUMMARY_JSON).read_text())
+        summary = read_json(run / SUMMARY_JSON)
         info = {k: summary[k] for k in RUN_KEYS if k in summary}
     return [float(t) for t in table["measured_s"]], info
