@@ -462,10 +462,16 @@ def test_a_measurements_file_that_is_not_a_csv_is_refused_by_name(tmp_path):
 
 def test_a_profile_folder_without_its_profile_json_is_refused_by_name(tmp_path):
     """`infermax fit` on a folder holding measurements.csv alone said "[Errno 2] No such file or directory: .../profile.json"
-    (after copying the CSV to --out); now it says what is missing and what writes it, before anything is copied."""
+    (after copying the CSV to --out); now it says what is missing and what writes it, before anything is copied. A
+    broken measurements.csv is named where the user keeps it, not as its copy in --out."""
     from infermax.costmodel.profile_import import prepare
 
     (tmp_path / "measurements.csv").write_text((PROFILE / "measurements.csv").read_text())
     with pytest.raises(ValueError, match="has measurements.csv but no profile.json"):
         prepare(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "profile.json").write_text((PROFILE / "profile.json").read_text())
+    (tmp_path / "measurements.csv").write_bytes(b"\x15\x04\x15\xb8\x01\xff\xfe")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'measurements.csv'}: not a UTF-8 text file"):
+        prepare(tmp_path, tmp_path / "out")  # (named where the user keeps it, not as the copy in out/)
     assert not (tmp_path / "out").exists()

@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from .measurements import (MEASUREMENTS_CSV, PROFILE_JSON, Provenance, import_vidur_all_reduce, import_vidur_attention, import_vidur_mlp,
-                           vidur_model_shape, vidur_tp_degrees, write_measurements)
+                           read_measurements, vidur_model_shape, vidur_tp_degrees, write_measurements)
 
 SOURCES = "_sources"
 ATTENTION_SAMPLE = "a100_llama3_8b_attention_sample.csv"
@@ -160,6 +160,7 @@ def prepare(path: str | Path, out: str | Path | None = None, **options) -> list[
                              f"`infermax profile` writes both)")
         if out is None or Path(out).resolve() == path.resolve():
             return [path]
+        read_measurements(path / MEASUREMENTS_CSV)  # (a broken file is named where the user keeps it, not its copy)
         Path(out).mkdir(parents=True, exist_ok=True)
         for name in (MEASUREMENTS_CSV, PROFILE_JSON):
             shutil.copy(path / name, Path(out) / name)
