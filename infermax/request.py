@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,11 @@ class Request:
     priority: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("id", "prompt_tokens", "output_tokens", "predicted_output_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)):
+                # (4.5 tokens would be simulated as such; a schedule file's 1.5 became 1 before it was refused)
+                raise ValueError(f"request {self.id!r}: {name} must be an integer, got {value!r}")
         if self.prompt_tokens < 1:
             raise ValueError(f"request {self.id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:

@@ -128,6 +128,9 @@ def _request_json(r: Request) -> list | dict:
     return row + [r.ttft_slo_s, r.tbt_slo_s] if r.has_slo else row
 
 
+_INTEGER_FIELDS = ("id", "prompt_tokens", "output_tokens", "predicted_output_tokens")  # (integral floats read as ints)
+
+
 def _whole(value, what: str) -> int:
     """A JSON integer: an int, or a float without a fraction (another tool may write 4.0); a bool, a string or 1.5
     is refused rather than read as 1, 7 or 1 (``int()`` would)."""
@@ -166,7 +169,8 @@ def _pairs(batch: dict, key: str, j: int) -> list[tuple[int, int]]:
 
 def _request_from_json(row: list | dict) -> Request:
     if isinstance(row, dict):
-        return Request(**row)
+        whole = {k: _whole(row[k], f"request {row.get('id')} {k}") for k in _INTEGER_FIELDS if row.get(k) is not None}
+        return Request(**{**row, **whole})
     if not isinstance(row, (list, tuple)) or len(row) not in (4, 6):
         raise ValueError(f"a request is [id, arrival_s, prompt_tokens, output_tokens(, ttft_slo_s, tbt_slo_s)], got {row!r}")
     slo = [None if v is None else float(v) for v in row[4:]]

@@ -149,3 +149,28 @@ def test_replayer_features_match_the_batch_by_hand():
         "prefill_ctx_cap256": 102_400, "prefill_ctx_cap512": 204_800, "prefill_ctx_cap1024": 409_600,
         "prefill_ctx_cap2048": 819_200, "n_prefill_seqs": 1, "n_decode_seqs": 2, "decode_kv_tokens": 15,
         "decode_kv_max": 10, "swap_tokens": 0, "hidden_recompute_tokens": 0}
+
+
+def test_request_token_counts_are_integers(tmp_path):
+    """A Request of 4.5 prompt tokens was accepted and simulated as such; a bool counted as 1. numpy integers (what
+    sampled workloads hold) stay accepted, and a schedule file's integral floats are read in the object form too."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match="prompt_tokens must be an integer, got 4.5"):
+        Request(0, 0.0, 4.5, 2)
+    with pytest.raises(ValueError, match="output_tokens must be an integer, got True"):
+        Request(0, 0.0, 4, True)
+    assert Request(np.int64(1), 0.0, np.int32(4), 2).prompt_tokens == 4
+    schedule = Schedule([Request(0, 0.0, 4, 2, priority=1)], Limits(C=8, M=100),
+                        [ScheduledBatch(items=[(0, 4)]), ScheduledBatch(items=[(0, 1)])])
+    doc = schedule.to_json()
+    assert isinstance(doc["requests"][0], dict)  # (the object form: it has a priority)
+    path = tmp_path / "s.json"
+    for prompt, ok in ((4.0, True), (4.5, False)):
+        doc["requests"][0]["prompt_tokens"] = prompt
+        path.write_text(json.dumps(doc))
+        if ok:
+            assert Schedule.load(path).requests[0].prompt_tokens == 4
+        else:
+            with pytest.raises(ValueError, match="prompt_tokens must be an integer, got 4.5"):
+                Schedule.load(path)
