@@ -180,8 +180,8 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
 def state_path_latency(requests: list[Request], limits: Limits, cost_model, upper_s: float,
                        time_limit_s: float = 10.0, hidden_cache: bool = False,
                        cell_width: int | None = None, floor_s: float | None = None) -> StatePathOutcome:
-    """A lower bound on Σ (finish − arrival) over every schedule of ``requests`` (module docstring), or None where it
-    does not apply (`applicable`). ``upper_s``: the sum of latencies of some schedule (it caps the batches a better
+    """A lower bound on Σ (finish − arrival) over every schedule of ``requests`` (module docstring), as a
+    `StatePathOutcome` (its value None where the bound does not apply, `applicable`). ``upper_s``: the sum of latencies of some schedule (it caps the batches a better
     schedule can have, the MILP's big-M); the result is at most ``upper_s``. With ``time_limit_s`` the MILP's dual
     bound when it stops early, still a bound. ``cell_width``: the states' grouping (`cells`; the tests force it);
     by default the cells of `cells`, then narrower ones while the time left is at least `REFINE_FACTOR` times what
