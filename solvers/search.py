@@ -23,6 +23,9 @@ Order of evaluation (cheap and promising first; docs/design.md, "Schedule search
 4. local search while time remains: hill-climbing from the best candidate, then from the best of
    every other family (neighbouring parameters, random perturbations of a plan's placement order).
 
+A candidate that prefills every prompt in one batch (no chunked prefill) is not started when a prompt exceeds its
+``min(C, P)``: it could not serve that request (`_cannot_run`, counted in ``SearchResult.cannot_run``).
+
 The time limit covers the whole call: the first candidate always runs; afterwards a candidate
 starts only if its estimated time (the slowest evaluation seen of its family, else of any family)
 fits in what is left after reserving the final replay.
@@ -63,10 +66,12 @@ class SearchResult:
     evaluations: int
     elapsed_s: float
     skipped: int = 0  # candidates not started because the time left could not cover them
+    cannot_run: int = 0  # candidates not started because they cannot prefill the longest prompt (`_cannot_run`)
 
     def to_dict(self) -> dict:
         return {"value_s": self.value_s, "method": self.method, "candidates": self.candidates,
-                "evaluations": self.evaluations, "elapsed_s": self.elapsed_s, "skipped": self.skipped}
+                "evaluations": self.evaluations, "elapsed_s": self.elapsed_s, "skipped": self.skipped,
+                "cannot_run": self.cannot_run}
 
 
 @dataclass
@@ -78,6 +83,9 @@ class Candidate:
     registered: bool = False
     order_ids: list[int] | None = None  # a plan's explicit placement order (kept out of params: large)
     work_s: dict[int, float] | None = None  # a work-ranked candidate's per-request works (for its neighbours)
+    # For a candidate that prefills every prompt in one batch (no chunking): the most prompt tokens it can prefill,
+    # min(C, P) of its limits; None for one that chunks
+    whole_prompt_cap: int | None = None
 
 
 @dataclass
@@ -95,6 +103,8 @@ class _State:
     seen: set = field(default_factory=set)
     skipped: int = 0
     values: list = field(default_factory=list)  # (value, candidate) of every successful evaluation
+    cannot_run: int = 0
+    longest: Request | None = None  # the request with the longest prompt (`_cannot_run`)
 
 
 def search_within(requests, limits, cost_model, objective: Objective, time_limit_s: float, policies: Policies,
@@ -153,8 +163,15 @@ def _policy_allows(pol: Algorithm1Policy, policies: Policies) -> bool:
     return True
 
 
-def _registered(name: str) -> Candidate:
-    return Candidate(name, "registered", {"scheduler": name}, lambda: (name, None), registered=True)
+def _registered(name: str, limits: Limits) -> Candidate:
+    pol = _algorithm1_policy(name)
+    cap = None
+    if pol is not None and not pol.chunked_prefill:  # min(C, P) of the limits it runs with (`make_scheduler`)
+        default_P = get_spec(name).default_P
+        P = limits.P if limits.P is not None or default_P is None else min(default_P, limits.C)
+        cap = min(limits.C, replace(limits, P=P).prefill_budget)
+    return Candidate(name, "registered", {"scheduler": name}, lambda: (name, None), registered=True,
+                     whole_prompt_cap=cap)
 
 
 def _template(name: str, pol: Algorithm1Policy, limits: Limits, **overrides) -> Candidate:
@@ -169,7 +186,8 @@ def _template(name: str, pol: Algorithm1Policy, limits: Limits, **overrides) -> 
         lim = replace(lim, Rmax=overrides["Rmax"] if limits.Rmax is None else min(overrides["Rmax"], limits.Rmax))
     label = name + "".join(f" {k}={v}" for k, v in overrides.items())
     return Candidate(label, "template", {"policy": name, **overrides},
-                     lambda: (Algorithm1Scheduler(lim, pol, name=label), lim))
+                     lambda: (Algorithm1Scheduler(lim, pol, name=label), lim),
+                     whole_prompt_cap=None if pol.chunked_prefill else min(lim.C, lim.prefill_budget))
 
 
 def _plan(requests, limits: Limits, hybrid: bool, order="long_peak", start_every: int = 1,
@@ -184,7 +202,8 @@ def _plan(requests, limits: Limits, hybrid: bool, order="long_peak", start_every
 
     return Candidate(label, "plan", {"order": shown, "start_every": start_every, "prefill_cap": prefill_cap,
                                      "hybrid": hybrid}, build,
-                     order_ids=None if isinstance(order, str) else list(order))
+                     order_ids=None if isinstance(order, str) else list(order),
+                     whole_prompt_cap=min(limits.C, limits.prefill_budget))
 
 
 def _clairvoyant(limits: Limits, hybrid: bool, rank: str, max_admit: int | None = None,
@@ -291,7 +310,7 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
     # Eviction-free registered schedulers are the cheapest to simulate; these are the usual winners.
     first = ["vllm-ef", "sarathi-pc-ef"] + (["rank-i-ef", "rank-o-ef"] if latency_like else [])
     first = [n for n in first if n in alg1]
-    out: list[Candidate] = [_registered(n) for n in first]
+    out: list[Candidate] = [_registered(n, limits) for n in first]
     sarathi_pc = policies_of.get("sarathi-pc")
     if cheap and sarathi_pc is not None and _policy_allows(sarathi_pc, policies):
         # right after them, Sarathi P=C capped at the cheapest token count: the best found at I = 512, O = 128 from
@@ -362,8 +381,8 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             forward + plans if latency_like else plans + forward)
     else:
         out += _waves(requests, limits, objective, policies_of, policies, cheap)
-    out += [_registered(n) for n in alg1 if n.endswith("-ef") and n not in first]
-    out += [_registered(n) for n in alg1 if not n.endswith("-ef")]
+    out += [_registered(n, limits) for n in alg1 if n.endswith("-ef") and n not in first]
+    out += [_registered(n, limits) for n in alg1 if not n.endswith("-ef")]
     # points of the Algorithm-1 template's space
     for name in ("sarathi-pc", "vllm", "rank-o", "rank-o-ef", "vllm-ef"):
         pol = policies_of.get(name)
@@ -480,6 +499,8 @@ def _evaluate(st: _State, cand: Candidate) -> float | None:
     """Simulate ``cand`` if time allows; record it; keep it if best. Returns its value (None: error/skipped)."""
     if cand.name in st.seen:
         return None
+    if _cannot_run(st, cand):
+        return None
     now = time.perf_counter()
     # kept for the final replay and policy check of the best (`_finish`): twice its simulation, or, before any
     # schedule is known, 40% of what is left (a replay took 40-65% of its simulation's time; Sarathi and vLLM-ef,
@@ -514,6 +535,26 @@ def _evaluate(st: _State, cand: Candidate) -> float | None:
     else:  # (a NaN objective, say of a run that finished nothing, prints as nan)
         _log(st, f"{cand.name}: {value:.6g} s ({elapsed:.2f} s)")
     return value
+
+
+def _cannot_run(st: _State, cand: Candidate) -> bool:
+    """Whether ``cand`` prefills every prompt in one batch and a prompt exceeds what one of its batches can prefill: it
+    would stop at that request's turn (InfeasibleRequestError), so it is not started, and is reported once for all
+    such candidates rather than one error line each (azure-code's first 500 requests, whose longest prompt is 4,808
+    tokens at C = 4,096: 133 of the 281 candidates of a search)."""
+    if cand.whole_prompt_cap is None:
+        return False
+    if st.longest is None:
+        st.longest = max(st.requests, key=lambda r: (r.prompt_tokens, -r.id))
+    longest = st.longest
+    if longest.prompt_tokens <= cand.whole_prompt_cap:
+        return False
+    st.seen.add(cand.name)
+    if not st.cannot_run:
+        _log(st, f"not run: the candidates that prefill each prompt in one batch (vLLM-like, latest-start plans) "
+                 f"with min(C, P) below request {longest.id}'s {longest.prompt_tokens}-token prompt")
+    st.cannot_run += 1
+    return True
 
 
 def _local_search(st: _State, rng: random.Random, patience: int = 2) -> None:
@@ -655,4 +696,4 @@ def _finish(st: _State, t_start: float) -> SearchResult:
             raise RuntimeError(f"search: candidate {cand.name!r} breaks the forced policies: {violations[:3]}")
         best_sched, best_value, method = sched, check, cand.name
     return SearchResult(best_sched, best_value, method, st.records, len(st.records),
-                        time.perf_counter() - t_start, st.skipped)
+                        time.perf_counter() - t_start, st.skipped, st.cannot_run)

@@ -748,3 +748,24 @@ def test_progress_lines_give_every_candidate_its_value_in_seconds_or_its_error()
         else:
             value, unit = said[0].split(" ")[:2]
             assert unit == "s" and float(value) == pytest.approx(rec["value_s"], rel=1e-5)
+
+
+def test_candidates_that_cannot_prefill_the_longest_prompt_are_not_run():
+    """A prompt longer than ``min(C, P)`` stops every scheduler that prefills each prompt in one batch (vLLM-like,
+    latest-start plans) at that request's turn: the search does not start them, says so in one line, counts them,
+    and still finds a schedule among the candidates that chunk."""
+    reqs = [Request(i, 0.1 * i, 90 if i == 3 else 8, 8) for i in range(10)]
+    limits = Limits(C=64, M=400)
+    with pytest.raises(InfeasibleRequestError):
+        simulate(reqs, "vllm-ef", limits, COST)
+    lines: list[str] = []
+    res = search(reqs, limits, COST, Objective(latency=1), time_limit_s=60.0, progress=lines.append)
+    assert res.cannot_run > 0 and res.to_dict()["cannot_run"] == res.cannot_run
+    errors = [c["error"] for c in res.candidates if "error" in c]
+    assert not [e for e in errors if "does not chunk prefills" in e or "in one batch" in e], errors
+    said = [line for line in lines if line.startswith("not run:")]
+    assert len(said) == 1 and "request 3's 90-token prompt" in said[0]
+    assert res.schedule is not None and res.value_s < math.inf
+    # with every prompt within min(C, P) nothing is held back
+    short = search(reqs[:3], limits, COST, Objective(latency=1), time_limit_s=60.0)
+    assert short.cannot_run == 0 and any(c["name"] == "vllm-ef" for c in short.candidates)
