@@ -769,3 +769,71 @@ def test_candidates_that_cannot_prefill_the_longest_prompt_are_not_run():
     # with every prompt within min(C, P) nothing is held back
     short = search(reqs[:3], limits, COST, Objective(latency=1), time_limit_s=60.0)
     assert short.cannot_run == 0 and any(c["name"] == "vllm-ef" for c in short.candidates)
+
+
+def _rmax_siblings(reqs, limits):
+    """Builders ``rmax -> Candidate`` of the families whose runs `_same_run` may take for another's."""
+    from solvers.search import _algorithm1_policy, _clairvoyant, _template, _work_ranked
+    from solvers.search_policies import marginal_work_s
+
+    work = marginal_work_s(reqs, COST, limits)
+    out = {name: (lambda r, name=name: _template(name, _algorithm1_policy(name), limits,
+                                                 **({} if r is None else {"Rmax": r})))
+           for name in ("sarathi-pc", "vllm-ef", "rank-i", "sarathi")}
+    out["work-ranked"] = lambda r: _work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, r)
+    out["clairvoyant"] = lambda r: _clairvoyant(limits, True, "short_total", rmax=r)
+    out["clairvoyant capped"] = lambda r: _clairvoyant(limits, True, "small_area", max_admit=2, rmax=r,
+                                                       work_cap=60)
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(max_n=12, max_prompt=60, long_prompts=True), st.integers(0, 3))
+def test_a_cap_above_the_kv_holders_peak_gives_the_same_run(case, above):
+    """`_same_run`'s premise, family by family: with ``Rmax`` above the most KV holders an uncapped run ever had, the
+    run is the same, batch for batch (so the search may take one for the other without simulating it)."""
+    from infermax.replay import BATCH_COLUMNS
+
+    reqs, limits = case
+    peak_at = BATCH_COLUMNS.index("running_peak")
+    for name, make in _rmax_siblings(reqs, limits).items():
+        try:
+            sched, lim = make(None).build()
+            free = simulate(reqs, sched, lim, COST)
+        except InfeasibleRequestError:
+            continue
+        peak = max(row[peak_at] for row in free.batch_rows)
+        sched, lim = make(peak + 1 + above).build()
+        capped = simulate(reqs, sched, lim, COST)
+        assert capped.schedule.batches == free.schedule.batches, name
+        assert capped.summary == free.summary, name
+
+
+def test_search_takes_a_cap_that_never_binds_for_the_run_it_repeats():
+    """Shortest-first waves whose ``Rmax`` (B/2 … B/16) exceeds the KV holders an uncapped run ever has are not simulated
+    again: recorded with the run they repeat and its value, which simulating them gives too."""
+    reqs = [Request(i, 0.5 * i, 8 + (i % 5) * 6, 4 + (i % 3) * 5) for i in range(64)]
+    limits = Limits(C=256, M=600)
+    lines: list[str] = []
+    res = search(reqs, limits, COST, Objective(latency=1), time_limit_s=60.0, progress=lines.append)
+    same = [c for c in res.candidates if "same_as" in c]
+    assert same, [c["name"] for c in res.candidates]
+    by_name = {c["name"]: c for c in res.candidates}
+    from solvers.search import _algorithm1_policy, _clairvoyant, _template
+
+    for rec in same:
+        sibling = by_name[rec["same_as"]]
+        assert rec["value_s"] == sibling["value_s"] and rec["elapsed_s"] == 0.0
+        assert rec["params"]["Rmax"] is not None
+        p = rec["params"]
+        if rec["family"] == "template":
+            cand = _template(p["policy"], _algorithm1_policy(p["policy"]), limits,
+                             **{k: p[k] for k in ("Rmax", "P", "C") if k in p})
+        elif rec["family"] == "clairvoyant":
+            cand = _clairvoyant(limits, p["hybrid"], p["rank"], p["max_admit"], p["Rmax"], p["work_cap"], p["defer"],
+                                COST)
+        else:
+            continue
+        sched, lim = cand.build()
+        assert Objective(latency=1).value(simulate(reqs, sched, lim, COST)) == rec["value_s"]
+        assert sum(line.startswith(rec["name"] + ": ") for line in lines) == 1
