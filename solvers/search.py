@@ -141,6 +141,10 @@ def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: 
     for cand in candidates:
         _evaluate(st, cand)
     _local_search(st, rng)
+    left = st.deadline - time.perf_counter()
+    if left >= 1.0 and not st.skipped:  # say why a search under a long time limit came back early
+        _log(st, f"search done in {time.perf_counter() - t_start:.1f} s, {left:.0f} s before its time limit: every "
+                 f"candidate and every neighbour of the local search was tried")
     return _finish(st, t_start)
 
 

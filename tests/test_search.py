@@ -837,3 +837,16 @@ def test_search_takes_a_cap_that_never_binds_for_the_run_it_repeats():
         sched, lim = cand.build()
         assert Objective(latency=1).value(simulate(reqs, sched, lim, COST)) == rec["value_s"]
         assert sum(line.startswith(rec["name"] + ": ") for line in lines) == 1
+
+
+def test_a_search_that_runs_out_of_candidates_says_so():
+    """A search that has tried everything before its time limit says so, with the time it took and what was left,
+    instead of just stopping early; one stopped by its time limit does not."""
+    reqs = [Request(i, 0.0, 8, 8) for i in range(6)]
+    lines: list[str] = []
+    search(reqs, Limits(C=64, M=100), COST, Objective(latency=1), time_limit_s=120.0, progress=lines.append)
+    done = [line for line in lines if line.startswith("search done in ")]
+    assert len(done) == 1 and "before its time limit" in done[0]
+    lines.clear()
+    res = search(reqs, Limits(C=64, M=100), COST, Objective(latency=1), time_limit_s=1e-6, progress=lines.append)
+    assert res.skipped > 0 and not [line for line in lines if line.startswith("search done in ")]
