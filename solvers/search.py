@@ -603,8 +603,9 @@ def _same_run(st: _State, cand: Candidate) -> float | None:
     fewer hold KV), with ``holders`` at most the batch's KV holders, which the replayer records (``running_peak``).
     So if the sibling's cap is no lower (or none) and its holders stayed below ``cand``'s cap throughout, every such
     test gives the same answer under both caps and the two runs are identical, batch for batch. The shortest-first
-    waves (``Rmax`` = B/2 … B/16) on an online trace are the usual case: on the whole azure-conv trace 9 of the first
-    22 candidates of `better --objective latency` (22 s of its 120) were such repeats."""
+    waves (``Rmax`` = B/2 … B/16) on an online trace are the usual case: on the whole azure-conv trace 10 of the 21
+    candidates `better -s sarathi --objective latency --time-limit 120` simulated were such repeats (23.2 s of its
+    search)."""
     key = _rmax_free_key(cand)
     rmax = _effective_rmax(st, cand)
     if key is None or rmax is None:
