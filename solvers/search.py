@@ -582,11 +582,24 @@ def _rmax_free_key(cand: Candidate) -> tuple | None:
     p = cand.params
     if cand.family == "template":
         return ("template", p["policy"], p.get("P"), p.get("C"))
+    if cand.family == "registered" and _plain_algorithm1(p["scheduler"]):  # its template with no override
+        return ("template", p["scheduler"], None, None)
     if cand.family == "work-ranked":
         return ("work-ranked", p["policy"], p.get("C"))
     if cand.family == "clairvoyant":
         return ("clairvoyant", p["rank"], p["max_admit"], p["hybrid"], p.get("work_cap"), p.get("defer"))
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_algorithm1(name: str) -> bool:
+    """Whether registered scheduler ``name`` is `Algorithm1Scheduler` itself with its policy (no subclass), built as
+    its template (`_template`) is: same policy and limits (its default P applied alike), and the cost model it is given
+    is not read by Algorithm 1, so the two runs are the same."""
+    try:
+        return type(get_spec(name).factory(Limits(), None)) is Algorithm1Scheduler
+    except Exception:  # noqa: BLE001 — schedulers that need more to build are not Algorithm 1
+        return False
 
 
 def _effective_rmax(st: _State, cand: Candidate) -> int | None:
@@ -601,17 +614,18 @@ def _same_run(st: _State, cand: Candidate) -> float | None:
     Within its family and parameters, a candidate differs from a simulated sibling only in its ``Rmax``; the
     schedulers of those families read ``Rmax`` only as ``holders >= Rmax`` (a request may become a KV holder only while
     fewer hold KV), with ``holders`` at most the batch's KV holders, which the replayer records (``running_peak``).
-    So if the sibling's cap is no lower (or none) and its holders stayed below ``cand``'s cap throughout, every such
-    test gives the same answer under both caps and the two runs are identical, batch for batch. The shortest-first
+    So if the sibling's holders stayed below its own cap and below ``cand``'s (either may be none) in every batch,
+    every such test is false under both caps in every state the sibling's run passed through, and the two runs are
+    identical, batch for batch (by induction over the batches). The shortest-first
     waves (``Rmax`` = B/2 … B/16) on an online trace are the usual case: on the whole azure-conv trace 10 of the 21
     candidates `better -s sarathi --objective latency --time-limit 120` simulated were such repeats (23.2 s of its
     search)."""
     key = _rmax_free_key(cand)
-    rmax = _effective_rmax(st, cand)
-    if key is None or rmax is None:
+    if key is None:
         return None
+    rmax = _effective_rmax(st, cand)
     for sib_rmax, peak, value, name in st.peaks.get(key, ()):
-        if (sib_rmax is None or sib_rmax >= rmax) and peak < rmax:
+        if (sib_rmax is None or peak < sib_rmax) and (rmax is None or peak < rmax):
             st.seen.add(cand.name)
             st.records.append({"name": cand.name, "family": cand.family, "params": cand.params, "value_s": value,
                                "elapsed_s": 0.0, "same_as": name})

@@ -266,7 +266,8 @@ def test_tiny_time_limit_stops_after_the_first_candidate():
     reqs = [Request(i, 0.0, 8, 8) for i in range(20)]
     limits = Limits(C=64, M=100)
     res = search(reqs, limits, COST, Objective(makespan=1), time_limit_s=1e-9)
-    assert res.evaluations == 1 and res.skipped > 0
+    simulated = [c for c in res.candidates if "same_as" not in c]  # (a run it repeats costs nothing: `_same_run`)
+    assert len(simulated) == 1 and res.skipped > 0
     assert res.schedule is not None
     assert Objective(makespan=1).value(replay(res.schedule, COST)) == pytest.approx(res.value_s, rel=1e-9)
 
@@ -807,35 +808,42 @@ def test_a_cap_above_the_kv_holders_peak_gives_the_same_run(case, above):
         capped = simulate(reqs, sched, lim, COST)
         assert capped.schedule.batches == free.schedule.batches, name
         assert capped.summary == free.summary, name
+        if name in ("sarathi-pc", "vllm-ef", "rank-i", "sarathi"):  # the registered scheduler is its template
+            registered = simulate(reqs, name, limits, COST)
+            assert registered.schedule.batches == free.schedule.batches, name
 
 
 def test_search_takes_a_cap_that_never_binds_for_the_run_it_repeats():
     """Shortest-first waves whose ``Rmax`` (B/2 … B/16) exceeds the KV holders an uncapped run ever has are not simulated
-    again: recorded with the run they repeat and its value, which simulating them gives too."""
+    again (nor a registered Algorithm-1 scheduler after its template, capped or not, whose cap never bound): recorded
+    with the run they repeat and its value, which simulating them gives too."""
     reqs = [Request(i, 0.5 * i, 8 + (i % 5) * 6, 4 + (i % 3) * 5) for i in range(64)]
     limits = Limits(C=256, M=600)
     lines: list[str] = []
     res = search(reqs, limits, COST, Objective(latency=1), time_limit_s=60.0, progress=lines.append)
     same = [c for c in res.candidates if "same_as" in c]
     assert same, [c["name"] for c in res.candidates]
+    assert {c["family"] for c in same} >= {"template", "registered"}, [c["name"] for c in same]
     by_name = {c["name"]: c for c in res.candidates}
-    from solvers.search import _algorithm1_policy, _clairvoyant, _template
+    from solvers.search import _algorithm1_policy, _clairvoyant, _template, _work_ranked
+    from solvers.search_policies import marginal_work_s
 
     for rec in same:
         sibling = by_name[rec["same_as"]]
-        assert rec["value_s"] == sibling["value_s"] and rec["elapsed_s"] == 0.0
-        assert rec["params"]["Rmax"] is not None
+        assert rec["value_s"] == sibling["value_s"] and rec["elapsed_s"] == 0.0 and "same_as" not in sibling
         p = rec["params"]
         if rec["family"] == "template":
-            cand = _template(p["policy"], _algorithm1_policy(p["policy"]), limits,
-                             **{k: p[k] for k in ("Rmax", "P", "C") if k in p})
+            sched, lim = _template(p["policy"], _algorithm1_policy(p["policy"]), limits,
+                                   **{k: p[k] for k in ("Rmax", "P", "C") if k in p}).build()
         elif rec["family"] == "clairvoyant":
-            cand = _clairvoyant(limits, p["hybrid"], p["rank"], p["max_admit"], p["Rmax"], p["work_cap"], p["defer"],
-                                COST)
+            sched, lim = _clairvoyant(limits, p["hybrid"], p["rank"], p["max_admit"], p["Rmax"], p["work_cap"],
+                                      p["defer"], COST).build()
+        elif rec["family"] == "work-ranked":
+            sched, lim = _work_ranked(limits, _algorithm1_policy(p["policy"]), marginal_work_s(reqs, COST, limits),
+                                      p["Rmax"], p["C"]).build()
         else:
-            continue
-        sched, lim = cand.build()
-        assert Objective(latency=1).value(simulate(reqs, sched, lim, COST)) == rec["value_s"]
+            sched, lim = p["scheduler"], limits
+        assert Objective(latency=1).value(simulate(reqs, sched, lim, COST)) == rec["value_s"], rec["name"]
         assert sum(line.startswith(rec["name"] + ": ") for line in lines) == 1
 
 
