@@ -616,10 +616,9 @@ def _same_run(st: _State, cand: Candidate) -> float | None:
     fewer hold KV), with ``holders`` at most the batch's KV holders, which the replayer records (``running_peak``).
     So if the sibling's holders stayed below its own cap and below ``cand``'s (either may be none) in every batch,
     every such test is false under both caps in every state the sibling's run passed through, and the two runs are
-    identical, batch for batch (by induction over the batches). The shortest-first
-    waves (``Rmax`` = B/2 … B/16) on an online trace are the usual case: on the whole azure-conv trace 10 of the 21
-    candidates `better -s sarathi --objective latency --time-limit 120` simulated were such repeats (23.2 s of its
-    search)."""
+    identical, batch for batch (by induction over the batches). The shortest-first waves (``Rmax`` = B/2 … B/16) on
+    an online trace are the usual case: on the whole azure-conv trace 10 of the 21 candidates `better -s sarathi
+    --objective latency --time-limit 120` simulated were such repeats (23.2 s of its search)."""
     key = _rmax_free_key(cand)
     if key is None:
         return None
