@@ -121,8 +121,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     if found is None:
         details["search_skipped"] = "too little time left after the lower bound for one simulation"
     else:
-        details.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s,
-                       **({"search_cannot_run": found.cannot_run} if found.cannot_run else {}))
+        details.update(found.report())
         if found.schedule is not None and found.value_s < best_s:
             best_s, best_by, best = found.value_s, f"search: {found.method}", found.schedule
     bounded = slots is None and sb is not None and sb.slots is not None  # K came from the slot bound of `budget`

@@ -127,8 +127,7 @@ def _answer(requests, limits, cost_model, scheduler, margin, objective, policies
     # the incumbent is a schedule the forced policies allow: the scheduler's own only if it obeys them
     best_s, best_by, best_schedule = (base, scheduler, None) if obeys else (math.inf, None, None)
     if found is not None:
-        methods.update(search_evaluations=found.evaluations, search_wall_s=found.elapsed_s,
-                       **({"search_cannot_run": found.cannot_run} if found.cannot_run else {}))
+        methods.update(found.report())
         if found.schedule is not None and found.value_s < best_s:
             best_s, best_by, best_schedule = found.value_s, f"search: {found.method}", found.schedule
     if best_s <= target:

@@ -48,7 +48,7 @@ from infermax.limits import Limits
 from infermax.replay import BATCH_COLUMNS, replay
 from infermax.request import Request
 from infermax.schedule import Schedule
-from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available, get_spec
+from infermax.schedulers import Algorithm1Policy, Algorithm1Scheduler, available, get_spec, make_scheduler
 
 from .objective import Objective
 from .policy import Policies, policy_violations
@@ -69,6 +69,11 @@ class SearchResult:
     elapsed_s: float
     skipped: int = 0  # candidates not started because the time left could not cover them
     cannot_run: int = 0  # candidates not started because they cannot prefill the longest prompt (`_cannot_run`)
+
+    def report(self) -> dict:
+        """What `better` and `optimize` show of the search beside their answer."""
+        return {"search_evaluations": self.evaluations, "search_wall_s": self.elapsed_s,
+                **({"search_cannot_run": self.cannot_run} if self.cannot_run else {})}
 
     def to_dict(self) -> dict:
         return {"value_s": self.value_s, "method": self.method, "candidates": self.candidates,
@@ -105,8 +110,8 @@ class _State:
     seen: set = field(default_factory=set)
     skipped: int = 0
     values: list = field(default_factory=list)  # (value, candidate) of every successful evaluation
-    cannot_run: int = 0
     longest: Request | None = None  # the request with the longest prompt (`_cannot_run`)
+    cannot_run: int = 0
     # per `_rmax_free_key`: (effective Rmax, KV holders' peak, value, name) of each run simulated (`_same_run`)
     peaks: dict = field(default_factory=dict)
 
@@ -133,7 +138,8 @@ def search(requests, limits, cost_model, objective: Objective, *, time_limit_s: 
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
     t_start = time.perf_counter()
     limits = limits or Limits()
-    st = _State(requests, limits, cost_model, objective, policies, t_start + time_limit_s, progress)
+    st = _State(requests, limits, cost_model, objective, policies, t_start + time_limit_s, progress,
+                longest=max(requests, key=lambda r: (r.prompt_tokens, -r.id)))
     rng = random.Random(seed)
     candidates = (_portfolio(requests, limits, objective, policies, cost_model)
                   + _step_aligned(limits, policies, cost_model)
@@ -172,12 +178,14 @@ def _policy_allows(pol: Algorithm1Policy, policies: Policies) -> bool:
 
 
 def _registered(name: str, limits: Limits) -> Candidate:
-    pol = _algorithm1_policy(name)
     cap = None
-    if pol is not None and not pol.chunked_prefill:  # min(C, P) of the limits it runs with (`make_scheduler`)
-        default_P = get_spec(name).default_P
-        P = limits.P if limits.P is not None or default_P is None else min(default_P, limits.C)
-        cap = min(limits.C, replace(limits, P=P).prefill_budget)
+    if _algorithm1_policy(name) is not None:  # built as `simulate` builds it, with its default P
+        try:
+            sched, lim = make_scheduler(name, limits)
+        except Exception:  # noqa: BLE001 — refused here, it is refused again (and recorded) when evaluated
+            sched = None
+        if sched is not None and not sched.policy.chunked_prefill:
+            cap = min(lim.C, lim.prefill_budget)
     return Candidate(name, "registered", {"scheduler": name}, lambda: (name, None), registered=True,
                      whole_prompt_cap=cap)
 
@@ -559,8 +567,6 @@ def _cannot_run(st: _State, cand: Candidate) -> bool:
     tokens at C = 4,096: 139 of the 281 candidates of `better -s sarathi --objective latency`)."""
     if cand.whole_prompt_cap is None:
         return False
-    if st.longest is None:
-        st.longest = max(st.requests, key=lambda r: (r.prompt_tokens, -r.id))
     longest = st.longest
     if longest.prompt_tokens <= cand.whole_prompt_cap:
         return False
