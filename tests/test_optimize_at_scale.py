@@ -96,9 +96,10 @@ def test_json_stdout_has_no_banner_when_the_bound_lps_create_highs_first():
 
 
 def test_optimize_without_a_usable_warm_start():
-    """vLLM cannot batch a 100-token prompt with C = 64 (no chunking): optimize goes on without its warm start."""
+    """vLLM, named as the warm start, cannot batch a 100-token prompt with C = 64 (no chunking): optimize goes on
+    without its warm start."""
     res = runner.invoke(app, ["optimize", "--I", "100", "--O", "2", "--B", "4", "--C", "64", "--time-limit", "20",
-                              "--json"])
+                              "--warm-start", "vllm", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert "warm_start_error" in summary and summary["objective_s"] is not None
@@ -317,3 +318,27 @@ def test_optimize_says_what_its_schedule_does_differently_from_the_warm_start():
     assert res.differences["length_order"][1] > res.differences["length_order"][0]
     tiny = analyse([Request(0, 0.0, 1, 3), Request(1, 0.0, 1, 3)], Limits(C=8, M=3), cost, time_limit_s=60)
     assert tiny.incumbent_by == "vllm" and tiny.differences is None and "differences" not in tiny.summary()
+
+
+def test_default_warm_start_chunks_a_prompt_vllm_cannot_prefill():
+    """'auto' runs vLLM unless a prompt is longer than min(C, P): then Sarathi, whose schedule is the warm start and
+    the comparison's baseline (vLLM would stop with an error and leave neither). Named explicitly, vLLM still runs,
+    and fails, as named; with chunked prefills forbidden, no schedule can serve the prompt and 'auto' stays vLLM."""
+    cost, limits = load_cost_model(kind="linear"), Limits(C=64, M=4000)
+    reqs = [Request(0, 0.0, 100, 4), Request(1, 0.0, 8, 12), Request(2, 0.0, 40, 2)]
+    res = analyse(reqs, limits, cost, Objective(latency=1), time_limit_s=2)
+    assert res.details["warm_start"] == "sarathi" and "warm_start_error" not in res.details
+    sarathi = simulate(reqs, "sarathi", limits, cost)
+    assert res.incumbent_s <= sum(r.latency_s for r in sarathi.requests.itertuples()) + TOL
+    named = analyse(reqs, limits, cost, Objective(latency=1), warm_start="vllm", time_limit_s=2)
+    assert "4096" not in named.details["warm_start_error"] and "100-token" in named.details["warm_start_error"]
+    fits = [Request(0, 0.0, 60, 4), Request(1, 0.0, 8, 12)]
+    assert analyse(fits, limits, cost, Objective(latency=1), time_limit_s=2).details["warm_start"] == "vllm"
+    from solvers.analyse import default_warm_start
+    assert default_warm_start(reqs, limits, Policies(no_chunked_prefill=True)) == "vllm"
+    assert default_warm_start(reqs, replace(limits, P=32), Policies()) == "sarathi"
+    assert default_warm_start(fits, replace(limits, P=32), Policies()) == "sarathi"  # 60 > min(C, P) = 32
+    cli = runner.invoke(app, ["optimize", "--I", "100", "--O", "4", "--B", "2", "--C", "64", "--M", "4000",
+                              "--objective", "latency", "--time-limit", "5", "--json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["warm_start"] == "sarathi" and "warm_start_error" not in json.loads(cli.stdout)

@@ -99,7 +99,8 @@ def optimize(
     objective: str = ObjectiveOpt, solver: str = SolverOpt, time_limit: float = TimeLimitOpt, gap: float = GapOpt,
     threads: Optional[int] = ThreadsOpt, no_hybrid: NoHybridOpt = False, no_chunked_prefill: NoChunkOpt = False,
     eviction_free: EvictionFreeOpt = False,
-    warm_start: str = typer.Option("vllm", help="Scheduler whose schedule seeds the solver and bounds the slots ('none': no seed)."),
+    warm_start: str = typer.Option("auto", help="Scheduler whose schedule seeds the solver and bounds the slots ('auto': "
+                                   "vllm, or sarathi when a prompt is longer than vLLM's min(C, P); 'none': no seed)."),
     slots: Optional[int] = typer.Option(None, help="Batch slots (default: the bound derived from the warm start)."),
     out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here.", callback=out_dir),
     as_json: JsonOpt = False,
@@ -129,7 +130,7 @@ def optimize(
     console.print(config_header(config, limits).replace("vllm |", "optimize |", 1), highlight=False, soft_wrap=True)
     console.print(summary_table(_display({k: v for k, v in res.summary().items() if k != "differences"}), "optimize"))
     if res.differences is not None:
-        console.print(_differences_table(res.differences, f"{warm_start} (warm start)"))
+        console.print(_differences_table(res.differences, f"{res.details['warm_start']} (warm start)"))
     if out is not None:
         console.print(f"results written to {out}")
 
