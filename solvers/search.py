@@ -313,13 +313,13 @@ def _waves(requests, limits: Limits, objective: Objective, policies_of: dict, po
 
 
 def _portfolio(requests, limits: Limits, objective: Objective, policies: Policies, cost_model) -> list[Candidate]:
-    """The candidates in evaluation order (module docstring)."""
+    """The candidates in evaluation order (module docstring): the usual winners first (eviction-free registered
+    schedulers, Sarathi P=C at the cheapest token count, work-ranked), then the clairvoyant families in the order
+    the objective favours, then every registered scheduler and points of the Algorithm-1 template's space."""
     ours_ok = not (policies.no_chunked_prefill and any(r.prompt_tokens > min(limits.C, limits.prefill_budget)
                                                       for r in requests))
-    hybrid = not policies.no_hybrid
     identical = len({(r.prompt_tokens, r.output_tokens) for r in requests}) == 1
     latency_like = objective.latency > 0 or objective.ttft > 0
-    n_fit = _fit_count(requests, limits)
     policies_of = {n: _algorithm1_policy(n) for n in available()}
     alg1 = [n for n, p in policies_of.items() if p is not None and _policy_allows(p, policies)]
     cheap = cheap_batch_tokens(cost_model, limits)
@@ -335,71 +335,102 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
         out.append(_template("sarathi-pc", sarathi_pc, limits, C=cheap[0]))
     if objective.latency > 0 and not identical:
         out += _work_ranked_family(requests, limits, cost_model, policies_of, policies, cheap)
+    waves = _waves(requests, limits, objective, policies_of, policies, cheap)
     if ours_ok:  # clairvoyant schedulers, those aimed at the objective first
-        budget = min(limits.C, limits.prefill_budget)
-        plans = [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
-        plans.append(_plan(requests, limits, hybrid, start_every=4, prefill_cap=budget))
-        ranks = (["small_area", "short_total", "short_output", "short_prompt", "arrival"] if latency_like
-                 else ["arrival", "short_output"])
-        forward = [_clairvoyant(limits, hybrid, rk) for rk in (ranks[:1] if identical else ranks)]
-        if latency_like:
-            forward += [_clairvoyant(limits, hybrid, ranks[0], rmax=max(1, int(n_fit * f))) for f in (0.25, 0.5, 0.75)]
-        if objective.latency > 0 and not identical:
-            # waves in shortest-first order: at most B/d requests hold KV, so the short ones run (and finish)
-            # before the long ones start. A.3 LISO+SISO, B = 8: 2.011 s against 2.71 s for the best candidate
-            # before (every registered scheduler 2.98 s); B = 32: 19.58 s against 21.04 s.
-            # With a work cap (running I + O within 1, 2 or 4 longest requests) the long ones also run few at a
-            # time: LISO+SISO B = 32, 16.48 s against 19.58 s (waves alone); B = 256, 662.3 s against 730.8 s.
-            longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-            # With prompts held back while the running requests finish (`PrefillDeferral`), a short request is not
-            # delayed by long prompts prefilled beside it: A.3 LISO+SISO B = 16, 4.587 s against 4.987 s; B = 64,
-            # 52.02 s against 54.62 s; LILO+SILO B = 16, 126.10 s against 128.63 s (weights 0.01-0.1); LISO+SILO
-            # B = 64, 347.76 s against 351.73 s (weight 1 and local search)
-            forward = [_clairvoyant(limits, hybrid, rk, rmax=len(requests) // d) for d in (2, 4, 8)
-                       for rk in ("short_total", "small_area") if len(requests) // d] + [
-                _clairvoyant(limits, hybrid, "short_total", rmax=len(requests) // d, work_cap=f * longest)
-                for f in (2, 1, 4) for d in (2, 1, 4) if len(requests) // d] + [
-                _clairvoyant(limits, hybrid, "short_total", rmax=len(requests) // d, work_cap=cap, defer=w,
-                             cost_model=cost_model)
-                for w in (0.01, 0.1, 1.0) for cap in (None, 2 * longest) for d in (2, 1, 4)
-                if len(requests) // d] + forward
-        if not identical:
-            plans += [_plan(requests, limits, hybrid, order=o, start_every=4) for o in ("short_output", "arrival")]
-        first_tokens = []
-        if objective.ttft > 0 and not policies.eviction_free and not policies.no_chunked_prefill:  # it chunks
-            first_tokens = [_first_token(limits, hybrid, P) for P in (None, budget // 2, budget // 4, budget // 16)
-                            if P != 0]
-            # all the prompts fit a few batches: split them into k prefill batches (each first token waits for
-            # its batch only; fewer, larger batches share the intercept: Fig. 12 I = 8, B = 32, k = 2)
-            prompts = sum(r.prompt_tokens for r in requests)
-            first_tokens += [_first_token(limits, hybrid, P) for P in (-(-prompts // k) for k in (2, 3, 4))
-                             if 0 < P < budget // 16]
-            # With arrivals over time a short prompt should not wait behind a long one's chunks: shortest
-            # prompt left first, with small chunks so that it can cut in (Azure slice: P = 512 best)
-            srpt = [_first_token(limits, hybrid, P, srpt=True) for P in (budget // 8, budget // 4, budget // 2)
-                    if P != 0]
-            online = len({r.arrival_s for r in requests}) > 1
-            if online:  # and decodes deferred until every request has arrived: no prompt waits behind them; first
-                # with one prompt per batch, cut at the arrival of a shorter one (lookahead)
-                srpt = [_first_token(limits, hybrid, P, srpt=True, defer=True, lookahead=True, cost_model=cost_model)
-                        for P in (None, budget // 2)] + [
-                    _first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4)
-                    if P != 0] + srpt
-            # batches capped just under the model's cheapest token-count steps (`cheap_batch_tokens`), with decodes
-            # deferred when requests arrive over time (azure-conv's first 2,000, default model: 0.1334 s against
-            # 0.1395 s for the best uncapped candidate; without deferring 0.1491 s)
-            srpt += [_first_token(limits, hybrid, None, srpt=True, defer=d, C=C)
-                     for C in cheap for d in ((True, False) if online else (False,))]
-            first_tokens = srpt + first_tokens if online else first_tokens + srpt
+        plans = _plan_family(requests, limits, not policies.no_hybrid, identical)
+        forward = _forward_family(requests, limits, objective, policies, cost_model, identical)
         # Time-limited searches on large instances reach only the first few: mean TTFT is won by
         # first-token-first, the sum of latencies by waves or forward admission, makespan by plans.
-        out += first_tokens + _waves(requests, limits, objective, policies_of, policies, cheap) + (
+        out += _first_token_family(requests, limits, objective, policies, cost_model, cheap) + waves + (
             forward + plans if latency_like else plans + forward)
     else:
-        out += _waves(requests, limits, objective, policies_of, policies, cheap)
+        out += waves
     out += [_registered(n, limits) for n in alg1 if n.endswith("-ef") and n not in first]
     out += [_registered(n, limits) for n in alg1 if not n.endswith("-ef")]
-    # points of the Algorithm-1 template's space
+    return out + _template_points(requests, limits, policies_of, policies, latency_like, cheap)
+
+
+def _plan_family(requests, limits: Limits, hybrid: bool, identical: bool) -> list[Candidate]:
+    """Latest-start plans (`latest_start_plan`): a start every 4, 16 or 1 batches, one with prefills capped at
+    min(C, P), and with mixed lengths the shortest-output and arrival orders."""
+    plans = [_plan(requests, limits, hybrid, start_every=k) for k in (4, 16, 1)]
+    plans.append(_plan(requests, limits, hybrid, start_every=4, prefill_cap=min(limits.C, limits.prefill_budget)))
+    if not identical:
+        plans += [_plan(requests, limits, hybrid, order=o, start_every=4) for o in ("short_output", "arrival")]
+    return plans
+
+
+def _forward_family(requests, limits: Limits, objective: Objective, policies: Policies, cost_model,
+                    identical: bool) -> list[Candidate]:
+    """`ClairvoyantScheduler` (forward admission in a clairvoyant rank order): the ranks that suit the objective,
+    with KV-holder caps for the latency-like ones, and for the sum of latencies of mixed lengths first waves in
+    shortest-first order, with work caps and prompt deferral."""
+    hybrid = not policies.no_hybrid
+    latency_like = objective.latency > 0 or objective.ttft > 0
+    ranks = (["small_area", "short_total", "short_output", "short_prompt", "arrival"] if latency_like
+             else ["arrival", "short_output"])
+    forward = [_clairvoyant(limits, hybrid, rk) for rk in (ranks[:1] if identical else ranks)]
+    if latency_like:
+        n_fit = _fit_count(requests, limits)
+        forward += [_clairvoyant(limits, hybrid, ranks[0], rmax=max(1, int(n_fit * f))) for f in (0.25, 0.5, 0.75)]
+    if objective.latency <= 0 or identical:
+        return forward
+    # waves in shortest-first order: at most B/d requests hold KV, so the short ones run (and finish)
+    # before the long ones start. A.3 LISO+SISO, B = 8: 2.011 s against 2.71 s for the best candidate
+    # before (every registered scheduler 2.98 s); B = 32: 19.58 s against 21.04 s.
+    # With a work cap (running I + O within 1, 2 or 4 longest requests) the long ones also run few at a
+    # time: LISO+SISO B = 32, 16.48 s against 19.58 s (waves alone); B = 256, 662.3 s against 730.8 s.
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    # With prompts held back while the running requests finish (`PrefillDeferral`), a short request is not
+    # delayed by long prompts prefilled beside it: A.3 LISO+SISO B = 16, 4.587 s against 4.987 s; B = 64,
+    # 52.02 s against 54.62 s; LILO+SILO B = 16, 126.10 s against 128.63 s (weights 0.01-0.1); LISO+SILO
+    # B = 64, 347.76 s against 351.73 s (weight 1 and local search)
+    n = len(requests)
+    return [_clairvoyant(limits, hybrid, rk, rmax=n // d) for d in (2, 4, 8)
+            for rk in ("short_total", "small_area") if n // d] + [
+        _clairvoyant(limits, hybrid, "short_total", rmax=n // d, work_cap=f * longest)
+        for f in (2, 1, 4) for d in (2, 1, 4) if n // d] + [
+        _clairvoyant(limits, hybrid, "short_total", rmax=n // d, work_cap=cap, defer=w, cost_model=cost_model)
+        for w in (0.01, 0.1, 1.0) for cap in (None, 2 * longest) for d in (2, 1, 4) if n // d] + forward
+
+
+def _first_token_family(requests, limits: Limits, objective: Objective, policies: Policies, cost_model,
+                        cheap: list[int]) -> list[Candidate]:
+    """For mean TTFT (with chunking allowed): `FirstTokenScheduler` at a few prefill budgets, in a few prefill
+    batches when every prompt fits them, shortest prompt left first (with decodes deferred and a lookahead when
+    requests arrive over time), and capped at the model's cheap token counts. Empty for other objectives."""
+    if objective.ttft <= 0 or policies.eviction_free or policies.no_chunked_prefill:
+        return []
+    hybrid, budget = not policies.no_hybrid, min(limits.C, limits.prefill_budget)
+    first_tokens = [_first_token(limits, hybrid, P) for P in (None, budget // 2, budget // 4, budget // 16) if P != 0]
+    # all the prompts fit a few batches: split them into k prefill batches (each first token waits for
+    # its batch only; fewer, larger batches share the intercept: Fig. 12 I = 8, B = 32, k = 2)
+    prompts = sum(r.prompt_tokens for r in requests)
+    first_tokens += [_first_token(limits, hybrid, P) for P in (-(-prompts // k) for k in (2, 3, 4))
+                     if 0 < P < budget // 16]
+    # With arrivals over time a short prompt should not wait behind a long one's chunks: shortest
+    # prompt left first, with small chunks so that it can cut in (Azure slice: P = 512 best)
+    srpt = [_first_token(limits, hybrid, P, srpt=True) for P in (budget // 8, budget // 4, budget // 2) if P != 0]
+    online = len({r.arrival_s for r in requests}) > 1
+    if online:  # and decodes deferred until every request has arrived: no prompt waits behind them; first
+        # with one prompt per batch, cut at the arrival of a shorter one (lookahead)
+        srpt = [_first_token(limits, hybrid, P, srpt=True, defer=True, lookahead=True, cost_model=cost_model)
+                for P in (None, budget // 2)] + [
+            _first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4) if P != 0] + srpt
+    # batches capped just under the model's cheapest token-count steps (`cheap_batch_tokens`), with decodes
+    # deferred when requests arrive over time (azure-conv's first 2,000, default model: 0.1334 s against
+    # 0.1395 s for the best uncapped candidate; without deferring 0.1491 s)
+    srpt += [_first_token(limits, hybrid, None, srpt=True, defer=d, C=C)
+             for C in cheap for d in ((True, False) if online else (False,))]
+    return srpt + first_tokens if online else first_tokens + srpt
+
+
+def _template_points(requests, limits: Limits, policies_of: dict, policies: Policies, latency_like: bool,
+                     cheap: list[int]) -> list[Candidate]:
+    """Points of the Algorithm-1 template's space around five registered policies: ``Rmax`` at ½-2× the requests
+    that fit ``M`` at once, waves for vLLM (latency-like objectives), prefill budgets, and the cheap token caps."""
+    out: list[Candidate] = []
+    n_fit = _fit_count(requests, limits)
     for name in ("sarathi-pc", "vllm", "rank-o", "rank-o-ef", "vllm-ef"):
         pol = policies_of.get(name)
         if pol is None or not _policy_allows(pol, policies):
