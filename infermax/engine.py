@@ -115,6 +115,7 @@ def simulate(
     """
     scheduler, limits, cost_model = _checked_setup(requests, scheduler, limits, cost_model)
     scheduler.swap_cost = swap_cost
+    scheduler.longest_prompt_tokens = max(r.prompt_tokens for r in requests)
     scheduler.expect(requests)
     loop = ClosedLoop(requests, closed_loop_until_s)
     rp = _replayer_for(scheduler, loop.open_requests, limits, cost_model, swap_cost)

@@ -32,7 +32,7 @@ from infermax.costmodel.base import BatchFeatures, CostModel
 from infermax.limits import Limits
 from infermax.replay import RequestState, cache_tokens
 from infermax.schedule import ScheduledBatch
-from infermax.schedulers.base import InfeasibleRequestError, Scheduler
+from infermax.schedulers.base import Scheduler
 
 DEMOTED_DENSITY = 1e-12  # value per memory unit of a demoted request: below every other positive density
 RHO_MODES = ("cost-model", "authors")
@@ -310,7 +310,7 @@ class AptServeScheduler(Scheduler):
             need = s.input_tokens if prefill else s.m + 1
             if prefill and need > token_cap:
                 kind = "prompt" if need == s.req.prompt_tokens else "refill after preemption"
-                raise InfeasibleRequestError(
+                raise self.prefill_too_long(  # (the engine's hint on the longest prompt, as the scheduler's)
                     f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {token_cap}, and "
                     f"scheduler '{self.name}' does not chunk prefills; raise C/P")
             sizes[s.id] = need if prefill else 1

@@ -355,7 +355,7 @@ class RefBrosScheduler(Scheduler):
                     f"request {s.id} needs {s.req.peak_kv_tokens} KV slots, more than BROS's {self.mgr.num_blocks} "
                     f"blocks of {self.S} ({self.capacity} slots)")
             if s.req.prompt_tokens > cap:
-                raise InfeasibleRequestError(
+                raise self.prefill_too_long(  # (the engine's hint on the longest prompt, as the scheduler's)
                     f"request {s.id}: its {s.req.prompt_tokens}-token prompt exceeds min(C, P) = {cap} and BROS does "
                     f"not chunk prefills; raise C/P")
             be = is_best_effort(s)

@@ -145,6 +145,17 @@ def test_bad_input_gets_a_clear_error(args, message):
     assert "Traceback" not in res.output
 
 
+def test_a_prompt_above_min_c_p_names_the_longest_prompt(tmp_path):
+    """Raising C to the first failing prompt alone would fail again at the next, longer one: the message says how far
+    (Algorithm 1, Apt-Serve and BROS alike)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,5\n0.5,5000,5\n1.0,9000,3\n")
+    for scheduler in ("vllm", "aptserve", "bros"):
+        res = runner.invoke(app, ["simulate", "--no-progress", "--trace", str(trace), "--M", "20000", "-s", scheduler])
+        assert res.exit_code == 2, res.output
+        assert "5000-token" in res.output and "longest prompt has 9,000 tokens" in res.output, (scheduler, res.output)
+
+
 def test_malformed_trace_names_the_line(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n0.5,abc,5\n")

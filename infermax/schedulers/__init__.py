@@ -15,10 +15,11 @@ from typing import Callable
 from ..costmodel.base import CostModel
 from ..limits import Limits
 from .algorithm1 import Algorithm1Policy, Algorithm1Scheduler
-from .base import InfeasibleRequestError, NoProgressError, Scheduler, SchedulerError
+from .base import InfeasibleRequestError, NoProgressError, PrefillTooLongError, Scheduler, SchedulerError
 
 __all__ = [
-    "Algorithm1Policy", "Algorithm1Scheduler", "InfeasibleRequestError", "NoProgressError", "Scheduler", "SchedulerError",
+    "Algorithm1Policy", "Algorithm1Scheduler", "InfeasibleRequestError", "NoProgressError", "PrefillTooLongError",
+    "Scheduler", "SchedulerError",
     "SchedulerSpec", "register", "get_spec", "available", "make_scheduler",
 ]
 

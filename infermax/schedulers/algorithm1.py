@@ -457,7 +457,7 @@ class Algorithm1Scheduler(Scheduler):
                 cap = min(lim.C, lim.prefill_budget)
                 if remaining > cap:
                     kind = "prompt" if s.input_tokens == s.req.prompt_tokens else "refill after eviction"
-                    raise InfeasibleRequestError(
+                    raise self.prefill_too_long(
                         f"request {s.id}: its {remaining}-token prefill ({kind}) exceeds min(C, P) = {cap}, and "
                         f"scheduler '{self.name}' does not chunk prefills; raise C/P or use a chunked-prefill scheduler")
                 c = remaining

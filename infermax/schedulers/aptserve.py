@@ -462,7 +462,7 @@ class AptServeScheduler(Scheduler):
         s = min(waiting, key=lambda r: self.waiting.position(r.id))
         need = s.input_tokens
         kind = "prompt" if need == s.req.prompt_tokens else "refill after preemption"
-        raise InfeasibleRequestError(
+        raise self.prefill_too_long(
             f"request {s.id}: its {need}-token prefill ({kind}) exceeds min(C, P) = {self._prefill_cap}, and "
             f"scheduler '{self.name}' does not chunk prefills; raise C/P")
 

@@ -22,6 +22,11 @@ class InfeasibleRequestError(ValueError):
     """A request can never be scheduled under the given limits and policy."""
 
 
+class PrefillTooLongError(InfeasibleRequestError):
+    """A prefill longer than the ``min(C, P)`` tokens that a scheduler which does not chunk prefills can batch. The
+    engine adds the workload's longest prompt to the message, so that the user raising C or P knows how far."""
+
+
 def split_finished_prefills(prefilling: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
     """(still prefilling, done): the requests whose prompt is now fully computed (``m >= Icur``) leave the
     prefill phase; both lists keep the given order."""
@@ -84,6 +89,17 @@ class Scheduler(ABC):
         """Called after the engine applied ``copies`` further copies of ``batch`` on the strength of
         `repeats_full_decode` (without `next_batch` / `batch_done` for them): a scheduler that keeps
         totals of its requests' state (such as KV in use) brings them up to date. Default: nothing."""
+
+    # The workload's longest prompt, set by the engine before a run (`simulate`), for `prefill_too_long`'s message.
+    longest_prompt_tokens: int | None = None
+
+    def prefill_too_long(self, message: str) -> PrefillTooLongError:
+        """`PrefillTooLongError` with ``message`` and, when the engine set it, the workload's longest prompt: raising C
+        or P to the failing request's prefill alone would stop the run again at the next longer one (azure-conv at
+        C = 4,096: request 127's 4,107 tokens, the longest 14,050)."""
+        if self.longest_prompt_tokens is not None:
+            message += f" (this workload's longest prompt has {self.longest_prompt_tokens:,} tokens)"
+        return PrefillTooLongError(message)
 
     def expect(self, requests) -> None:
         """Called once by the engine before the first arrival with every request the run may submit (open
