@@ -66,3 +66,12 @@ class Objective:
         """The objective of a replayed `SimResult` (seconds)."""
         comp = self.components(result)
         return sum(w * comp[n] for n, w in self.weights().items())
+
+    def mean_latency_s(self, value_s: float | None, requests: int) -> float | None:
+        """The mean latency per request that ``value_s`` of a sum-of-latencies objective (its only component, any
+        weight) stands for: what users read off a latency sum of tens of thousands of seconds; None for any other
+        objective or value."""
+        w = self.weights()
+        if value_s is None or requests < 1 or set(w) != {"latency"}:
+            return None
+        return value_s / (w["latency"] * requests)

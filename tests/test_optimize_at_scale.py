@@ -342,3 +342,27 @@ def test_default_warm_start_chunks_a_prompt_vllm_cannot_prefill():
                               "--objective", "latency", "--time-limit", "5", "--json"])
     assert cli.exit_code == 0, cli.output
     assert json.loads(cli.stdout)["warm_start"] == "sarathi" and "warm_start_error" not in json.loads(cli.stdout)
+
+
+def test_latency_sums_are_also_given_per_request():
+    """A sum of latencies is also reported as the mean latency per request it stands for (each sum over the
+    workload's requests, with the objective's weight), in the text and in --json; not for other objectives."""
+    from infermax.workload import heterogeneous_mix
+    from solvers.objective import Objective as Obj
+
+    assert Obj(latency=2).mean_latency_s(12.0, 3) == 2.0 and Obj(latency=1).mean_latency_s(None, 3) is None
+    assert Obj(makespan=1).mean_latency_s(12.0, 3) is None and Obj(latency=1, ttft=1).mean_latency_s(12.0, 3) is None
+    base = ["--mix", "LISO+SISO", "--B", "8", "--cost-model", "linear", "--time-limit", "10"]
+    ans = json.loads(runner.invoke(app, ["better", "-s", "vllm", "--margin", "0.05", "--objective", "latency", *base,
+                                         "--json"]).stdout)
+    for key in ("scheduler_objective_s", "target_s", "found_s", "bound_s"):
+        assert ans[key.removesuffix("_s") + "_mean_latency_s"] == pytest.approx(ans[key] / 8, rel=1e-12), key
+    vllm = simulate(heterogeneous_mix("LISO+SISO", 8, seed=0), "vllm", Limits(), load_cost_model(kind="linear"))
+    assert ans["scheduler_objective_mean_latency_s"] == pytest.approx(vllm.summary["mean_latency_s"], rel=1e-9)
+    opt = json.loads(runner.invoke(app, ["optimize", "--objective", "latency=2", *base, "--json"]).stdout)
+    assert opt["objective_mean_latency_s"] == pytest.approx(opt["objective_s"] / 16, rel=1e-12)
+    assert opt["lower_bound_mean_latency_s"] == pytest.approx(opt["lower_bound_s"] / 16, rel=1e-12)
+    text = runner.invoke(app, ["better", "-s", "vllm", "--margin", "0.05", "--objective", "latency", *base]).output
+    assert f"mean latency per request: {ans['scheduler_objective_mean_latency_s']:.4g} s (vllm)" in text
+    makespan = json.loads(runner.invoke(app, ["optimize", *base, "--json"]).stdout)
+    assert not [k for k in makespan if "mean_latency" in k]

@@ -119,7 +119,7 @@ def optimize(
     res = _run(lambda: analyse(requests, limits, cost, obj, policies, warm_start=None if warm_start == "none" else warm_start,
                                slots=slots, options=opts, time_limit_s=time_limit, progress=say,
                                started_s=started_s))
-    summary = nan_to_null(res.summary())
+    summary = nan_to_null(_with_mean_latencies(res.summary(), obj, len(requests), ("objective_s", "lower_bound_s")))
     if out is not None:  # (created by `out_dir` when the option was read)
         if res.schedule is not None:
             _save_schedule(res.schedule, config, out / "schedule.json")
@@ -128,7 +128,7 @@ def optimize(
         print(json.dumps(summary))
         return
     console.print(config_header(config, limits).replace("vllm |", "optimize |", 1), highlight=False, soft_wrap=True)
-    console.print(summary_table(_display({k: v for k, v in res.summary().items() if k != "differences"}), "optimize"))
+    console.print(summary_table(_display({k: v for k, v in summary.items() if k != "differences"}), "optimize"))
     if res.differences is not None:
         console.print(_differences_table(res.differences, f"{res.details['warm_start']} (warm start)"))
     if out is not None:
@@ -170,18 +170,39 @@ def better(
     say = None if as_json else progress_line
     ans = _run(lambda: ask(requests, limits, cost, scheduler, margin, obj, policies, opts, time_limit_s=time_limit,
                            progress=say, swap_cost=config.swap_cost(), started_s=started_s))
+    answer = nan_to_null(_with_mean_latencies(ans.to_dict(), obj, len(requests),
+                                              ("scheduler_objective_s", "target_s", "found_s", "bound_s")))
     if out is not None:  # (created by `out_dir` when the option was read)
         if ans.schedule is not None:
             _save_schedule(ans.schedule, config, out / "schedule.json")
-        (out / "answer.json").write_text(json.dumps(nan_to_null(ans.to_dict()), indent=2))
+        (out / "answer.json").write_text(json.dumps(answer, indent=2))
     if as_json:
-        print(json.dumps(nan_to_null(ans.to_dict())))
+        print(json.dumps(answer))
         return
     console.print(f"[bold]{ans.answer}[/]: {escape(ans.explanation)}", markup=True, highlight=False, soft_wrap=True)
-    console.print(summary_table(_display({k: v for k, v in ans.to_dict().items()
+    if "scheduler_objective_mean_latency_s" in answer:
+        means = [f"{answer['scheduler_objective_mean_latency_s']:.4g} s ({scheduler})"] + [
+            f"{answer[k]:.4g} s ({label})" for k, label in (("found_mean_latency_s", "found"),
+                                                           ("bound_mean_latency_s", "lower bound")) if k in answer]
+        console.print(f"mean latency per request: {', '.join(means)}", markup=False, highlight=False, soft_wrap=True)
+    console.print(summary_table(_display({k: v for k, v in answer.items()
                                           if k not in ("answer", "explanation", "differences")}), "better"))
     if ans.differences is not None:
         console.print(_differences_table(ans.differences, scheduler))
+
+
+def _with_mean_latencies(summary: dict, objective, requests: int, names: tuple[str, ...]) -> dict:
+    """``summary`` with, for a sum-of-latencies objective, each value named in ``names`` followed by the mean latency
+    per request it stands for (`Objective.mean_latency_s`; the name with ``_mean_latency_s`` in place of ``_s``): a sum
+    of tens of thousands of seconds is not what a user compares. Unchanged for any other objective; an infinite value
+    ("no schedule") gets no mean."""
+    out = {}
+    for key, value in summary.items():
+        out[key] = value
+        mean_s = objective.mean_latency_s(value, requests) if key in names else None
+        if mean_s is not None and math.isfinite(mean_s):
+            out[key.removesuffix("_s") + "_mean_latency_s"] = mean_s
+    return out
 
 
 def _differences_table(differences: dict, scheduler: str):
