@@ -206,3 +206,20 @@ def test_progress_lines_are_not_wrapped():
     assert res.exit_code in (0, 1), res.output
     line = next(ln for ln in res.output.splitlines() if ln.startswith("  not run: "))
     assert len(line) > 80 and line.endswith("request 0's 5000-token prompt"), line
+
+
+def test_help_prints_each_paragraph_of_a_command_docstring_on_one_line():
+    """Typer keeps the line breaks of a docstring's later paragraphs; wrapped at the source's width they printed
+    ragged lines in --help (`sweep`: "… so the committed" / "results under experiments/results/ …")."""
+    import inspect
+
+    groups = [([], app)] + [([g.name], g.typer_instance) for g in app.registered_groups]
+    commands = [(path + [c.name or c.callback.__name__.replace("_", "-")], c.callback)
+                for path, typer_app in groups for c in typer_app.registered_commands]
+    assert len(commands) > 10
+    for path, callback in commands:
+        out = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "1000"}).output
+        lines = [" ".join(line.split()) for line in out.splitlines()]
+        for paragraph in inspect.cleandoc(callback.__doc__).split("\n\n"):
+            text = " ".join(paragraph.split())
+            assert any(text in line for line in lines), (path, text)

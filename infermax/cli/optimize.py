@@ -105,9 +105,11 @@ def optimize(
     out: Optional[Path] = typer.Option(None, help="Write schedule.json and summary.json here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
-    """Best schedule and lower bound for an objective, with the certified gap, at any size: the exact MILP
-    where its estimated size fits the time and memory at hand, the schedule search and the aggregate lower
-    bound everywhere; every schedule validated by replay. --time-limit covers everything."""
+    """Best schedule and lower bound for an objective, with the certified gap, at any size.
+
+    The exact MILP where its estimated size fits the time and memory, the search and the lower bound everywhere.
+
+    Every schedule is validated by replay; --time-limit covers everything."""
     started_s = time.perf_counter()  # --time-limit covers importing the solvers and building the workload too
     from solvers.analyse import analyse
 
@@ -158,8 +160,9 @@ def better(
     out: Optional[Path] = typer.Option(None, help="Write the better schedule (if found) and the answer here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
-    """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown (exit 0); exit 1 when
-    SCHEDULER's own simulation, which sets the target, cannot finish within --time-limit."""
+    """Is there a schedule at least MARGIN better than SCHEDULER's? Answers yes / no / unknown.
+
+    Exit 0 with the answer; exit 1 when SCHEDULER's own run, which sets the target, outlasts --time-limit."""
     started_s = time.perf_counter()  # --time-limit covers importing the solvers and building the workload too
     from solvers.better import better as ask
 

@@ -64,8 +64,9 @@ def validate(
     out: Optional[Path] = typer.Option(None, help="Write the recomputed metrics here.", callback=out_dir),
     as_json: JsonOpt = False,
 ) -> None:
-    """Replay a Schedule: check every rule of the semantics and limits, recompute all metrics. The batches are timed
-    by the cost model the schedule records (`simulate --out` writes its configuration) unless one is given."""
+    """Replay a Schedule: check every rule of the semantics and limits, recompute all metrics.
+
+    The batches are timed by the cost model the schedule records (`simulate --out` writes it) unless one is given."""
     from ..config import RunConfig
     from ..replay import ScheduleViolation, replay
     from ..schedule import Schedule
