@@ -84,14 +84,35 @@ def default_warm_start(requests, limits, policies: Policies) -> str:
     return "vllm"
 
 
+def _run_warm_start(requests, limits, cost_model, objective: Objective, policies: Policies, warm_start: str | None,
+                    deadline: Deadline, details: dict) -> tuple[Schedule | None, float]:
+    """The warm start's schedule (None: none, or it failed) and its objective (inf where the forced policies exclude
+    it); its name and any failure go in ``details``. Its objective comes from the simulation's own replayer, as
+    `better` takes the scheduler's."""
+    if not warm_start:
+        return None, math.inf
+    details["warm_start"] = warm_start
+    if too_big := simulation_setup_refusal(len(requests), deadline.left()):
+        details["warm_start_error"] = f"not run: {too_big}"
+        return None, math.inf
+    try:
+        sim = simulate(requests, warm_start, limits, cost_model, deadline_s=deadline.at())
+    except (InfeasibleRequestError, SchedulerError, SimulationTimeout) as exc:  # e.g. vLLM cannot batch a prompt
+        details["warm_start_error"] = str(exc)  # longer than C, or its run outlasts the time limit
+        return None, math.inf
+    if policy_violations(sim.schedule, policies, cost_model):
+        return sim.schedule, math.inf
+    return sim.schedule, objective.value(sim)
+
+
 def analyse(requests, limits, cost_model, objective: Objective = Objective(makespan=1), policies: Policies = Policies(),
             warm_start: str | None = AUTO_WARM_START, slots: int | None = None, options: SolveOptions | None = None,
             time_limit_s: float | None = None, progress=None, memory_budget_bytes: int | None = None,
             cut: bool = True, started_s: float | None = None) -> Analysis:
     """Best schedule and lower bound for ``objective`` (see the module docstring). ``cut``: give the MILP the
     lower bound as an objective cut. ``warm_start``: a scheduler's name, `AUTO_WARM_START` (`default_warm_start`) or
-    None; the one run is in ``details["warm_start"]``. ``started_s`` (``time.perf_counter()`` time): when the time limit began (default:
-    now; the command line passes its own start, so that building the workload counts)."""
+    None; the one run is in ``details["warm_start"]``. ``started_s`` (``time.perf_counter()`` time): when the time
+    limit began (default: now; the command line passes its own start, so that building the workload counts)."""
     options = options or SolveOptions()
     deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
@@ -103,23 +124,12 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
         requests, limits, cost_model, objective, policies, time_left_s=deadline.left())
     bound_by = "lower bound" if bound_s > 0 else "none"
     say(f"lower bound {bound_s:.6g} s")
-    best_s, best_by, best = math.inf, None, None
-    warm = None
     if warm_start == AUTO_WARM_START:
         warm_start = default_warm_start(requests, limits, policies)
-    if warm_start:
-        details["warm_start"] = warm_start
-    if warm_start and (too_big := simulation_setup_refusal(len(requests), deadline.left())):
-        details["warm_start_error"] = f"not run: {too_big}"
-    elif warm_start:
-        try:  # its objective from the simulation's own replayer, as `better` takes the scheduler's
-            sim = simulate(requests, warm_start, limits, cost_model, deadline_s=deadline.at())
-            warm = sim.schedule
-        except (InfeasibleRequestError, SchedulerError, SimulationTimeout) as exc:  # e.g. vLLM cannot batch a prompt
-            details["warm_start_error"] = str(exc)  # longer than C, or its run outlasts the time limit
-        if warm is not None and not policy_violations(warm, policies, cost_model):
-            best_s, best_by, best = objective.value(sim), warm_start, warm
-            say(f"{warm_start}: {best_s:.6g} s")
+    warm, best_s = _run_warm_start(requests, limits, cost_model, objective, policies, warm_start, deadline, details)
+    best_by, best = (warm_start, warm) if math.isfinite(best_s) else (None, None)
+    if best is not None:
+        say(f"{warm_start}: {best_s:.6g} s")
 
     def plan_milp(known: Schedule | None, budget: float | None):
         """Slots, slot bound and the reason not to build the MILP (None: build it), from a known schedule."""
