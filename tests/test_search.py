@@ -874,3 +874,67 @@ def test_work_ranking_prices_a_step_models_tokens_at_their_batch_cost():
     alone_s = min(simulate([Request(0, 0.0, n, 1)], "sarathi-pc", limits, cost).summary["makespan_s"] / n
                   for n in (64, 256, 512, 1024, 2048, 4096))
     assert 0.5 * alone_s <= per_token_s <= alone_s
+
+
+def _decode_gaps(schedule) -> int:
+    """Batches in which a request that had its first token, and has not finished, is missing (a skipped decode)."""
+    seen_first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for j, batch in enumerate(schedule.batches):
+        for rid, _ in batch.items:
+            last[rid] = j
+    tokens_left = {r[0]: r[3] for r in schedule.to_json()["requests"]}
+    prompt_left = {r[0]: r[2] for r in schedule.to_json()["requests"]}
+    gaps = 0
+    for j, batch in enumerate(schedule.batches):
+        ids = {rid for rid, _ in batch.items}
+        gaps += sum(1 for rid, first in seen_first.items() if first < j <= last[rid] and rid not in ids)
+        for rid, c in batch.items:
+            prompt_left[rid] -= c
+            if prompt_left[rid] <= 0 and rid not in seen_first:
+                seen_first[rid] = j
+    return gaps
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(2, 12), st.sampled_from([0.0, 0.01, 0.2])),
+                min_size=2, max_size=10), st.integers(1, 4), st.integers(0, 20))
+def test_work_ranked_with_decode_room_never_skips_a_decode(shapes, rmax, spare):
+    """With ``decode_room`` (P = C − Rmax) no prefill chunk ranked before a running request takes its decode's place:
+    every request, from its first token to its last, decodes in every batch (eviction-free, so KV never refuses
+    it); replay-validated. Without it, the same ranking does skip decodes (checked on one instance below)."""
+    from infermax.costmodel import load_cost_model
+    from solvers.search import _algorithm1_policy, _work_ranked
+    from solvers.search_policies import marginal_work_s
+
+    arrival = 0.0
+    reqs = []
+    for i, (I, O, gap) in enumerate(shapes):
+        arrival += gap
+        reqs.append(Request(i, arrival, I, O))
+    limits = Limits(C=rmax + 8 + spare, M=sum(r.peak_kv_tokens for r in reqs))
+    cost = load_cost_model(kind="linear")
+    cand = _work_ranked(limits, _algorithm1_policy("rank-i-ef"), marginal_work_s(reqs, cost, limits), rmax,
+                        decode_room=True)
+    sched, lim = cand.build()
+    assert lim.P == lim.C - rmax
+    result = simulate(reqs, sched, lim, cost)
+    replay(result.schedule, cost)
+    assert _decode_gaps(result.schedule) == 0
+
+
+def test_work_ranked_without_decode_room_skips_decodes():
+    """The instance the property above guards against: two short requests, ranked first, arrive while a long one
+    decodes, and their prompt chunks fill the batch (C = 8): the long one misses decodes."""
+    from infermax.costmodel import load_cost_model
+    from solvers.search import _algorithm1_policy, _work_ranked
+    from solvers.search_policies import marginal_work_s
+
+    reqs = [Request(0, 0.0, 5, 12), Request(1, 0.01, 9, 2), Request(2, 0.011, 9, 2)]
+    limits, cost = Limits(C=8, M=400), load_cost_model(kind="linear")
+    work = marginal_work_s(reqs, cost, limits)
+    skipped = []
+    for room in (False, True):
+        sched, lim = _work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, 2, decode_room=room).build()
+        skipped.append(_decode_gaps(simulate(reqs, sched, lim, cost).schedule))
+    assert skipped[0] > 0 and skipped[1] == 0
