@@ -366,3 +366,19 @@ def test_latency_sums_are_also_given_per_request():
     assert f"mean latency per request: {ans['scheduler_objective_mean_latency_s']:.4g} s (vllm)" in text
     makespan = json.loads(runner.invoke(app, ["optimize", *base, "--json"]).stdout)
     assert not [k for k in makespan if "mean_latency" in k]
+
+
+def test_better_answer_to_dict_leaves_the_schedule_alone():
+    """`BetterAnswer.to_dict` reads its fields one by one: `dataclasses.asdict` deep-copied the schedule before
+    dropping it (11.5 s for the whole azure-conv trace's, past `better`'s time limit)."""
+    from solvers.better import BetterAnswer
+
+    class NotToCopy:
+        def __deepcopy__(self, memo):
+            raise AssertionError("the schedule was copied")
+
+    ans = BetterAnswer("yes", "why", "vllm", 2.0, 1.8, 1.5, 1.0, 3, 3, None, schedule=NotToCopy(),
+                       methods={"lower_bound_method": "m"}, differences={"batches": [1, 2]})
+    out = ans.to_dict()
+    assert "schedule" not in out and out["found_s"] == 1.5 and out["lower_bound_method"] == "m"
+    assert out["differences"] == {"batches": [1, 2]}
