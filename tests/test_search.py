@@ -883,8 +883,7 @@ def _decode_gaps(schedule) -> int:
     for j, batch in enumerate(schedule.batches):
         for rid, _ in batch.items:
             last[rid] = j
-    tokens_left = {r[0]: r[3] for r in schedule.to_json()["requests"]}
-    prompt_left = {r[0]: r[2] for r in schedule.to_json()["requests"]}
+    prompt_left = {r.id: r.prompt_tokens for r in schedule.requests}
     gaps = 0
     for j, batch in enumerate(schedule.batches):
         ids = {rid for rid, _ in batch.items}
