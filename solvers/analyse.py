@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from infermax.engine import SimulationTimeout, check_fits, simulate
-from infermax.schedulers import InfeasibleRequestError, SchedulerError, make_scheduler
+from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
 from .backends import SolveOptions
@@ -77,9 +77,11 @@ def default_warm_start(requests, limits, policies: Policies) -> str:
     chunked-prefill baseline. vLLM stops on such a prompt (`InfeasibleRequestError`), and the command would then
     report no warm start and no table of what the best schedule does differently (on azure-code's first 200
     requests at C = 4,096, its 4,808-token first prompt did). A warm start named explicitly is run as named."""
-    _, lim = make_scheduler("vllm", limits)
+    from .search import whole_prompt_cap  # (as `analyse` imports the search: on use)
+
+    cap = whole_prompt_cap("vllm", limits)
     longest = max((r.prompt_tokens for r in requests), default=0)
-    if longest > min(lim.C, lim.prefill_budget) and not policies.no_chunked_prefill:
+    if cap is not None and longest > cap and not policies.no_chunked_prefill:
         return "sarathi"
     return "vllm"
 

@@ -177,17 +177,22 @@ def _policy_allows(pol: Algorithm1Policy, policies: Policies) -> bool:
     return True
 
 
+def whole_prompt_cap(name: str, limits: Limits) -> int | None:
+    """The most prompt tokens registered Algorithm-1 scheduler ``name`` prefills in one batch, ``min(C, P)`` of the
+    limits `simulate` gives it (its default P applied); None when it chunks prefills, is not an Algorithm-1 scheduler,
+    or refuses the limits (refused again, and recorded, when it runs)."""
+    if _algorithm1_policy(name) is None:
+        return None
+    try:
+        sched, lim = make_scheduler(name, limits)
+    except Exception:  # noqa: BLE001 — see the docstring
+        return None
+    return None if sched.policy.chunked_prefill else min(lim.C, lim.prefill_budget)
+
+
 def _registered(name: str, limits: Limits) -> Candidate:
-    cap = None
-    if _algorithm1_policy(name) is not None:  # built as `simulate` builds it, with its default P
-        try:
-            sched, lim = make_scheduler(name, limits)
-        except Exception:  # noqa: BLE001 — refused here, it is refused again (and recorded) when evaluated
-            sched = None
-        if sched is not None and not sched.policy.chunked_prefill:
-            cap = min(lim.C, lim.prefill_budget)
     return Candidate(name, "registered", {"scheduler": name}, lambda: (name, None), registered=True,
-                     whole_prompt_cap=cap)
+                     whole_prompt_cap=whole_prompt_cap(name, limits))
 
 
 def _template(name: str, pol: Algorithm1Policy, limits: Limits, **overrides) -> Candidate:
@@ -266,8 +271,8 @@ def _work_ranked(limits: Limits, pol: Algorithm1Policy, work_s: dict[int, float]
         lim = replace(lim, P=min(P, lim.prefill_budget))
     label = "work-ranked" + (f" Rmax={rmax}" if rmax else "") + (f" C={C}" if C else "") + (
         f" P={lim.P}" if P is not None else "")
-    return Candidate(label, "work-ranked", {"Rmax": rmax, "C": C, "policy": "rank-i-ef", "decode_room": P is not None,
-                                            "P": lim.P if P is not None else None},
+    return Candidate(label, "work-ranked", {"Rmax": rmax, "C": C, "policy": "rank-i-ef",
+                                            "P": lim.P if P is not None else None},  # (P set: decode room)
                      lambda: (WorkRankedScheduler(lim, pol, work_s, name=label), lim), work_s=work_s)
 
 
@@ -778,7 +783,7 @@ def _neighbours(st: _State, cand: Candidate, rng: random.Random) -> list[Candida
         r = p["Rmax"] or _fit_count(st.requests, lim)
         for r2 in {int(r * 0.85), int(r * 1.15)}:
             if r2 >= 1 and pol is not None:
-                out.append(_work_ranked(lim, pol, cand.work_s, r2, p.get("C"), p.get("decode_room", False)))
+                out.append(_work_ranked(lim, pol, cand.work_s, r2, p.get("C"), decode_room=p.get("P") is not None))
     else:
         name = p.get("policy", p.get("scheduler"))
         pol = _algorithm1_policy(name)
