@@ -20,8 +20,9 @@ TOKENS = [1, 2, 4, 8, 16] + list(range(64, 1025, 64)) + list(range(1536, 4097, 5
 A40 = "memory_gib=48,peak_fp16_tflops=149.7,memory_bandwidth_gbps=696"
 
 
-def write_vidur_a40(folder) -> None:
-    """mlp.csv (Llama-2-7B shapes, every operator affine in the tokens) and attention.csv (prefill and decode)."""
+def write_vidur_a40(folder, decode_ms=lambda b, m: 0.005 + 1e-7 * b * m) -> None:
+    """mlp.csv (Llama-2-7B shapes, every operator affine in the tokens) and attention.csv (prefill and decode;
+    a decode row of ``b`` sequences of ``m`` KV tokens takes ``decode_ms(b, m)`` per layer)."""
     folder.mkdir(parents=True)
     n = np.array(TOKENS, dtype=float)
     mlp = pd.DataFrame({"num_tokens": TOKENS, "num_tensor_parallel_workers": 1, "n_head": 32, "n_kv_head": 32,
@@ -38,7 +39,7 @@ def write_vidur_a40(folder) -> None:
             rows.append((True, 1, c, m, 0.002 + 1e-9 * c * c + 1e-9 * c * m + 1e-6 * c, 0.0, 0.001 + 2e-6 * c))
     for b in (1, 4, 16, 64, 256):
         for m in (128, 1024, 4096):
-            rows.append((False, b, 0, m, 0.0, 0.005 + 1e-7 * b * m, 0.0))
+            rows.append((False, b, 0, m, 0.0, decode_ms(b, m), 0.0))
     pd.DataFrame(rows, columns=["is_prefill", "batch_size", "prefill_chunk_size", "kv_cache_size",
                                 "attn_prefill_median_ms", "attn_decode_median_ms", "attn_kv_cache_save_median_ms"]) \
         .assign(num_tensor_parallel_workers=1).to_csv(folder / "attention.csv", index=False)
@@ -72,6 +73,31 @@ def test_fit_an_unlisted_gpu_with_its_spec_then_simulate_on_it(a40_profiles, mon
     expected_m = floor((48 * GiB * 0.9 - get_model("llama-2-7b").weight_bytes()) / get_model("llama-2-7b").kv_bytes_per_token())
     assert kv_capacity_tokens("llama-2-7b", "a40", 0.9) == expected_m
     assert kv_capacity_tokens("llama-2-7b", GPUSpec("x", 48 * GiB, 1.0, 1.0), 0.9) == expected_m
+
+
+def test_linear_fit_holds_a_whole_groups_intercept_at_zero_so_every_batch_takes_positive_time(tmp_path, monkeypatch):
+    """Decode attention convex in the KV read (as timing noise made a CI smoke profile): least squares alone puts
+    the decode plane's intercept below zero, and the fit then timed a batch of one decode token at < 0 s and
+    refused its own result. The intercept is held at 0, the fit loads, and a decode-only run simulates."""
+    from infermax.costmodel.fitting import ProfileSpec, _ols, build_groups, read_measurements
+
+    source = tmp_path / "vidur" / "a40" / "Llama-2-7b-hf"
+    write_vidur_a40(source, decode_ms=lambda b, m: 2e-12 * (b * m) ** 2)
+    profiles = tmp_path / "profiles"
+    monkeypatch.setenv("INFERMAX_PROFILES", str(profiles))
+    fitted = runner.invoke(app, ["fit", str(source), "--out", str(profiles / "a40" / "llama-2-7b"), "--gpu-spec", A40,
+                                 "--no-plots"], env={"COLUMNS": "250"})
+    assert fitted.exit_code == 0, fitted.output
+    folder = profiles / "a40" / "llama-2-7b" / "tp1"
+    decode = next(g for g in build_groups(read_measurements(folder / "measurements.csv"), ProfileSpec.read(folder))
+                  if g.name == "decode_attention")
+    assert _ols(decode.columns(decode.linear_features), decode.y_ms).intercept_ < 0  # what plain least squares gives
+    linear = json.loads((folder / "infermax_linear.json").read_text())["per_layer_ms"]
+    assert linear["decode_attention"]["intercept"] == 0.0 and linear["decode_attention"]["per_kv_token"] > 0
+    res = runner.invoke(app, ["simulate", "--gpu", "a40", "--model", "llama-2-7b", "--cost-model", "linear", "--I", "1",
+                              "--O", "4", "--B", "2", "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["makespan_s"] > 0
 
 
 def test_fit_an_unlisted_gpu_without_a_spec_skips_the_roofline(a40_profiles, tmp_path, monkeypatch):

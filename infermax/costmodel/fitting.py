@@ -29,7 +29,8 @@ Operator groups (whole-model times per batch, ms; ``L`` layers, Vidur's per-laye
   Piecewise prefill-kernel and decode intercepts are held >= 0 (batches are priced on sums over items).
 
 Families: **linear** is the paper's model, an ordinary least-squares line/plane per group
-(scikit-learn ``LinearRegression``; decode on KV read only), stored as ``infermax_linear.json``;
+(scikit-learn ``LinearRegression``; decode on KV read only; slopes, and whole groups' intercepts, held
+>= 0: ``_ols``, ``_ols_nonneg_intercept``), stored as ``infermax_linear.json``;
 **piecewise** is the maximum of ``k`` affine pieces per group (``maxaffine``: relative-error loss,
 each token range weighted equally, non-negative slopes, feature subset and ``k ≤ 4`` chosen by 5-fold
 CV), stored as
@@ -217,6 +218,20 @@ def _ols(x, y, _w=None):
     return LinearRegression(positive=True).fit(x, y)
 
 
+def _ols_nonneg_intercept(x, y, _w=None):
+    """``_ols`` with the intercept also kept >= 0: where ``_ols``'s is negative, the least-squares plane through
+    the origin, which is then the constrained optimum (the problem is convex and the bound binds). For the
+    planes of whole operator groups (non-attention, communication, decode attention), whose time at zero work is
+    a launch overhead: a negative intercept there can time a batch of one decode token at <= 0 s, which
+    ``base.check_positive_batch_times`` rejects (a noisy CPU smoke profile did: decode intercept -2.6 ms per
+    layer). Every bundled profile's planes have positive intercepts, so their fits are unchanged. The composite
+    prefill-attention plane keeps a free intercept (its KV-save part's is free by design)."""
+    plane = _ols(x, y)
+    if plane.intercept_ < 0:
+        plane = LinearRegression(positive=True, fit_intercept=False).fit(x, y)
+    return plane
+
+
 @dataclass(frozen=True)
 class GroupFit:
     """Both families fitted to one group, their held-out predictions (ms) and error tables, and the roofline's."""
@@ -238,7 +253,8 @@ def fit_group(group: Group, roofline: PiecewiseCostModel | None = None, ranges=T
     table = partial(mape_table, ranges=ranges)
     candidates = group.candidate_columns()
     piecewise = partial(maxaffine.fit_selected, candidates=candidates, nonneg_intercept=group.nonneg_intercept)
-    heldout = {"linear": maxaffine.heldout_predictions(x_lin, y, weights, _ols),
+    linear = _ols if group.part_of is not None else _ols_nonneg_intercept
+    heldout = {"linear": maxaffine.heldout_predictions(x_lin, y, weights, linear),
                "piecewise": maxaffine.heldout_predictions(group.x, y, weights, piecewise)}
     errors = {family: table(y, pred, group.tokens) for family, pred in heldout.items()}
     if group.name == "decode_attention":  # the single plane over (KV read, sequences), for reference
@@ -250,7 +266,7 @@ def fit_group(group: Group, roofline: PiecewiseCostModel | None = None, ranges=T
     fitted = maxaffine.fit_model(group.x, y, weights, selection)
     if any(token_step(group.features[i]) for i in selection.columns):
         fitted = extend_past_grid(fitted, group.features, int(group.tokens.max()))
-    return GroupFit(group, _ols(x_lin, y), fitted,
+    return GroupFit(group, linear(x_lin, y), fitted,
                     tuple(group.features[i] for i in selection.columns),
                     {_subset_name(group, cols): {str(j): round(e, 3) for j, e in by_k.items()}
                      for cols, by_k in selection.cv_mape.items()}, heldout, errors)
