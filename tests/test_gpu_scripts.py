@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python` is this interpreter
-    full = {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "INFERMAX_PROFILES": str(tmp_path), **env}
+    # (TMPDIR: SMOKE's `mktemp -d` folder lands in the test's own tmp_path, which pytest cleans up)
+    full = {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "INFERMAX_PROFILES": str(tmp_path),
+            "TMPDIR": str(tmp_path), **env}
     return subprocess.run(["bash", str(ROOT / "benchmarks" / script)], cwd=tmp_path, env=full, capture_output=True,
                           text=True, timeout=600)
 
