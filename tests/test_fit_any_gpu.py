@@ -20,15 +20,17 @@ TOKENS = [1, 2, 4, 8, 16] + list(range(64, 1025, 64)) + list(range(1536, 4097, 5
 A40 = "memory_gib=48,peak_fp16_tflops=149.7,memory_bandwidth_gbps=696"
 
 
-def write_vidur_a40(folder, decode_ms=lambda b, m: 0.005 + 1e-7 * b * m) -> None:
-    """mlp.csv (Llama-2-7B shapes, every operator affine in the tokens) and attention.csv (prefill and decode;
-    a decode row of ``b`` sequences of ``m`` KV tokens takes ``decode_ms(b, m)`` per layer)."""
+def write_vidur_a40(folder, decode_ms=lambda b, m: 0.005 + 1e-7 * b * m,
+                    prefill_ms=lambda c, m: 0.002 + 1e-9 * c * c + 1e-9 * c * m + 1e-6 * c, op_base_ms=0.004) -> None:
+    """mlp.csv (Llama-2-7B shapes, every operator affine in the tokens, ``op_base_ms`` at 0 tokens) and
+    attention.csv (prefill and decode; a decode row of ``b`` sequences of ``m`` KV tokens takes ``decode_ms(b, m)``
+    per layer, the attention kernel of a ``c``-token chunk after ``m`` cached tokens ``prefill_ms(c, m)``)."""
     folder.mkdir(parents=True)
     n = np.array(TOKENS, dtype=float)
     mlp = pd.DataFrame({"num_tokens": TOKENS, "num_tensor_parallel_workers": 1, "n_head": 32, "n_kv_head": 32,
                         "n_embd": 4096, "n_expanded_embd": 11008, "vocab_size": 32000, "use_gated_mlp": True})
     for k, op in enumerate(("emb",) + NON_ATTENTION_OPS):
-        median = 0.004 + (k + 1) * 2e-6 * n + 1e-3 * (n > 4096)
+        median = op_base_ms + (k + 1) * 2e-6 * n + 1e-3 * (n > 4096)
         for stat, value in (("median", median), ("mean", median), ("std", 0.01 * median), ("min", median),
                             ("max", median)):
             mlp[f"time_stats.{op}.{stat}"] = value
@@ -36,7 +38,7 @@ def write_vidur_a40(folder, decode_ms=lambda b, m: 0.005 + 1e-7 * b * m) -> None
     rows = []
     for c in (16, 64, 256, 1024, 4096, 16384, 32768):
         for m in (0, 2048):
-            rows.append((True, 1, c, m, 0.002 + 1e-9 * c * c + 1e-9 * c * m + 1e-6 * c, 0.0, 0.001 + 2e-6 * c))
+            rows.append((True, 1, c, m, prefill_ms(c, m), 0.0, 0.001 + 2e-6 * c))
     for b in (1, 4, 16, 64, 256):
         for m in (128, 1024, 4096):
             rows.append((False, b, 0, m, 0.0, decode_ms(b, m), 0.0))
@@ -64,6 +66,8 @@ def test_fit_an_unlisted_gpu_with_its_spec_then_simulate_on_it(a40_profiles, mon
     assert doc["attention"] == "measured" and "16385-65536" in doc["heldout_error"]["non_attention"]["piecewise"]
     assert doc["heldout_error"]["non_attention"]["piecewise"]["16385-65536"]["rows"] == sum(t > 16384 for t in TOKENS)
     assert doc["gpu_spec"]["memory_bytes"] == 48 * GiB and "roofline" in doc["heldout_error"]["decode_attention"]
+    linear = json.loads((profiles / "a40" / "llama-2-7b" / "tp1" / "infermax_linear.json").read_text())
+    assert "prefill_intercept_held" not in linear["fit"]
 
     res = runner.invoke(app, ["simulate", "--gpu", "a40", "--model", "llama-2-7b", "--I", "64", "--O", "4", "--B", "8",
                               "--gpu-mem-util", "0.9", "--json", "--no-progress"])
@@ -96,6 +100,28 @@ def test_linear_fit_holds_a_whole_groups_intercept_at_zero_so_every_batch_takes_
     assert linear["decode_attention"]["intercept"] == 0.0 and linear["decode_attention"]["per_kv_token"] > 0
     res = runner.invoke(app, ["simulate", "--gpu", "a40", "--model", "llama-2-7b", "--cost-model", "linear", "--I", "1",
                               "--O", "4", "--B", "2", "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["makespan_s"] > 0
+
+
+def test_linear_fit_holds_the_prefill_intercept_only_where_a_one_token_prefill_would_take_no_time(tmp_path,
+                                                                                                  monkeypatch):
+    """Prefill attention cubic in the chunk (convex beyond the plane's c² term) and non-attention nearly free at 0
+    tokens: the composite prefill plane's least-squares intercept is negative enough that a batch of one prefill
+    token would take < 0 s. Its intercept is then held at 0, the fit says so, and a run with prefills simulates.
+    (The default synthetic profile keeps its free intercept: the other tests' fits are unchanged.)"""
+    source = tmp_path / "vidur" / "a40" / "Llama-2-7b-hf"
+    write_vidur_a40(source, prefill_ms=lambda c, m: 1e-13 * c ** 3 + 1e-9 * c * m, op_base_ms=1e-4)
+    profiles = tmp_path / "profiles"
+    monkeypatch.setenv("INFERMAX_PROFILES", str(profiles))
+    fitted = runner.invoke(app, ["fit", str(source), "--out", str(profiles / "a40" / "llama-2-7b"), "--gpu-spec", A40,
+                                 "--no-plots"], env={"COLUMNS": "250"})
+    assert fitted.exit_code == 0, fitted.output
+    doc = json.loads((profiles / "a40" / "llama-2-7b" / "tp1" / "infermax_linear.json").read_text())
+    assert doc["per_layer_ms"]["prefill_attention"]["intercept"] == 0.0
+    assert "a batch of one prefill token at -" in doc["fit"]["prefill_intercept_held"]
+    res = runner.invoke(app, ["simulate", "--gpu", "a40", "--model", "llama-2-7b", "--cost-model", "linear", "--I", "1",
+                              "--O", "2", "--B", "3", "--json", "--no-progress"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["makespan_s"] > 0
 

@@ -323,10 +323,12 @@ def combine_parts(fits: list[GroupFit], roofline: PiecewiseCostModel | None = No
     return errors
 
 
-def composite_linear(fits: list[GroupFit]) -> LinearRegression:
-    """The paper's single OLS plane for a composite group, fitted to the summed target of its parts."""
+def composite_linear(fits: list[GroupFit], nonneg_intercept: bool = False) -> LinearRegression:
+    """The paper's single OLS plane for a composite group, fitted to the summed target of its parts (its intercept
+    held >= 0 with ``nonneg_intercept``: `_linear_doc`)."""
     rows, y = _aligned(fits)
-    return _ols(fits[0].group.columns(fits[0].group.linear_features)[rows[0]], y)
+    fit = _ols_nonneg_intercept if nonneg_intercept else _ols
+    return fit(fits[0].group.columns(fits[0].group.linear_features)[rows[0]], y)
 
 
 def composites(fits: dict[str, GroupFit]) -> dict[str, list[GroupFit]]:
@@ -364,11 +366,31 @@ def roofline_group_ms(model: PiecewiseCostModel, term_name: str, group: Group) -
 
 
 def _linear_doc(spec: ProfileSpec, fits: dict[str, GroupFit], fit_info: dict) -> dict:
-    """The paper's linear model: one OLS plane per group, a composite group's fitted to its summed target."""
+    """The paper's linear model: one OLS plane per group, a composite group's fitted to its summed target.
+
+    The composite prefill-attention plane keeps a free intercept (every bundled profile's is slightly negative),
+    unless a batch of one prefill token would then take <= 0 s, which `base.check_positive_batch_times` refuses:
+    its intercept is then held >= 0 too (`_ols_nonneg_intercept`). The whole groups' planes already have
+    intercepts and slopes >= 0, so that batch is the only one that can fail. ``fit.prefill_intercept_held``
+    records it."""
+    doc = _linear_doc_with(spec, fits, fit_info, composite_nonneg=False)
+    attention, non_attention = doc["per_layer_ms"]["prefill_attention"], doc["per_layer_ms"]["non_attention"]
+    one_prefill_token_ms = (non_attention["intercept"] + non_attention["per_token"] + attention["intercept"]
+                            + attention["per_c2"] + attention["per_token"])
+    if one_prefill_token_ms > 0:
+        return doc
+    doc = _linear_doc_with(spec, fits, fit_info, composite_nonneg=True)
+    doc["fit"]["prefill_intercept_held"] = (f"least squares timed a batch of one prefill token at "
+                                            f"{one_prefill_token_ms:.6g} ms per layer; prefill attention's "
+                                            f"intercept held >= 0")
+    return doc
+
+
+def _linear_doc_with(spec: ProfileSpec, fits: dict[str, GroupFit], fit_info: dict, composite_nonneg: bool) -> dict:
     layers = spec.num_layers
     planes = {name: (f.linear, f.group.linear_features) for name, f in fits.items() if f.group.part_of is None}
     for composite, parts in composites(fits).items():
-        planes[composite] = (composite_linear(parts), parts[0].group.linear_features)
+        planes[composite] = (composite_linear(parts, composite_nonneg), parts[0].group.linear_features)
 
     def coef(name, feature):
         if name not in planes:
