@@ -117,6 +117,7 @@ def test_linear_fit_holds_the_prefill_intercept_only_where_a_one_token_prefill_w
     fitted = runner.invoke(app, ["fit", str(source), "--out", str(profiles / "a40" / "llama-2-7b"), "--gpu-spec", A40,
                                  "--no-plots"], env={"COLUMNS": "250"})
     assert fitted.exit_code == 0, fitted.output
+    assert "linear fit: least squares timed a batch of one prefill token at -" in fitted.output.replace("\n", "")
     doc = json.loads((profiles / "a40" / "llama-2-7b" / "tp1" / "infermax_linear.json").read_text())
     assert doc["per_layer_ms"]["prefill_attention"]["intercept"] == 0.0
     assert "a batch of one prefill token at -" in doc["fit"]["prefill_intercept_held"]

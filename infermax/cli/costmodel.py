@@ -52,8 +52,9 @@ def fit(
 
     Any GPU: the fit needs only the measurements; the roofline comparison needs the GPU's figures (a listed
     GPU's, or --gpu-spec) and is skipped with a note otherwise."""
-    from ..costmodel.fitting import fit_profile
+    from ..costmodel.fitting import LINEAR_JSON, fit_profile
     from ..costmodel.profile_import import prepare
+    from ..jsonio import read_json
 
     try:
         spec = _parse_gpu_spec(gpu_spec, gpu, profile_dir) if gpu_spec is not None else None
@@ -62,6 +63,9 @@ def fit(
         for folder in folders:
             doc = fit_profile(folder, plots=plots, gpu_spec=spec)
             console.print(_error_table(doc["heldout_error"], f"{folder}: held-out MAPE % (auto = {doc['auto']})"))
+            held = read_json(folder / LINEAR_JSON).get("fit", {}).get("prefill_intercept_held")
+            if held:
+                console.print(f"linear fit: {held}", highlight=False)
             if "roofline" in doc:
                 console.print(f"roofline {doc['roofline']}", highlight=False)
             if spec is not None:
