@@ -251,7 +251,7 @@ class RunConfig:
             profile = DATASETS.get(self.slo.lower())
             if profile is None:
                 raise ValueError(f"unknown SLO preset {self.slo!r}; known: {', '.join(DATASETS)} (or give the targets in "
-                                 f"seconds with --slo-ttft and --slo-tbt)")
+                                 f"seconds: slo_ttft_s and slo_tbt_s, --slo-ttft and --slo-tbt)")
             ttft, tbt = profile.ttft_slo_s, profile.tbt_slo_s
         for name, value in (("slo_ttft_s", self.slo_ttft_s), ("slo_tbt_s", self.slo_tbt_s)):
             if value is not None and not value > 0:

@@ -72,7 +72,7 @@ def test_runconfig_slo_presets_and_overrides():
     reqs = RunConfig(B=3, slo="longbench", slo_tbt_s=0.2).requests()
     assert {(r.ttft_slo_s, r.tbt_slo_s) for r in reqs} == {(4.0, 0.2)}
     assert all(not r.has_slo for r in RunConfig(B=3).requests())
-    with pytest.raises(ValueError, match="unknown SLO preset .* --slo-ttft and --slo-tbt"):
+    with pytest.raises(ValueError, match="unknown SLO preset .* slo_ttft_s and slo_tbt_s, --slo-ttft and --slo-tbt"):
         RunConfig(slo="x").requests()
     with pytest.raises(ValueError, match="choose one workload source"):
         RunConfig(dataset="sharegpt", mix="LILO").requests()
