@@ -225,7 +225,8 @@ def _ols_nonneg_intercept(x, y, _w=None):
     a launch overhead: a negative intercept there can time a batch of one decode token at <= 0 s, which
     ``base.check_positive_batch_times`` rejects (a noisy CPU smoke profile did: decode intercept -2.6 ms per
     layer). Every bundled profile's planes have positive intercepts, so their fits are unchanged. The composite
-    prefill-attention plane keeps a free intercept (its KV-save part's is free by design)."""
+    prefill-attention plane keeps a free intercept (its KV-save part's is free by design) unless a one-token
+    prefill would then take no time (`_linear_doc`)."""
     plane = _ols(x, y)
     if plane.intercept_ < 0:
         plane = LinearRegression(positive=True, fit_intercept=False).fit(x, y)
@@ -368,11 +369,11 @@ def roofline_group_ms(model: PiecewiseCostModel, term_name: str, group: Group) -
 def _linear_doc(spec: ProfileSpec, fits: dict[str, GroupFit], fit_info: dict) -> dict:
     """The paper's linear model: one OLS plane per group, a composite group's fitted to its summed target.
 
-    The composite prefill-attention plane keeps a free intercept (every bundled profile's is slightly negative),
+    The composite prefill-attention plane keeps a free intercept (14 bundled profiles' are slightly negative),
     unless a batch of one prefill token would then take <= 0 s, which `base.check_positive_batch_times` refuses:
     its intercept is then held >= 0 too (`_ols_nonneg_intercept`). The whole groups' planes already have
     intercepts and slopes >= 0, so that batch is the only one that can fail. ``fit.prefill_intercept_held``
-    records it."""
+    records it (the held-out errors stay those of the parts' planes, as for every composite)."""
     doc = _linear_doc_with(spec, fits, fit_info, composite_nonneg=False)
     attention, non_attention = doc["per_layer_ms"]["prefill_attention"], doc["per_layer_ms"]["non_attention"]
     one_prefill_token_ms = (non_attention["intercept"] + non_attention["per_token"] + attention["intercept"]
