@@ -21,10 +21,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${MODELS:-"llama-2-7b llama-3-8b"}
 GRID=${GRID:-full}
-# Azure-conversation slice: the first 100 requests less those longer than the shortest context among $MODELS
-# (Llama-2-7B's 4,096 positions: 6 of the 100 need up to 4,175; a server would refuse them, and replaying them
-# indexes past the rotary table), arrivals 10x compressed so that batches overlap; M = 40,000 tokens keeps every
-# request's KV range (its peak I + O - 1) inside the GPU's memory. Written to $RUNS/azure-conv-slice.csv.
+# Azure-conversation slice: the first 100 requests less those longer than the model's context (Llama-2-7B's 4,096
+# positions: 6 of the 100 need up to 4,175; a server would refuse them, and replaying them indexes past the rotary
+# table; Llama-3-8B's 8,192 keep all 100), arrivals 10x compressed so that batches overlap; M = 40,000 tokens keeps
+# every request's KV range (its peak I + O - 1) inside the GPU's memory. Written to $RUNS/<model>/azure-conv-slice.csv.
+# (Until 2026-11-30 one slice served every model in $MODELS, cut to the shortest context among them.)
 TRACE_ARGS=(--time-scale 0.1 --M 40000)
 WORKLOADS=${WORKLOADS:-"fixed azure"}
 # SKIP_PROFILE=1: use the profile already in profiles/<gpu>/<model>/tp1 (a follow-up call that only replays).
@@ -60,20 +61,6 @@ else
 fi
 mkdir -p "$RUNS"
 echo "device: $GPU"
-if [ -z "${SMOKE:-}${SCORE_ONLY:-}" ]; then
-  python - "$RUNS/azure-conv-slice.csv" $MODELS <<'EOF'
-import sys
-import pandas as pd
-from infermax.models import get_model
-from infermax.workload import trace_path
-context = min(get_model(m).max_position for m in sys.argv[2:])
-rows = pd.read_csv(trace_path("azure-conv")).head(100)
-kept = rows[rows.num_prefill_tokens + rows.num_decode_tokens - 1 <= context]
-kept.to_csv(sys.argv[1], index=False)
-print(f"Azure slice: {len(kept)} of the first 100 azure-conv requests fit {context} positions")
-EOF
-  TRACE_ARGS+=(--trace "$RUNS/azure-conv-slice.csv")
-fi
 SECONDS=0
 
 declare -A FOLDER FITPID
@@ -102,6 +89,23 @@ profile_model() {  # $1 = model; sets FOLDER[$1]
   echo "[$SECONDS s] profiled $model into ${FOLDER[$model]}/tp1"
 }
 
+azure_slice() {  # $1 = model: writes its Azure slice and prints the file's path
+  local path="$RUNS/$1/azure-conv-slice.csv"
+  mkdir -p "$RUNS/$1"
+  python - "$path" "$1" <<'EOF' >&2
+import sys
+import pandas as pd
+from infermax.models import get_model
+from infermax.workload import trace_path
+context = get_model(sys.argv[2]).max_position
+rows = pd.read_csv(trace_path("azure-conv")).head(100)
+kept = rows[rows.num_prefill_tokens + rows.num_decode_tokens - 1 <= context]
+kept.to_csv(sys.argv[1], index=False)
+print(f"Azure slice for {sys.argv[2]}: {len(kept)} of the first 100 azure-conv requests fit {context} positions")
+EOF
+  echo "$path"
+}
+
 score_case() {  # $1 = a replay folder, $2 = model, $3 = profile folder: the one measured run scored against both fits
   local family
   for family in linear piecewise; do  # no GPU needed
@@ -120,6 +124,7 @@ replay_model() {  # $1 = model: simulate vLLM and Sarathi on both workloads, the
   for sched in vllm sarathi; do
     for work in $WORKLOADS; do
       if [ "$work" = fixed ]; then args=("${FIXED_ARGS[@]}"); else args=("${TRACE_ARGS[@]}"); fi
+      if [ "$work" = azure ] && [ -z "${SMOKE:-}" ]; then args+=(--trace "$(azure_slice "$model")"); fi
       out="$RUNS/$model/$sched-$work"
       python -m infermax simulate -s "$sched" --cost-model-file "$cost" --model "$model" "${args[@]}" --out "$out/sim" \
         --no-progress --json > /dev/null
@@ -130,8 +135,11 @@ replay_model() {  # $1 = model: simulate vLLM and Sarathi on both workloads, the
     out="$RUNS/$model/$(basename "$path" .json)"
     mkdir -p "$out/sim"; cp "$path" "$out/sim/schedule.json"
   done
-  for out in "$RUNS/$model"/*/; do
+  # Fixed grid first, then the optimize schedules, then the Azure slice (the longest to capture and replay): a call cut
+  # short by its time limit keeps the cheap, comparable cases.
+  for out in "$RUNS/$model"/*-fixed/ "$RUNS/$model"/optimize-*/ "$RUNS/$model"/*-azure/; do
     out=${out%/}
+    [ -f "$out/sim/schedule.json" ] || continue
     if python -m infermax gpu-replay "$out/sim/schedule.json" --cost-model-file "$cost" --model "$model" \
         "${DEV_ARGS[@]}" ${REPLAY_ARGS[@]+"${REPLAY_ARGS[@]}"} --out "$out/replay" --no-progress > "$out/replay.log" 2>&1; then
       [ "${SCORE:-1}" = 0 ] || score_case "$out" "$model" "${FOLDER[$model]}"
