@@ -17,6 +17,9 @@
 # runs every schedule once untimed first (its default warm-up), which adds roughly the replays' GPU time, about
 # 1.5 min per model: with the device tool's 15 minutes, run one model per call, e.g.
 #   MODELS=llama-3-8b SKIP_PROFILE=1 bash benchmarks/gpu_session.sh   (SKIP_PROFILE: replay against the committed fits)
+# Through CUDA graphs (GRAPHS=1, H200, 2026-11-30): profiles 20 and 24 s, both fits at once 12 s, then per model the
+# fixed-grid and optimize replays about 80 s and each Azure replay 95 to 100 s (every batch captured): both models
+# need about 11 minutes, more than one call; the second model's Azure replays went into a second call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${MODELS:-"llama-2-7b llama-3-8b"}
@@ -92,7 +95,7 @@ profile_model() {  # $1 = model; sets FOLDER[$1]
 azure_slice() {  # $1 = model: writes its Azure slice and prints the file's path
   local path="$RUNS/$1/azure-conv-slice.csv"
   mkdir -p "$RUNS/$1"
-  python - "$path" "$1" <<'EOF' >&2
+  [ -f "$path" ] || python - "$path" "$1" <<'EOF' >&2
 import sys
 import pandas as pd
 from infermax.models import get_model

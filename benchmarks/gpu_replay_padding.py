@@ -110,6 +110,65 @@ def keys_read(runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def with_groups(d: pd.DataFrame) -> pd.DataFrame:
+    """``d`` with each batch's decode-group count (``layers.decode_groups`` over its decodes, longest first, as
+    gpu-replay runs them since 2026-11-29) and its residual, measured − predicted, in ms."""
+    from gpu_replay_shapes import batch_layouts  # (benchmarks/, the running script's folder)
+
+    from infermax.profiling.layers import decode_groups
+    from infermax.schedule import Schedule
+
+    frames = []
+    for (run, case), g in d.groupby(["run", "case"], sort=False):
+        layouts = batch_layouts(Schedule.load(Path(run) / case / "sim" / "schedule.json"))
+        if len(layouts) != len(g):
+            raise SystemExit(f"{run}/{case}: {len(layouts)} scheduled batches, {len(g)} scored")
+        frames.append(g.assign(groups=[len(decode_groups(sorted(lengths, reverse=True))) if lengths else 0
+                                       for _, lengths in layouts]))
+    out = pd.concat(frames, ignore_index=True)
+    out["residual_ms"] = 1e3 * (out.measured_s - out.predicted_s)
+    out["model"] = out.case.str.split("/").str[0]
+    return out
+
+
+def by_groups(d: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Decode batches per (run, model, group count): median residual and signed error; and per (run, model) the
+    least-squares residual ``a + b·(groups − 1) + c·decodes`` in ms, ``b`` the time one more group costs a batch."""
+    dec = d[d.groups > 0]
+    table = dec.groupby(["run", "model", "groups"]).agg(
+        batches=("residual_ms", "size"), median_residual_ms=("residual_ms", "median"),
+        median_signed_pct=("signed_pct", "median"), median_decodes=("n_decode_seqs", "median")).reset_index()
+    rows = []
+    for (run, model), g in dec.groupby(["run", "model"]):
+        x = np.column_stack([np.ones(len(g)), g.groups - 1, g.n_decode_seqs])
+        (a, b, c), *_ = np.linalg.lstsq(x, g.residual_ms, rcond=None)
+        rows.append({"run": run, "model": model, "decode batches": len(g), "a (ms)": a,
+                     "b: per extra group (ms)": b, "c: per decode (ms)": c})
+    for frame in (table, fit := pd.DataFrame(rows)):
+        frame["run"] = frame.run.map(lambda r: Path(r).parent.parent.name + "/" + Path(r).name)
+    return table, fit
+
+
+def plot_groups(d: pd.DataFrame, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dec = d[d.groups > 0]
+    panels = sorted(set(zip(dec.run, dec.model)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharey=True, squeeze=False)
+    for ax, (run, model) in zip(axes[0], panels):
+        g = dec[(dec.run == run) & (dec.model == model)]
+        counts = sorted(g.groups.unique())
+        ax.boxplot([g.residual_ms[g.groups == k] for k in counts], positions=counts, widths=0.6, showfliers=False)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("decode groups in the batch (attention calls per layer)")
+        ax.set_title(f"{Path(run).name}: {model}", fontsize=9)
+    axes[0][0].set_ylabel("measured − predicted per batch (ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    print(f"wrote {path}")
+
+
 def plot(d: pd.DataFrame, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -141,6 +200,9 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=3.0, help="padding above which a batch is set apart (default 3)")
     ap.add_argument("--plot", help="also draw signed error against padding into this PNG")
     ap.add_argument("--keys", action="store_true", help="also count the decode keys read, one call against groups")
+    ap.add_argument("--groups", action="store_true",
+                    help="also split the decode batches' residual by their decode-group count (replays since 2026-11-30)")
+    ap.add_argument("--groups-plot", help="also draw the residual per decode-group count into this PNG")
     args = ap.parse_args()
     d = pd.concat([load(run, args.family) for run in args.runs], ignore_index=True)
     pd.set_option("display.width", 200)
@@ -152,6 +214,15 @@ def main() -> None:
         print(keys_read(args.runs).round(2).to_string(index=False))
     if args.plot:
         plot(d, args.plot)
+    if args.groups or args.groups_plot:
+        g = with_groups(d)
+        table, fit = by_groups(g)
+        print()
+        print(table.round(2).to_string(index=False))
+        print()
+        print(fit.round(3).to_string(index=False))
+        if args.groups_plot:
+            plot_groups(g, args.groups_plot)
 
 
 if __name__ == "__main__":
