@@ -45,6 +45,14 @@ REPLAY_ARGS=()
 # they were made): made ahead on this repository's H100 model, since the GPU image lacks HiGHS.
 OPT_SCHEDULES=${OPT_SCHEDULES-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json benchmarks/gpu_schedules/optimize-I512-O128-B64.json"}
 PROFILES=profiles
+# DECODE_KERNEL=varlen: profile and replay decode attention as one variable-length FlashAttention call per batch
+# (`--decode-kernel varlen`; default sdpa, the grouped padded calls), into profiles/<gpu>[-graphs]-varlen/ and
+# runs/gpu_check/<gpu>[-graphs]-varlen/, beside the others.
+case ${DECODE_KERNEL:-sdpa} in
+  sdpa) KERNEL_SUFFIX=;;
+  varlen) KERNEL_SUFFIX=-varlen;;
+  *) echo "error: DECODE_KERNEL must be sdpa or varlen, got '$DECODE_KERNEL'" >&2; exit 2;;
+esac
 
 if [ -n "${SCORE_ONLY:-}" ]; then  # no GPU: score the replays in $SCORE_ONLY (runs/gpu_check/<gpu>, made with SCORE=0)
   RUNS=$SCORE_ONLY GPU=$(basename "$SCORE_ONLY") MODELS=
@@ -60,15 +68,16 @@ elif [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small work
 else
   python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU visible to PyTorch')"
   GPU=$(python -c "import torch; from infermax.profiling.runner import gpu_key; print(gpu_key(torch.cuda.get_device_name(), 'cuda'))")
-  RUNS=runs/gpu_check/$GPU${GRAPHS:+-graphs}
+  RUNS=runs/gpu_check/$GPU${GRAPHS:+-graphs}$KERNEL_SUFFIX
 fi
+[ -n "$KERNEL_SUFFIX" ] && DEV_ARGS+=(--decode-kernel "$DECODE_KERNEL")
 mkdir -p "$RUNS"
 echo "device: $GPU"
 SECONDS=0
 
 declare -A FOLDER FITPID
 profile_model() {  # $1 = model; sets FOLDER[$1]
-  local model=$1 pgpu=$GPU${GRAPHS:+-graphs}
+  local model=$1 pgpu=$GPU${GRAPHS:+-graphs}$KERNEL_SUFFIX
   # The bundled profiles/h100/llama-2-7b is Vidur's (imported); never overwrite a profile we did not measure:
   # ours then goes to profiles/<gpu>-pytorch/<model>/.
   local existing="$PROFILES/$pgpu/$model/tp1/measurements.csv"

@@ -24,6 +24,7 @@ from infermax.schedule import Schedule, ScheduledBatch  # noqa: E402
 from infermax.profiling import execute as E  # noqa: E402
 from infermax.profiling import layers as L  # noqa: E402
 from infermax.profiling.operators import GRIDS, decode_lengths  # noqa: E402
+from infermax.profiling import runner as runner_mod  # noqa: E402
 from infermax.profiling.runner import profile  # noqa: E402
 
 runner = CliRunner()
@@ -248,33 +249,37 @@ class _EagerGraphs(E.BatchGraphs):
     the capture replaced by a closure, so the executor's graph path runs on a CPU."""
 
     def __init__(self):
-        self.capturing, self._graphs, self._next = True, [], 0
+        self.capturing, self._graphs, self._next, self._queries_per_kv_head = True, [], 0, 1
 
     def capture(self, model, plan):
-        fixed = E.PlanTensors.of(plan, model.device)
+        fixed = model.tensors(plan, model.device)
+        self._queries_per_kv_head = model.s.num_heads // model.s.num_kv_heads
         fn = lambda: model.forward(plan, fixed).argmax(-1)  # noqa: E731  (reads the fixed tensors when replayed)
         out = fn()
         self._graphs.append((_EagerGraph(fn, out), fixed, out, self._layout(plan)))
 
 
-@pytest.mark.parametrize("make, decode_groups", [("hand", 1), ("spread", 3)])
-def test_graph_replay_path_gives_the_eager_tokens(make, decode_groups):
+@pytest.mark.parametrize("make, kernel, decode_groups", [("hand", "sdpa", 1), ("spread", "sdpa", 3),
+                                                         ("spread", "varlen", 0)])
+def test_graph_replay_path_gives_the_eager_tokens(make, kernel, decode_groups):
     # The timed pass replays batch j's capture with batch j's index values copied in: the same tokens as eager runs.
-    # "spread": batch 1's decodes run in three decode groups, three fixed index tensors of their own.
+    # "spread": batch 1's decodes run in three decode groups, three fixed index tensors of their own; or, "varlen",
+    # in one call whose ragged key rows and offsets are fixed tensors too.
     sched = _hand_schedule() if make == "hand" else _spread_schedule()
     shapes = L.shard_shapes("llama-3-8b", tiny=True)
     net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=3)
-    eager = E.Executor(net, sched)
+    eager = E.Executor(net, sched, decode_kernel=kernel)
     eager.run(_Flat())
     graphs = _EagerGraphs()
-    E.Executor(net, sched).run(_Flat(), graphs=graphs)
+    E.Executor(net, sched, decode_kernel=kernel).run(_Flat(), graphs=graphs)
     assert len(graphs._graphs) == len(sched.batches) and len(graphs._graphs[1][1].index) == decode_groups
+    assert (graphs._graphs[1][1].ragged is not None) == (kernel == "varlen")
     graphs.capturing = False
     with torch.inference_mode():  # stale index values: each replay must copy its own batch's in
         for _, fixed, _, _ in graphs._graphs:
             for x in fixed.tensors():
                 x.zero_()
-    timed = E.Executor(net, sched)
+    timed = E.Executor(net, sched, decode_kernel=kernel)
     measured, _ = timed.run(_Flat(), graphs=graphs)
     assert len(measured) == len(sched.batches) and timed.tokens == eager.tokens
     # a batch laid out otherwise than when captured is refused, not replayed with stale indices
@@ -347,6 +352,79 @@ def test_grouped_decodes_give_the_full_forward_logits():
     assert single.tokens == grouped.tokens
 
 
+@given(st.lists(st.integers(1, 90), min_size=1, max_size=12), st.sampled_from([(4, 4), (4, 2), (8, 2), (4, 1)]),
+       st.integers(0, 2**31 - 1))
+@settings(max_examples=60, deadline=None)
+def test_varlen_decode_attention_is_the_masked_padded_call(lengths, heads, seed):
+    # One variable-length call over unpadded keys (its GQA packing: g query heads per KV head as g query rows)
+    # gives what the masked, padded SDPA call gives, whatever the lengths and the head ratio.
+    num_heads, kv_heads = heads
+    gen = torch.Generator().manual_seed(seed)
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n + 3)  # gaps between sequences, as in the token pool
+    rows = starts[-1] + lengths[-1]
+    k_pool, v_pool = torch.randn(rows, kv_heads, 8, generator=gen), torch.randn(rows, kv_heads, 8, generator=gen)
+    q = torch.randn(len(lengths), num_heads, 8, generator=gen)
+    index, valid = L.decode_index(starts, lengths, "cpu")
+    padded = L.decode_attention(q, k_pool, v_pool, index, valid)
+    keys = L.ragged_keys(starts, lengths, num_heads // kv_heads, "cpu")
+    assert keys.rows.numel() == sum(lengths) and keys.max_k == max(lengths)
+    assert torch.allclose(L.decode_attention_varlen(q, k_pool, v_pool, keys), padded, atol=1e-5, rtol=1e-5)
+
+
+def test_varlen_decodes_give_the_full_forward_logits():
+    sched = _spread_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=5)
+    plans = []
+    ragged = E.Executor(net, sched, keep_logits=True, decode_kernel="varlen")
+    plan = ragged.plan
+    ragged.plan = lambda items, before: plans.append(plan(items, before)) or plans[-1]
+    ragged.run(_Flat())
+    assert plans[1].decode_groups == [5] and plans[1].decode_kernel == "varlen"  # one call for the five decodes
+    for r in sched.requests:
+        ref = _reference_logits(net, ragged.tokens[r.id][:-1])
+        assert torch.allclose(torch.stack(ragged.logits[r.id]), ref[r.prompt_tokens - 1:], atol=2e-4, rtol=1e-4)
+    grouped = E.Executor(net, sched)
+    grouped.run(_Flat())
+    assert grouped.tokens == ragged.tokens
+
+
+def test_decode_kernel_is_checked(monkeypatch):
+    import sys
+
+    with pytest.raises(ValueError, match="unknown decode kernel 'paged'; choose one of sdpa, varlen"):
+        L.check_decode_kernel("paged", "cpu")
+    L.check_decode_kernel("varlen", "cpu")  # the CPU stand-in
+    assert L.varlen_function(torch.device("cpu")) is L.varlen_reference
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", None)  # a PyTorch without it (before 2.10)
+    with pytest.raises(ValueError, match="needs torch.nn.attention.varlen .PyTorch 2.10 or later.*--decode-kernel sdpa"):
+        L.varlen_function(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("command", ["profile", "gpu-replay"])
+def test_an_unknown_decode_kernel_is_refused(tiny_profile, tmp_path, command):
+    path = _spread_schedule().save(tmp_path / "s.json")
+    args = (["profile", "--out", str(tmp_path / "p"), "--grid", "tiny"] if command == "profile" else
+            ["gpu-replay", str(path), "--cost-model-file", str(tiny_profile / "infermax_linear.json"), "--no-progress"])
+    result = runner.invoke(app, [*args, "--model", "llama-3-8b", "--tiny", "--device", "cpu", "--decode-kernel", "paged"])
+    assert result.exit_code != 0 and "unknown decode kernel 'paged'" in result.output and "Traceback" not in result.output
+
+
+def test_a_varlen_profile_says_so(tmp_path):
+    folder = profile("llama-3-8b", tmp_path, dtype="fp32", grid="tiny", tiny=True, device="cpu", progress=False,
+                     decode_kernel="varlen")
+    doc = json.loads((folder / "profile.json").read_text())
+    assert doc["decode_kernel"] == "varlen" and "--decode-kernel varlen" in doc["profiled"]["command"]
+    table = read_measurements(folder / "measurements.csv")
+    decode = table[table.operator == "attn_decode"]
+    assert len(decode) > 0 and (decode.derivation == runner_mod.CPU_VARLEN_NOTE).all()
+    assert (table[table.operator != "attn_decode"].derivation != runner_mod.CPU_VARLEN_NOTE).all()
+    assert json.loads((profile("llama-3-8b", tmp_path / "sdpa", dtype="fp32", grid="tiny", tiny=True, device="cpu",
+                               progress=False) / "profile.json").read_text())["decode_kernel"] == "sdpa"
+
+
 @pytest.mark.parametrize("padding, message", [("0.5", "at least 1"), ("abc", "Invalid value for '--decode-padding'")])
 def test_gpu_replay_rejects_a_bad_decode_padding(tiny_profile, tmp_path, padding, message):
     path = _spread_schedule().save(tmp_path / "s.json")
@@ -362,6 +440,8 @@ def test_gpu_replay_summary_records_the_decode_padding(tiny_profile):
     kwargs = dict(device="cpu", tiny=True, progress=False, warmup_batches=0)
     assert E.gpu_replay(sched, "llama-3-8b", cost, **kwargs).summary["decode_padding"] == L.DECODE_PADDING
     assert E.gpu_replay(sched, "llama-3-8b", cost, decode_padding=math.inf, **kwargs).summary["decode_padding"] is None
+    varlen = E.gpu_replay(sched, "llama-3-8b", cost, decode_kernel="varlen", **kwargs).summary
+    assert varlen["decode_kernel"] == "varlen" and varlen["decode_padding"] is None
 
 
 def test_a_batch_that_cannot_be_captured_is_a_clear_error(monkeypatch):
@@ -523,6 +603,39 @@ def test_cuda_graph_profile_and_replay_on_cuda(tmp_path):
     check = E.gpu_replay(sched, "llama-3-8b", _Flat(), device="cuda", dtype="fp32", tiny=True, progress=False,
                          cuda_graphs=True)
     assert check.summary["cuda_graphs"] and check.summary["batches"] == len(sched.batches)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_varlen_decode_attention_on_cuda(tmp_path):
+    # FlashAttention's variable-length kernel against the masked, padded SDPA call on one batch of widely spread
+    # lengths at Llama-3-8B's heads (32 query, 8 KV, 128 wide; bf16, which FlashAttention needs); then the tiny
+    # model profiled with it through graphs (every operator captured) and a graph replay giving the eager tokens.
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lengths, starts = [4100, 900, 420, 400, 37, 1], [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n + 5)
+    rows = starts[-1] + lengths[-1]
+    k_pool, v_pool = (torch.randn(rows, 8, 128, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(len(lengths), 32, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    index, valid = L.decode_index(starts, lengths, "cuda")
+    padded = L.decode_attention(q, k_pool, v_pool, index, valid).float()
+    ragged = L.decode_attention_varlen(q, k_pool, v_pool, L.ragged_keys(starts, lengths, 4, "cuda")).float()
+    assert torch.allclose(ragged, padded, atol=2e-2, rtol=2e-2)
+    folder = profile("llama-3-8b", tmp_path, dtype="bf16", grid="tiny", tiny=True, device="cuda", progress=False,
+                     cuda_graphs=True, decode_kernel="varlen")
+    table = read_measurements(folder / "measurements.csv")
+    assert table["software"].str.endswith(", CUDA graph").all() and (table["derivation"] == "").all()
+    sched = _spread_schedule()
+    shapes = L.shard_shapes("llama-3-8b", tiny=True)
+    net = E.Transformer(shapes, "cuda", torch.bfloat16, E.pool_rows_for(sched, shapes, "cuda", torch.bfloat16), seed=3)
+    eager = E.Executor(net, sched, decode_kernel="varlen")
+    eager.run(_Flat())
+    graphs = E.BatchGraphs()
+    E.Executor(net, sched, decode_kernel="varlen").run(_Flat(), graphs=graphs)
+    graphs.capturing = False
+    timed = E.Executor(net, sched, decode_kernel="varlen")
+    measured, _ = timed.run(_Flat(), graphs=graphs)
+    assert timed.tokens == eager.tokens and all(t > 0 for t in measured)
 
 
 def test_graph_timing_captures_several_calls_and_reports_one(monkeypatch):

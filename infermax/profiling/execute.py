@@ -67,6 +67,7 @@ class BatchPlan:
     prefills: list[tuple[int, int, int]] = field(default_factory=list)  # (pool start, m, c)
     decodes: list[tuple[int, int]] = field(default_factory=list)  # (pool start, m), longest cache first
     decode_groups: list[int] = field(default_factory=list)  # sizes of consecutive decodes, one attention call each
+    decode_kernel: str = "sdpa"  # layers.DECODE_KERNELS: "varlen" makes one call of every decode (one group)
     gen_rows: list[int] = field(default_factory=list)  # token rows whose logits pick the next token
     gen_ids: list[int] = field(default_factory=list)  # request ids of gen_rows
 
@@ -74,8 +75,9 @@ class BatchPlan:
 @dataclass
 class PlanTensors:
     """A BatchPlan's index tensors: token ids, positions, the rows whose logits generate, and for decodes the
-    pool rows to write (``write_rows``) and, per decode group, the rows to read (``index``, ``valid``:
-    ``layers.decode_index``)."""
+    pool rows to write (``write_rows``) and the keys to read: per decode group, the padded rows (``index``,
+    ``valid``: ``layers.decode_index``), or for the "varlen" kernel every decode's rows (``ragged``:
+    ``layers.ragged_keys``)."""
 
     ids: object
     positions: object
@@ -83,12 +85,17 @@ class PlanTensors:
     index: list = field(default_factory=list)
     valid: list = field(default_factory=list)
     write_rows: object = None
+    ragged: "L.RaggedKeys | None" = None
 
     @classmethod
-    def of(cls, plan: BatchPlan, device) -> "PlanTensors":
+    def of(cls, plan: BatchPlan, device, queries_per_kv_head: int = 1) -> "PlanTensors":
         t = cls(torch.tensor(plan.ids, device=device), torch.tensor(plan.positions, device=device),
                 torch.tensor(plan.gen_rows, device=device, dtype=torch.long))
-        if plan.decodes:
+        if plan.decodes and plan.decode_kernel == "varlen":
+            t.ragged = L.ragged_keys([st for st, _ in plan.decodes], [m + 1 for _, m in plan.decodes],
+                                     queries_per_kv_head, device)
+            t.write_rows = torch.tensor([st + m for st, m in plan.decodes], device=device)
+        elif plan.decodes:
             first = 0
             for size in plan.decode_groups:
                 group = plan.decodes[first:first + size]
@@ -100,8 +107,9 @@ class PlanTensors:
         return t
 
     def tensors(self) -> list:
-        return [x for x in (self.ids, self.positions, self.gen_rows, *self.index, *self.valid, self.write_rows)
-                if x is not None]
+        ragged = self.ragged.tensors() if self.ragged is not None else []
+        return [x for x in (self.ids, self.positions, self.gen_rows, *self.index, *self.valid, *ragged,
+                            self.write_rows) if x is not None]
 
     def copy_from(self, other: "PlanTensors") -> None:
         """Fill these (fixed) tensors with ``other``'s values of the same shapes."""
@@ -121,11 +129,15 @@ class Transformer:
         self.k_pool = torch.zeros(shape, device=self.device, dtype=dtype)
         self.v_pool = torch.zeros(shape, device=self.device, dtype=dtype)
 
+    def tensors(self, plan: BatchPlan, device) -> PlanTensors:
+        """``plan``'s index tensors on ``device``, laid out for this model's heads."""
+        return PlanTensors.of(plan, device, self.s.num_heads // self.s.num_kv_heads)
+
     def forward(self, plan: BatchPlan, t: "PlanTensors | None" = None):
         """Run one batch (writing its K/V into the pool); returns the logits of ``plan.gen_rows``. ``t``: the plan's
         tensors already on the device (a CUDA-graph capture reads them from fixed buffers); made here by default."""
         s = self.s
-        t = t if t is not None else PlanTensors.of(plan, self.device)
+        t = t if t is not None else self.tensors(plan, self.device)
         positions = t.positions
         n_prefill = sum(c for _, _, c in plan.prefills)
         write_rows = t.write_rows
@@ -144,6 +156,8 @@ class Transformer:
             if plan.decodes:
                 k_pool.index_copy_(0, write_rows, k[n_prefill:])
                 v_pool.index_copy_(0, write_rows, v[n_prefill:])
+                if t.ragged is not None:
+                    outs.append(L.decode_attention_varlen(q[n_prefill:], k_pool, v_pool, t.ragged))
                 row = n_prefill
                 for size, index, valid in zip(plan.decode_groups, t.index, t.valid):
                     outs.append(L.decode_attention(q[row:row + size], k_pool, v_pool, index, valid))
@@ -165,11 +179,13 @@ class Executor:
     """Runs a Schedule's batches on a ``Transformer``; ``tokens[id]`` holds prompt + generated tokens.
 
     A batch's decodes run longest cache first, in groups of at most ``decode_padding`` times their keys
-    (``layers.decode_groups``; ``inf``: one padded call per batch, as before 2026-11-29)."""
+    (``layers.decode_groups``; ``inf``: one padded call per batch, as before 2026-11-29), or with ``decode_kernel``
+    "varlen" all in one variable-length call over unpadded keys (``layers.decode_attention_varlen``)."""
 
     def __init__(self, model: Transformer, schedule: Schedule, seed: int = 0, keep_logits: bool = False,
-                 decode_padding: float = L.DECODE_PADDING):
+                 decode_padding: float = L.DECODE_PADDING, decode_kernel: str = "sdpa"):
         self.model, self.schedule, self.decode_padding = model, schedule, decode_padding
+        self.decode_kernel = decode_kernel
         self.pool = TokenPool(model.k_pool.shape[1])
         self.tokens = {r.id: prompt_tokens(r.id, r.prompt_tokens, model.s.vocab, seed) for r in schedule.requests}
         self.peak = {r.id: r.peak_kv_tokens for r in schedule.requests}
@@ -205,7 +221,11 @@ class Executor:
             plan.gen_ids.append(rid)
             plan.ids.append(self.tokens[rid][m])
             plan.positions.append(m)
-        plan.decode_groups = L.decode_groups([m + 1 for _, m in plan.decodes], self.decode_padding)
+        plan.decode_kernel = self.decode_kernel
+        if self.decode_kernel == "varlen":
+            plan.decode_groups = [len(plan.decodes)] if plan.decodes else []
+        else:
+            plan.decode_groups = L.decode_groups([m + 1 for _, m in plan.decodes], self.decode_padding)
         return plan
 
     def run(self, cost_model: CostModel, batches: int | None = None, progress=None,
@@ -261,13 +281,16 @@ class BatchGraphs:
         self.capturing = True
         self._graphs: list[tuple] = []  # (graph, fixed PlanTensors, picks tensor, layout) per batch
         self._next = 0
+        self._queries_per_kv_head = 1  # the captured model's (ragged decode keys lay their queries out by it)
 
     @staticmethod
     def _layout(plan: BatchPlan) -> tuple:
-        return tuple(plan.prefills), tuple(plan.decodes), tuple(plan.decode_groups), len(plan.ids), tuple(plan.gen_rows)
+        return (tuple(plan.prefills), tuple(plan.decodes), tuple(plan.decode_groups), plan.decode_kernel, len(plan.ids),
+                tuple(plan.gen_rows))
 
     def capture(self, model: "Transformer", plan: BatchPlan) -> None:
-        fixed = PlanTensors.of(plan, model.device)
+        fixed = model.tensors(plan, model.device)
+        self._queries_per_kv_head = model.s.num_heads // model.s.num_kv_heads
         try:
             graph, picks = capture(lambda: model.forward(plan, fixed).argmax(-1), self.pool)
         except RuntimeError as exc:  # an operator that cannot be captured: say which batch, stop cleanly
@@ -283,7 +306,7 @@ class BatchGraphs:
         if self._layout(plan) != layout:
             raise RuntimeError(f"batch {self._next} is laid out differently from when it was captured")
         self._next += 1
-        fixed.copy_from(PlanTensors.of(plan, "cpu"))
+        fixed.copy_from(PlanTensors.of(plan, "cpu", self._queries_per_kv_head))
         watch.start()
         graph.replay()
         watch.stop()
@@ -319,7 +342,7 @@ def check_positions(schedule: Schedule, shapes: L.Shapes) -> None:
 def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: str | None = None, dtype: str = "bf16",
                tiny: bool = False, warmup_batches: int | None = None, seed: int = 0,
                progress: bool = True, cuda_graphs: bool = False,
-               decode_padding: float = L.DECODE_PADDING) -> ReplayCheck:
+               decode_padding: float = L.DECODE_PADDING, decode_kernel: str = "sdpa") -> ReplayCheck:
     """Execute ``schedule`` with ``model`` (random weights) on ``device``; compare with ``cost_model``.
 
     The first ``warmup_batches`` batches (by default all of them) run once untimed, then the whole schedule runs
@@ -335,6 +358,13 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
 
     ``decode_padding``: the most padding a decode attention call may carry (``layers.decode_groups``); ``inf``
     runs each batch's decodes as one padded call, as replays did until 2026-11-29.
+
+    ``decode_kernel``: "sdpa" (those groups) or "varlen", one variable-length FlashAttention call per batch over
+    every decode's own keys (``layers.decode_attention_varlen``; ``decode_padding`` then has nothing to bound). On an
+    H200 (2026-11-30, CUDA graphs) each decode group beyond the first cost a batch 0.7 to 1.2 ms more than its keys
+    (``benchmarks/gpu_replay_padding.py --groups``); a paged-attention server makes one call. Replay with the kernel
+    the profile was measured with (``profile.json``'s ``decode_kernel``), so that the cost model was fitted on the
+    calls the replay makes.
     """
     from .runner import _progress, device_name, resolve_device
 
@@ -349,6 +379,7 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
     shapes = L.shard_shapes(model, 1, tiny)
     check_positions(schedule, shapes)
     device = resolve_device(device)
+    L.check_decode_kernel(decode_kernel, device)
     graphs = None
     if cuda_graphs:
         require_graphs_device(device)
@@ -357,15 +388,16 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
         graphs, warmup_batches = BatchGraphs(), None
     net = Transformer(shapes, device, L.DTYPES[dtype], pool_rows_for(schedule, shapes, device, L.DTYPES[dtype]), seed)
     if warmup_batches is None or warmup_batches > 0:
-        Executor(net, schedule, seed, decode_padding=decode_padding).run(cost_model, batches=warmup_batches,
+        Executor(net, schedule, seed, decode_padding=decode_padding, decode_kernel=decode_kernel).run(cost_model, batches=warmup_batches,
                                                                           graphs=graphs)
     if graphs is not None:
         graphs.capturing = False
     with _progress(progress, len(schedule.batches), f"replaying {len(schedule.batches)} batches on {device}") as advance:
-        measured, rec = Executor(net, schedule, seed, decode_padding=decode_padding).run(
+        measured, rec = Executor(net, schedule, seed, decode_padding=decode_padding, decode_kernel=decode_kernel).run(
             cost_model, progress=advance, graphs=graphs)
     info = {"model": shapes.name, "device": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "scheduler": schedule.meta.get("scheduler"), "requests": len(schedule.requests),
             "warmup_batches": len(schedule.batches) if warmup_batches is None else warmup_batches,
-            "cuda_graphs": cuda_graphs, "decode_padding": None if math.isinf(decode_padding) else decode_padding}
+            "cuda_graphs": cuda_graphs, "decode_kernel": decode_kernel,
+            "decode_padding": None if math.isinf(decode_padding) or decode_kernel == "varlen" else decode_padding}
     return compare(schedule, cost_model, measured, rec, info)

@@ -7,12 +7,15 @@ attends causally with the mask aligned to the lower right (query ``i`` sees keys
 decode attention gathers each sequence's KV from the token pool into a padded batch and runs one
 masked SDPA call with the query heads of each KV head as its query rows (grouped-query attention
 without copying KV heads); the executor splits a batch whose lengths differ widely into groups of similar
-lengths (``decode_groups``), one such call each. vLLM's paged FlashAttention/FlashInfer kernels read the pool in place;
-these do not, so absolute times differ from vLLM's.
+lengths (``decode_groups``), one such call each. Or (``decode_kernel="varlen"``) decode attention gathers
+every sequence's keys back to back, unpadded, and makes one variable-length FlashAttention call for the whole batch
+(``decode_attention_varlen``), as a paged-attention server makes one call over ragged keys. vLLM's paged
+FlashAttention/FlashInfer kernels read the pool in place; these gather first, so absolute times differ from vLLM's.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from ..models import ModelSpec, get_model
@@ -213,3 +216,79 @@ def decode_index(starts: list[int], lengths: list[int], device, align: int = DEC
     valid = offsets[None, :] < lens[:, None]
     index = torch.tensor(starts)[:, None] + torch.where(valid, offsets[None, :], 0)
     return index.to(device), valid.to(device)
+
+
+# How a batch's decode attention runs: "sdpa", masked SDPA calls over padded keys in groups (``decode_groups``), or
+# "varlen", one variable-length FlashAttention call over unpadded keys (``decode_attention_varlen``).
+DECODE_KERNELS = ("sdpa", "varlen")
+
+
+def check_decode_kernel(kernel: str, device) -> None:
+    """Refuse an unknown kernel, and "varlen" on a CUDA device whose PyTorch lacks ``torch.nn.attention.varlen``."""
+    if kernel not in DECODE_KERNELS:
+        raise ValueError(f"unknown decode kernel {kernel!r}; choose one of {', '.join(DECODE_KERNELS)}")
+    if kernel == "varlen":
+        varlen_function(torch.device(device))
+
+
+@dataclass
+class RaggedKeys:
+    """A decode batch's keys for one variable-length call: the pool rows of every sequence's keys, sequence after
+    sequence (``rows``, Σ lengths of them, no padding); the cumulative offsets of the queries (``cu_q``: ``g`` query
+    rows per sequence, see ``decode_attention_varlen``) and of the keys (``cu_k``), int32 as FlashAttention wants
+    them; and the longest sequence's length (``max_k``, a host integer, fixed in a captured graph)."""
+
+    rows: object
+    cu_q: object
+    cu_k: object
+    max_k: int
+
+    def tensors(self) -> list:
+        return [self.rows, self.cu_q, self.cu_k]
+
+
+def ragged_keys(starts: list[int], lengths: list[int], queries_per_kv_head: int, device) -> RaggedKeys:
+    """``RaggedKeys`` of sequences stored at pool rows ``starts .. starts + length − 1``."""
+    rows = torch.cat([torch.arange(st, st + n) for st, n in zip(starts, lengths)])
+    cu_k = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    cu_q = torch.arange(len(lengths) + 1, dtype=torch.int32) * queries_per_kv_head
+    return RaggedKeys(rows.to(device), cu_q.to(device), cu_k.to(device), max(lengths))
+
+
+def varlen_reference(q, k, v, cu_q, cu_k, max_q: int, max_k: int):
+    """``torch.nn.attention.varlen.varlen_attn``'s result (no causal mask, default scale) one sequence at a time
+    with SDPA: the stand-in on a CPU, where FlashAttention does not run, and the tests' reference."""
+    out = torch.empty_like(q)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        qi, ki, vi = (x.transpose(0, 1) for x in (q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]]))
+        out[cq[i]:cq[i + 1]] = F.scaled_dot_product_attention(qi, ki, vi).transpose(0, 1)
+    return out
+
+
+def varlen_function(device):
+    """PyTorch's variable-length FlashAttention on CUDA (``torch.nn.attention.varlen.varlen_attn``, PyTorch 2.10 or
+    later), ``varlen_reference`` elsewhere."""
+    if device.type != "cuda":
+        return varlen_reference
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as exc:
+        raise ValueError(f"decode kernel 'varlen' needs torch.nn.attention.varlen (PyTorch 2.10 or later); this is "
+                         f"PyTorch {torch.__version__}: use --decode-kernel sdpa") from exc
+    return varlen_attn
+
+
+def decode_attention_varlen(q, k_pool, v_pool, keys: RaggedKeys):
+    """One query token per sequence, ``q [b, heads, hd]``, over each sequence's own keys (``keys``), in one
+    variable-length attention call; returns ``[b, heads * hd]``.
+
+    Grouped-query attention without copying KV heads, as ``decode_attention`` does it: the ``g = heads / kv_heads``
+    query heads that share a KV head become ``g`` query rows of their sequence over ``kv_heads`` heads (query head
+    ``kv · g + j`` is row ``j`` of head ``kv``), so the call sees ``b · g`` queries in ``b`` sequences of ``g``."""
+    b, heads, hd = q.shape
+    kv_heads = k_pool.shape[1]
+    g = heads // kv_heads
+    packed = q.view(b, kv_heads, g, hd).transpose(1, 2).reshape(b * g, kv_heads, hd)
+    out = varlen_function(q.device)(packed, k_pool[keys.rows], v_pool[keys.rows], keys.cu_q, keys.cu_k, g, keys.max_k)
+    return out.view(b, g, kv_heads, hd).transpose(1, 2).reshape(b, heads * hd)

@@ -4,7 +4,8 @@ Grids (``GRIDS``) set the sizes: tokens per batch for the per-layer operators, c
 for prefill attention, batch × mean KV length for decode attention, tokens for host↔device copies.
 Decode batches hold sequences of different lengths (``decode_lengths``: evenly spread over ±25% of
 the mean, summing to exactly ``batch × mean``); the row records the mean as ``kv_cache_size``, so
-``batch_size × kv_cache_size`` is the KV read the cost model's feature counts.
+``batch_size × kv_cache_size`` is the KV read the cost model's feature counts. Decode attention is timed with the
+kernel the replay will use (``decode_kernel``: one padded SDPA call, or one variable-length call, ``layers``).
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ class Case:
 class OperatorBench:
     """One layer's weights, the embeddings and a KV pool at ``shapes`` on ``device``, and the cases of ``grid``."""
 
-    def __init__(self, shapes: L.Shapes, grid: Grid, device, dtype, seed: int = 0):
+    def __init__(self, shapes: L.Shapes, grid: Grid, device, dtype, seed: int = 0, decode_kernel: str = "sdpa"):
         self.s, self.grid, self.device, self.dtype = shapes, grid, torch.device(device), dtype
+        self.decode_kernel = decode_kernel
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self.layer = L.LayerWeights(shapes, self.device, dtype, gen)
         self.emb = L.Embeddings(shapes, self.device, dtype, gen)
@@ -166,8 +168,13 @@ class OperatorBench:
             starts = [0]
             for n in lengths[:-1]:
                 starts.append(starts[-1] + n)
-            index, valid = L.decode_index(starts, lengths, self.device)
             q = self._randn(b, s.num_heads, s.head_dim)
+            if self.decode_kernel == "varlen":
+                keys = L.ragged_keys(starts, lengths, s.num_heads // s.num_kv_heads, self.device)
+                yield Case("attn_decode", b, b, 0, k,
+                           lambda q=q, keys=keys: L.decode_attention_varlen(q, k_pool, v_pool, keys))
+                continue
+            index, valid = L.decode_index(starts, lengths, self.device)
             yield Case("attn_decode", b, b, 0, k,
                        lambda q=q, index=index, valid=valid: L.decode_attention(q, k_pool, v_pool, index, valid))
 
