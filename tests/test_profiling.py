@@ -663,3 +663,41 @@ def test_gpu_key_names_the_profile_folder(name, key):
     from infermax.profiling.runner import gpu_key
 
     assert gpu_key(name, "cuda") == key and gpu_key(name, "cpu") == "cpu"
+
+
+# ---- the LM head: charged once per batch at its one-row time ----
+
+def test_lm_head_floor_is_the_fewest_rows_measured_time():
+    from infermax.costmodel.fitting import lm_head_floor_ms
+
+    rows = pd.DataFrame({"operator": ["lm_head", "lm_head", "lm_head", "emb", "lm_head"], "num_tokens": [4, 2, 8, 1, 1],
+                         "median_ms": [0.31, 0.30, 0.33, 0.01, 0.28], "derivation": ["", "", "", "", "scaled"]})
+    assert lm_head_floor_ms(rows) == 0.30  # the derived 1-row time is not a measurement
+    assert lm_head_floor_ms(rows[rows.operator == "emb"]) == 0.0
+
+
+def test_fit_charges_the_lm_head_floor_once_per_batch(tiny_profile, tmp_path):
+    # The same profile fitted with and without its lm_head rows: the linear non-attention line moves up by exactly
+    # the head's one-row time per batch and nothing else changes; the fit records the charge only where it is made.
+    import shutil
+
+    from infermax.costmodel.base import BatchFeatures
+    from infermax.costmodel.fitting import lm_head_floor_ms
+
+    without = tmp_path / "without" / "tp1"
+    shutil.copytree(tiny_profile, without)
+    table = read_measurements(without / "measurements.csv")
+    floor_ms = lm_head_floor_ms(table)
+    assert floor_ms == table[(table.operator == "lm_head") & (table.num_tokens == 1)].median_ms.item() > 0
+    table[table.operator != "lm_head"].to_csv(without / "measurements.csv", index=False)
+    fit_profile(without, plots=False)
+    docs = [json.loads((folder / "infermax_linear.json").read_text()) for folder in (tiny_profile, without)]
+    (with_head, no_head), layers = [d["per_layer_ms"] for d in docs], docs[0]["num_layers"]
+    assert (with_head["non_attention"]["intercept"] - no_head["non_attention"]["intercept"]) * layers == \
+        pytest.approx(floor_ms, rel=1e-9)
+    assert with_head["non_attention"]["per_token"] == pytest.approx(no_head["non_attention"]["per_token"], rel=1e-12)
+    assert with_head["decode_attention"] == no_head["decode_attention"]
+    assert docs[0]["fit"]["lm_head_per_batch_ms"] == floor_ms and "lm_head_per_batch_ms" not in docs[1]["fit"]
+    decode = BatchFeatures(n_tokens=4, n_decode_seqs=4, decode_kv_tokens=40, decode_kv_max=12)
+    times = [load_cost_model(path=folder / "infermax_linear.json").batch_time_s(decode) for folder in (tiny_profile, without)]
+    assert (times[0] - times[1]) * 1e3 == pytest.approx(floor_ms, rel=1e-9)

@@ -6,17 +6,20 @@ For a non-empty batch (``n_tokens > 0``)::
       + [n_prefill_seqs > 0] * L * (b0 + b1 * sum(c^2) + b2 * sum(c*m)
                                     + b3 * prefill_tokens)                prefill attention + KV save
       + [n_decode_seqs > 0]  * L * (d0 + d1 * decode_kv_tokens)           decode attention
-      + e0 + e1 * n_tokens                                                once per batch (embedding)
+      + e0 + e1 * n_tokens                                                once per batch (0 in our fits: see a0)
 
 ``L`` is the number of layers and ``prefill_tokens = sum(c)``. The paper's model has ``b2 = 0``;
 ``b2`` is our extension for chunks processed after earlier chunks of the same prompt (attention
 over ``m`` cached tokens). ``b3`` is the KV-cache write of prefill chunks (per prefill token per
 layer); it is charged to prefill tokens only. Decode tokens' KV writes (a few microseconds per
 whole decode batch per layer in the profiles) are not modelled, so the non-attention line
-``a0 + a1 * n_tokens`` is the operators alone. See ``fitting`` for how ``b3`` is fitted.
+``a0 + a1 * n_tokens`` is the operators, plus (in our fits, divided by ``L``) the embedding and, where the profile
+timed it, the LM head's one-row time, both once per batch (``fitting.lm_head_floor_ms``). See ``fitting`` for how
+``b3`` is fitted.
 An empty batch costs 0. Swap tokens are not part of this model. Hidden-cache recompute tokens
 (``H``, Apt-Serve's hybrid cache) add ``[H > 0] * share * L * (a0 + a1 * H)``, the K/V-projection
-share of the non-attention operators (``hidden.py`` derives ``share`` from the model's shapes).
+share of the non-attention operators (``hidden.py`` derives ``share`` from the model's shapes); its ``a0`` carries
+that share of the per-batch embedding and LM head too (about 0.01 ms for Llama-2-7B and Llama-3-8B on an H200).
 
 Coefficients are stored in milliseconds in a JSON file; the model returns seconds.
 JSON schema (``kind`` ``"infermax-linear"``, ``version`` 1)::

@@ -131,7 +131,8 @@ class OperatorBench:
                 "mlp_act": lambda: L.silu_mul(gate_up),
                 "mlp_down_proj": lambda: L.linear(a, w.w_down),
                 "add": lambda: L.add(x, y),
-                # Not in the fitted groups: final norm + LM head + greedy pick for n generating sequences.
+                # Final norm + LM head + greedy pick for n generating sequences (the fit charges its n = 1 time
+                # once per batch: fitting.lm_head_floor_ms).
                 "lm_head": lambda: L.linear(L.rms_norm(x, e.final_norm), e.lm_head).argmax(-1),
             }
             for op, fn in ops.items():

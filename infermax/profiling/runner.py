@@ -2,10 +2,11 @@
 
 Writes ``<out>/tp<N>/measurements.csv`` (our schema, ``infermax.costmodel.measurements``) and
 ``profile.json`` (gpu, model, tp, layers, hidden size, and the environment: device, driver, CUDA,
-PyTorch, dtype, grid, date). Rows the fit does not use yet are still recorded: ``lm_head`` (final
-norm + LM head + greedy pick, ``num_tokens`` = generating sequences) and ``swap_out``/``swap_in``
-(one layer's K and V of ``num_tokens`` tokens, device→host and host→device). On a CPU the swap rows
-are a host memcpy stand-in and say so in ``derivation``.
+PyTorch, dtype, grid, date). ``lm_head`` rows (final norm + LM head + greedy pick, ``num_tokens`` =
+generating sequences) are fitted only at their fewest rows, a per-batch charge (``fitting.lm_head_floor_ms``).
+Rows the fit does not use yet are still recorded: ``swap_out``/``swap_in`` (one layer's K and V of
+``num_tokens`` tokens, device→host and host→device). On a CPU the swap rows are a host memcpy stand-in and say
+so in ``derivation``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .timer import GRAPH_CALLS, measure, measure_graph, require_graphs_device
 
 torch = L.torch
 KNOWN_GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4", "v100")
-NOT_FITTED = ("lm_head", "swap_out", "swap_in")
+NOT_FITTED = ("swap_out", "swap_in")  # (lm_head until 2026-11-30; now its one-row time is charged per batch)
 CPU_SWAP_NOTE = "host memcpy stand-in (no accelerator): not a host<->device copy"
 CPU_VARLEN_NOTE = "per-sequence SDPA stand-in (no accelerator): not FlashAttention's variable-length kernel"
 
