@@ -52,3 +52,49 @@ def test_gpu_session_refuses_an_unknown_pass_before_any_step(tmp_path):
     res = _run("gpu_session.sh", tmp_path, SMOKE="1", OUT=str(tmp_path), PASSES="eager:60 graph")
     assert res.returncode == 2 and "unknown pass 'graph' (eager, graphs or graphs-replay)" in res.stderr
     assert not (tmp_path / "steps.log").exists()
+
+
+def _benchmark_module(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_batch_trace_helpers():
+    trace = _benchmark_module("gpu_batch_trace")
+    assert trace.busy_us([(0, 4), (2, 6), (10, 11), (10.5, 10.7)]) == 7.0  # overlaps counted once, gaps not at all
+    assert trace.busy_us([]) == 0.0
+    assert trace.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert trace.kernel_kind("flash_fwd_splitkv_kernel") == "attention"
+    assert trace.kernel_kind("void at::native::index_elementwise_kernel") == "gather/copy"
+    assert trace.kernel_kind("void at::native::vectorized_elementwise_kernel<4, silu>") == "other"
+
+
+def test_batch_trace_cpu_smoke_picks_and_writes_each_kind(tmp_path):
+    # The tiny model on a CPU, eager forwards traced with CPU activity: the earliest batch of each kind is picked,
+    # timed and traced, and both tables are written.
+    from infermax.limits import Limits
+    from infermax.request import Request
+    from infermax.schedule import Schedule, ScheduledBatch as B
+
+    reqs = [Request(0, 0.0, 300, 4), Request(1, 0.0, 3, 6), Request(2, 0.0, 20, 6)]
+    sched = Schedule(reqs, Limits(C=512, M=1024), [B([(0, 300)]), B([(0, 1), (1, 3), (2, 20)]),
+                                                   B([(0, 1), (1, 1), (2, 1)]), B([(1, 1), (2, 1)])])
+    path = sched.save(tmp_path / "s.json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_batch_trace.py"), str(path), "--model",
+                          "llama-3-8b", "--tiny", "--device", "cpu", "--dtype", "fp32", "--reps", "2", "--out",
+                          str(tmp_path / "trace")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    import pandas as pd
+
+    batches = pd.read_csv(tmp_path / "trace" / "batches.csv")
+    # prefill-only 0, mixed 1, most decodes 2 (three, in three groups: 301, 21 and 4 keys), fewest decodes 3
+    assert dict(zip(batches.batch, batches.pick)) == {0: "prefill", 1: "mixed", 2: "most decodes, most decode groups",
+                                                      3: "fewest decodes"}
+    assert (batches.measured_ms > 0).all() and (batches.kernels > 0).all()
+    assert (batches.span_ms >= batches.idle_in_span_ms).all()
+    kernels = pd.read_csv(tmp_path / "trace" / "kernels.csv")
+    assert set(kernels.batch) == {0, 1, 2, 3} and (kernels.dur_us >= 0).all()
