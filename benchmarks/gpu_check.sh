@@ -62,7 +62,7 @@ elif [ -n "${SMOKE:-}" ]; then  # CPU, tiny model (max position 512), small work
   FIXED_ARGS=(--B 8 --I 64 --O 8 --C 256)
   TRACE_ARGS=(--B 8 --input-dist uniform:16:200 --output-dist uniform:2:16 --arrival poisson --rate 50 --C 256)
   OPT_SCHEDULES=benchmarks/gpu_schedules/optimize-I64-O4-B8.json  # the other exceeds the tiny model's 512 positions
-  export INFERMAX_PROFILES=$(mktemp -d)
+  export INFERMAX_PROFILES=${SMOKE_PROFILES:-$(mktemp -d)}  # (gpu_session.sh's TRACE_CASE reads it from there)
   PROFILES=$INFERMAX_PROFILES
   RUNS=$PROFILES/runs
 else

@@ -51,7 +51,7 @@ def attention_shapes(schedule: Schedule) -> list[set[tuple]]:
 def batch_layouts(schedule: Schedule) -> list[tuple[list[tuple[int, int]], list[int]]]:
     """Per batch, as gpu-replay lays it out: its prefill chunks ``(m, c)`` (``c`` tokens after ``m`` cached ones)
     and its decodes' key counts ``m + 1``, in batch order (applied through a ``Replayer``, as gpu-replay does)."""
-    rp = Replayer(schedule.requests, schedule.limits, load_cost_model())  # times unused
+    rp = Replayer(schedule.requests, schedule.limits, load_cost_model(kind="roofline"))  # times unused (no profile needed)
     out = []
     for batch in schedule.batches:
         before = {rid: (rp.states[rid].m, rp.states[rid].input_tokens) for rid, _ in batch.items}

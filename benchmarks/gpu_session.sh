@@ -13,6 +13,11 @@
 # SKIP_PROFILE=1). A pass without a limit gets what is left. SCORE=0 leaves the
 # scoring (CPU only) for later: `SCORE_ONLY=runs/gpu_check/<gpu> bash benchmarks/gpu_check.sh` on any machine.
 #
+# TRACE_CASE=<model>/<case> (e.g. llama-3-8b/vllm-azure): after the passes, kernel traces of a few batches of the
+# newest replay of that case (benchmarks/gpu_batch_trace.py, with the fit and decode kernel the replay used), within
+# TRACE_S seconds (default 90, taken from the passes' time), into runs/gpu_check/trace/ (packed) and trace.log.
+# SMOKE_PROFILES=DIR (with SMOKE=1): where gpu_check.sh's smoke run writes, so that TRACE_CASE finds it.
+#
 # Writes $OUT/steps.log, env.txt, gpu_check-<pass>.log per pass, test_profiling.txt and results.tgz
 # (profiles/<gpu>*/ and runs/gpu_check/): at most 8 files come back, each small, so they come back even when the call
 # is cut short.
@@ -28,7 +33,9 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT (the device tool sets it)}"
 # The whole call must end inside the device tool's timeout_s (CALL_S a little less), or nothing is packed: probes are
 # cut to PROBE_S each, and the passes get what is left after them, less TAIL_S for the tests and packing.
-CALL_S=${CALL_S:-560} PROBE_S=${PROBE_S:-40} TAIL_S=${TAIL_S:-100}
+CALL_S=${CALL_S:-560} PROBE_S=${PROBE_S:-40} TAIL_S=${TAIL_S:-100} TRACE_S=${TRACE_S:-90}
+[ -n "${TRACE_CASE:-}" ] || TRACE_S=0
+[ -n "${SMOKE_PROFILES:-}" ] && export SMOKE_PROFILES
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 pass_settings() {  # $1 = a pass's name; sets `settings`, gpu_check.sh's environment for it; fails for another name
   case $1 in
@@ -94,7 +101,7 @@ cat "$OUT/env.txt"
 for spec in ${PASSES:-eager}; do
   pass=${spec%%:*} limit=${spec#*:}
   [ "$limit" = "$spec" ] && limit=
-  left=$((CALL_S - SECONDS - TAIL_S))
+  left=$((CALL_S - SECONDS - TAIL_S - TRACE_S))
   if [ -z "$limit" ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
   pass_settings "$pass"
   if [ "$limit" -lt 30 ]; then step "pass $pass: only ${limit}s left, skipped"; continue; fi
@@ -104,6 +111,32 @@ for spec in ${PASSES:-eager}; do
   tail -40 "$OUT/gpu_check-$pass.log"
   pack
 done
+
+if [ -n "${TRACE_CASE:-}" ]; then
+  runs_root=runs/gpu_check profiles_root=profiles trace_args=() trace_out=runs/gpu_check/trace
+  if [ -n "${SMOKE:-}" ]; then
+    : "${SMOKE_PROFILES:?TRACE_CASE with SMOKE=1 needs SMOKE_PROFILES}"
+    runs_root=$SMOKE_PROFILES/runs profiles_root=$SMOKE_PROFILES trace_args=(--tiny --device cpu --dtype fp32)
+    trace_out=$SMOKE_PROFILES/trace
+  fi
+  case_dir=$(ls -td "$runs_root"/*/"$TRACE_CASE" "$runs_root"/"$TRACE_CASE" 2>/dev/null | head -1)
+  if [ -z "$case_dir" ] || [ ! -f "$case_dir/replay/summary.json" ]; then
+    step "trace: no replay of $TRACE_CASE under $runs_root"
+  else
+    # the replay's cost model ("<family>:<profile folder>/<model>/tp1") and decode kernel
+    read -r family folder kernel < <(python -c "import json, sys; s = json.load(open(sys.argv[1]))
+family, name = s['cost_model'].split(':', 1)
+print(family, name.split('/')[0], s.get('decode_kernel', 'sdpa'))" "$case_dir/replay/summary.json")
+    fit=$profiles_root/$folder/${TRACE_CASE%%/*}/tp1/infermax_$family.json
+    step "trace: $case_dir ($fit, decode kernel $kernel; limit ${TRACE_S}s)"
+    timeout -k 5 "$TRACE_S" python benchmarks/gpu_batch_trace.py "$case_dir/sim/schedule.json" \
+      --model "${TRACE_CASE%%/*}" --decode-kernel "$kernel" --cost-model-file "$fit" \
+      ${trace_args[@]+"${trace_args[@]}"} --out "$trace_out" > "$OUT/trace.log" 2>&1
+    step "trace rc $?"
+    tail -12 "$OUT/trace.log"
+    pack
+  fi
+fi
 
 step "tests/test_profiling.py"
 timeout -k 5 $((TAIL_S - 20)) python -m pytest -q -p no:cacheprovider tests/test_profiling.py > "$OUT/test_profiling.txt" 2>&1

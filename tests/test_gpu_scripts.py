@@ -98,3 +98,22 @@ def test_batch_trace_cpu_smoke_picks_and_writes_each_kind(tmp_path):
     assert (batches.span_ms >= batches.idle_in_span_ms).all()
     kernels = pd.read_csv(tmp_path / "trace" / "kernels.csv")
     assert set(kernels.batch) == {0, 1, 2, 3} and (kernels.dur_us >= 0).all()
+
+
+def test_gpu_session_traces_the_named_case_with_its_replays_fit(tmp_path):
+    # TRACE_CASE after the passes: the newest replay of that case is traced with the fit and decode kernel it was
+    # replayed with, and the tables land where they are packed. (TAIL_S=25: the session's pytest step, which this
+    # test does not check, gets 5 s.)
+    prof, out = tmp_path / "prof", tmp_path / "out"
+    out.mkdir()
+    res = _run("gpu_session.sh", tmp_path, SMOKE="1", OUT=str(out), PASSES="eager", MODELS="llama-3-8b",
+               WORKLOADS="fixed", SMOKE_PROFILES=str(prof), TRACE_CASE="llama-3-8b/vllm-fixed", TAIL_S="25",
+               DECODE_KERNEL="varlen")
+    steps = (out / "steps.log").read_text()
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert "trace: " + str(prof / "runs" / "llama-3-8b" / "vllm-fixed") in steps and "decode kernel varlen" in steps
+    assert "trace rc 0" in steps, (out / "trace.log").read_text()[-3000:]
+    import pandas as pd
+
+    batches = pd.read_csv(prof / "trace" / "batches.csv")
+    assert len(batches) > 0 and (batches.measured_ms > 0).all()
