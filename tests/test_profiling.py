@@ -701,3 +701,14 @@ def test_fit_charges_the_lm_head_floor_once_per_batch(tiny_profile, tmp_path):
     decode = BatchFeatures(n_tokens=4, n_decode_seqs=4, decode_kv_tokens=40, decode_kv_max=12)
     times = [load_cost_model(path=folder / "infermax_linear.json").batch_time_s(decode) for folder in (tiny_profile, without)]
     assert (times[0] - times[1]) * 1e3 == pytest.approx(floor_ms, rel=1e-9)
+
+
+def test_fit_command_reports_the_lm_head_charge(tiny_profile, tmp_path):
+    import shutil
+
+    folder = tmp_path / "p" / "tp1"
+    shutil.copytree(tiny_profile, folder)
+    result = runner.invoke(app, ["fit", str(folder), "--no-plots"])
+    floor_ms = read_measurements(folder / "measurements.csv").query("operator == 'lm_head' and num_tokens == 1")
+    assert result.exit_code == 0, result.output
+    assert f"LM head: {floor_ms.median_ms.item():.4g} ms per batch" in result.output.replace("\n", " ")

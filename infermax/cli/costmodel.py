@@ -63,9 +63,12 @@ def fit(
         for folder in folders:
             doc = fit_profile(folder, plots=plots, gpu_spec=spec)
             console.print(_error_table(doc["heldout_error"], f"{folder}: held-out MAPE % (auto = {doc['auto']})"))
-            held = read_json(folder / LINEAR_JSON).get("fit", {}).get("prefill_intercept_held")
-            if held:
-                console.print(f"linear fit: {held}", highlight=False)
+            fit_info = read_json(folder / LINEAR_JSON).get("fit", {})
+            if fit_info.get("prefill_intercept_held"):
+                console.print(f"linear fit: {fit_info['prefill_intercept_held']}", highlight=False)
+            if fit_info.get("lm_head_per_batch_ms"):
+                console.print(f"LM head: {fit_info['lm_head_per_batch_ms']:.4g} ms per batch (its one-row time, in "
+                              f"non-attention)", highlight=False)
             if "roofline" in doc:
                 console.print(f"roofline {doc['roofline']}", highlight=False)
             if spec is not None:
