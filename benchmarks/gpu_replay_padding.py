@@ -24,6 +24,7 @@ Reads only committed files; needs no GPU (``--keys`` imports PyTorch for ``layer
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,8 @@ def keys_read(runs: list[Path]) -> pd.DataFrame:
 
 def with_groups(d: pd.DataFrame) -> pd.DataFrame:
     """``d`` with each batch's decode-group count (``layers.decode_groups`` over its decodes, longest first, as
-    gpu-replay runs them since 2026-11-29) and its residual, measured − predicted, in ms."""
+    gpu-replay runs them since 2026-11-29; 1 for a replay with the "varlen" decode kernel) and its residual,
+    measured − predicted, in ms."""
     from gpu_replay_shapes import batch_layouts  # (benchmarks/, the running script's folder)
 
     from infermax.profiling.layers import decode_groups
@@ -123,8 +125,10 @@ def with_groups(d: pd.DataFrame) -> pd.DataFrame:
         layouts = batch_layouts(Schedule.load(Path(run) / case / "sim" / "schedule.json"))
         if len(layouts) != len(g):
             raise SystemExit(f"{run}/{case}: {len(layouts)} scheduled batches, {len(g)} scored")
-        frames.append(g.assign(groups=[len(decode_groups(sorted(lengths, reverse=True))) if lengths else 0
-                                       for _, lengths in layouts]))
+        summary = Path(run) / case / "replay" / "summary.json"
+        one_call = summary.is_file() and json.loads(summary.read_text()).get("decode_kernel") == "varlen"
+        frames.append(g.assign(groups=[(1 if one_call else len(decode_groups(sorted(lengths, reverse=True))))
+                                       if lengths else 0 for _, lengths in layouts]))
     out = pd.concat(frames, ignore_index=True)
     out["residual_ms"] = 1e3 * (out.measured_s - out.predicted_s)
     out["model"] = out.case.str.split("/").str[0]

@@ -117,3 +117,21 @@ def test_gpu_session_traces_the_named_case_with_its_replays_fit(tmp_path):
 
     batches = pd.read_csv(prof / "trace" / "batches.csv")
     assert len(batches) > 0 and (batches.measured_ms > 0).all()
+
+
+def test_residual_split_by_decode_groups_recovers_a_known_cost_per_group():
+    # Residuals made as 0.8 ms + 1.2 ms per extra group + 0.01 ms per decode: the least squares gives those back,
+    # and the table counts the decode batches per group count (prefill-only batches, 0 groups, left out).
+    import numpy as np
+    import pandas as pd
+
+    padding = _benchmark_module("gpu_replay_padding")
+    rng = np.random.default_rng(7)
+    groups = rng.integers(0, 6, 300)
+    decodes = np.where(groups > 0, rng.integers(1, 65, 300), 0)
+    d = pd.DataFrame({"run": "r", "model": "m", "groups": groups, "n_decode_seqs": decodes, "signed_pct": -5.0,
+                      "residual_ms": 0.8 + 1.2 * (groups - 1) + 0.01 * decodes})
+    table, fit = padding.by_groups(d)
+    assert fit["b: per extra group (ms)"].item() == pytest.approx(1.2)
+    assert fit["a (ms)"].item() == pytest.approx(0.8) and fit["c: per decode (ms)"].item() == pytest.approx(0.01)
+    assert dict(zip(table.groups, table.batches)) == {k: int((groups == k).sum()) for k in range(1, 6)}
