@@ -712,3 +712,33 @@ def test_fit_command_reports_the_lm_head_charge(tiny_profile, tmp_path):
     floor_ms = read_measurements(folder / "measurements.csv").query("operator == 'lm_head' and num_tokens == 1")
     assert result.exit_code == 0, result.output
     assert f"LM head: {floor_ms.median_ms.item():.4g} ms per batch" in result.output.replace("\n", " ")
+
+
+def test_decode_attention_group_includes_the_decodes_kv_write(tiny_profile):
+    # Each decode row is fitted as the attention call plus the write of its b sequences' new K and V (the profile's
+    # attn_decode_kv_save row of the same b), as the replay runs both; a profile without those rows fits as before.
+    from infermax.costmodel.fitting import ProfileSpec, build_groups
+
+    spec, table = ProfileSpec.read(tiny_profile), read_measurements(tiny_profile / "measurements.csv")
+    saves = table[table.operator == "attn_decode_kv_save"].set_index("batch_size").median_ms
+    decode = table[table.operator == "attn_decode"]
+    assert set(saves.index) == set(decode.batch_size) and (saves > 0).all()
+
+    def decode_y(t):
+        (group,) = [g for g in build_groups(t, spec) if g.name == "decode_attention"]
+        return group.y_ms
+
+    expected = spec.num_layers * (decode.median_ms.to_numpy() + saves.loc[decode.batch_size].to_numpy())
+    assert np.allclose(decode_y(table), expected)
+    assert np.allclose(decode_y(table[table.operator != "attn_decode_kv_save"]),
+                       spec.num_layers * decode.median_ms.to_numpy())
+
+
+def test_operator_bench_counts_its_cases():
+    # the progress bar's total is the number of cases the grid yields
+    from infermax.profiling.operators import OperatorBench
+
+    bench = OperatorBench(L.shard_shapes("llama-3-8b", tiny=True), GRIDS["tiny"], "cpu", torch.float32)
+    cases = list(bench.cases())
+    assert bench.count() == len(cases)
+    assert sum(c.operator == "attn_decode_kv_save" for c in cases) == len(GRIDS["tiny"].decode_batches)

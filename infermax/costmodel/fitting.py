@@ -24,8 +24,9 @@ Operator groups (whole-model times per batch, ms; ``L`` layers, Vidur's per-laye
   (``L ×`` the KV-cache write) vs ``Σc, Σc·m`` and optionally ``Σc·min(m, K)``, intercepts free (one kernel
   writes the whole batch's tokens, so its time is a function of the batch totals; it is convex in ``c``:
   the per-token cost doubles between 512 and 1024 tokens). The linear family keeps one plane over
-  ``Σc², Σc·m, Σc`` (the sum of the parts' planes). Decode rows' KV save (a few µs per whole batch) is not modelled.
-* ``decode_attention`` vs KV read ``batch × kv_cache_size`` (and, piecewise, sequences ``batch`` and,
+  ``Σc², Σc·m, Σc`` (the sum of the parts' planes). The decodes' KV write is in ``decode_attention``, below.
+* ``decode_attention`` (``L ×`` the attention call + the decodes' K/V write where profiled,
+  ``decode_kv_save_ms``) vs KV read ``batch × kv_cache_size`` (and, piecewise, sequences ``batch`` and,
   where CV prefers it, the longest KV read capped at K ``min(kv_cache_size, K)``, K in 256..2048).
   Piecewise prefill-kernel and decode intercepts are held >= 0 (batches are priced on sums over items).
 
@@ -164,6 +165,17 @@ def lm_head_floor_ms(table: pd.DataFrame) -> float:
     return 0.0 if rows.empty else float(rows.loc[rows["num_tokens"].idxmin(), "median_ms"])
 
 
+def decode_kv_save_ms(table: pd.DataFrame, batch_sizes: np.ndarray) -> np.ndarray:
+    """Per decode row of ``batch_sizes`` sequences, one layer's write of their new K and V into the cache (the
+    measured ``attn_decode_kv_save`` rows, interpolated in the batch size), added to decode attention as the KV
+    save is to prefill attention; zeros for a profile without such rows (those before 2026-11-30, Vidur's)."""
+    rows = table[(table["operator"] == "attn_decode_kv_save") & (table["median_ms"] > 0)]
+    rows = rows[_is_measured(rows)].sort_values("batch_size")
+    if rows.empty:
+        return np.zeros(len(batch_sizes))
+    return np.interp(batch_sizes, rows["batch_size"].to_numpy(float), rows["median_ms"].to_numpy(float))
+
+
 def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
     """The operator groups present in a measurement table (rows with a 0 ms median are left out)."""
     layers, groups = spec.num_layers, []
@@ -206,10 +218,11 @@ def build_groups(table: pd.DataFrame, spec: ProfileSpec) -> list[Group]:
     decode = table[table["operator"] == "attn_decode"]
     if not decode.empty:
         b, m = decode["batch_size"].to_numpy(float), decode["kv_cache_size"].to_numpy(float)
+        save_ms = decode_kv_save_ms(table, b)
         base = ("decode_kv_tokens", "n_decode_seqs")
         x = np.column_stack([b * m, b] + [np.minimum(m, kv_cap(f)) for f in CAPPED_FEATURES])  # rows: b sequences of m KV
         groups.append(Group("decode_attention", "n_decode_seqs", base + CAPPED_FEATURES, ("decode_kv_tokens",), x,
-                            layers * decode["median_ms"].to_numpy(), b, _is_measured(decode),
+                            layers * (decode["median_ms"].to_numpy() + save_ms), b, _is_measured(decode),
                             candidates=(base,) + tuple(base + (f,) for f in CAPPED_FEATURES), nonneg_intercept=True))
     return [_positive(g) for g in groups]
 

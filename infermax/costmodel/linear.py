@@ -12,7 +12,8 @@ For a non-empty batch (``n_tokens > 0``)::
 ``b2`` is our extension for chunks processed after earlier chunks of the same prompt (attention
 over ``m`` cached tokens). ``b3`` is the KV-cache write of prefill chunks (per prefill token per
 layer); it is charged to prefill tokens only. Decode tokens' KV writes (a few microseconds per
-whole decode batch per layer in the profiles) are not modelled, so the non-attention line
+whole decode batch per layer) are in ``d0, d1`` where the profile measured them (``attn_decode_kv_save``,
+since 2026-11-30), so the non-attention line
 ``a0 + a1 * n_tokens`` is the operators, plus (in our fits, divided by ``L``) the embedding and, where the profile
 timed it, the LM head's one-row time, both once per batch (``fitting.lm_head_floor_ms``). See ``fitting`` for how
 ``b3`` is fitted.

@@ -7,7 +7,8 @@ operator is ``emb``):
 =====================  ==========================================================================
 ``operator``           ``emb`` (once per batch), a non-attention operator of one layer
                        (``input_layernorm`` ... ``add``), ``attn_prefill``, ``attn_kv_cache_save``,
-                       ``attn_decode``, or ``all_reduce`` (one tensor-parallel all-reduce)
+                       ``attn_decode``, ``attn_decode_kv_save`` (the decodes' K/V write, ``batch_size`` rows),
+                       ``lm_head``, or ``all_reduce`` (one tensor-parallel all-reduce)
 ``num_tokens``         tokens in the batch (non-attention operators, all-reduce: size/(2·hidden))
 ``batch_size``         sequences (attention rows; 1 for prefill rows)
 ``prefill_chunk_size`` prefill chunk ``c`` (prefill attention rows; 0 otherwise)

@@ -154,8 +154,7 @@ class Transformer:
                 outs.append(L.prefill_attention(q[row:row + c], k_pool[start:end], v_pool[start:end]))
                 row += c
             if plan.decodes:
-                k_pool.index_copy_(0, write_rows, k[n_prefill:])
-                v_pool.index_copy_(0, write_rows, v[n_prefill:])
+                L.decode_kv_write(k_pool, v_pool, write_rows, k[n_prefill:], v[n_prefill:])
                 if t.ragged is not None:
                     outs.append(L.decode_attention_varlen(q[n_prefill:], k_pool, v_pool, t.ragged))
                 row = n_prefill

@@ -152,6 +152,12 @@ def kv_write(pool, start: int, values) -> None:
     pool[start:start + values.shape[0]].copy_(values)
 
 
+def decode_kv_write(k_pool, v_pool, rows, k_new, v_new) -> None:
+    """Store the decodes' new keys and values (``[b, kv_heads, hd]``) at pool ``rows`` (one per sequence)."""
+    k_pool.index_copy_(0, rows, k_new)
+    v_pool.index_copy_(0, rows, v_new)
+
+
 def prefill_attention(q, k, v):
     """Causal attention of a chunk ``q [c, heads, hd]`` over ``k, v [m + c, kv_heads, hd]`` (its ``m``
     cached tokens then itself), the mask aligned to the lower right; returns ``[c, heads * hd]``."""

@@ -102,7 +102,9 @@ class OperatorBench:
 
     def count(self) -> int:
         g = self.grid
-        return 11 * len(g.tokens) + 2 * len(self.prefill_shapes()) + len(self.decode_shapes()) + 2 * len(g.swap_tokens)
+        decode = self.decode_shapes()
+        return (11 * len(g.tokens) + 2 * len(self.prefill_shapes()) + len(decode) + len({b for b, _ in decode})
+                + 2 * len(g.swap_tokens))
 
     def cases(self) -> Iterator[Case]:
         """Every case of the grid, built lazily (inputs of one size at a time)."""
@@ -164,6 +166,12 @@ class OperatorBench:
             return
         rows = max(b * k for b, k in shapes)
         k_pool, v_pool = self._randn(rows, s.num_kv_heads, s.head_dim), self._randn(rows, s.num_kv_heads, s.head_dim)
+        for b in sorted({b for b, _ in shapes}):
+            # The decodes' new K and V written into the pool, one row per sequence (as gpu-replay writes them)
+            write_rows = torch.arange(b, device=self.device) * (rows // b)
+            k_new, v_new = self._randn(b, s.num_kv_heads, s.head_dim), self._randn(b, s.num_kv_heads, s.head_dim)
+            yield Case("attn_decode_kv_save", b, b, 0, 0,
+                       lambda r=write_rows, k_new=k_new, v_new=v_new: L.decode_kv_write(k_pool, v_pool, r, k_new, v_new))
         for b, k in shapes:
             lengths = decode_lengths(b, k)
             starts = [0]
