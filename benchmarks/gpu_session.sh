@@ -96,6 +96,17 @@ if ! timeout -k 5 "$PROBE_S" python -c "$combined" >> "$OUT/env.txt" 2>&1; then
     step "one OpenMP thread works: kept for the rest of the call"
   fi
 fi
+# DECODE_KERNEL=varlen (gpu_check.sh): the kernel is checked first (benchmarks/gpu_varlen_check.py: matches the padded
+# call, replays from a CUDA graph); where it fails the passes fall back to sdpa rather than failing whole.
+if [ "${DECODE_KERNEL:-sdpa}" = varlen ] && [ -z "${SMOKE:-}" ]; then
+  step "probe: varlen decode attention"
+  if timeout -k 5 "$PROBE_S" python benchmarks/gpu_varlen_check.py >> "$OUT/env.txt" 2>&1; then
+    step "varlen decode attention works"
+  else
+    step "varlen decode attention failed (env.txt says why): DECODE_KERNEL=sdpa for this call"
+    export DECODE_KERNEL=sdpa
+  fi
+fi
 cat "$OUT/env.txt"
 
 for spec in ${PASSES:-eager}; do

@@ -135,3 +135,17 @@ def test_residual_split_by_decode_groups_recovers_a_known_cost_per_group():
     assert fit["b: per extra group (ms)"].item() == pytest.approx(1.2)
     assert fit["a (ms)"].item() == pytest.approx(0.8) and fit["c: per decode (ms)"].item() == pytest.approx(0.01)
     assert dict(zip(table.groups, table.batches)) == {k: int((groups == k).sum()) for k in range(1, 6)}
+
+
+def test_varlen_check_passes_on_the_cpu_stand_in_and_fails_cleanly_without_cuda(tmp_path):
+    # gpu_session.sh runs it before a DECODE_KERNEL=varlen pass and falls back to sdpa on a non-zero exit.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(ROOT / "benchmarks" / "gpu_varlen_check.py")
+    ok = subprocess.run([sys.executable, script, "--device", "cpu"], env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "matches the padded call" in ok.stdout, ok.stdout + ok.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        bad = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1 and bad.stdout.startswith("varlen decode attention does not work here: ")
+        assert "Traceback" not in bad.stdout + bad.stderr
