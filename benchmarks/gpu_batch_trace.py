@@ -86,28 +86,12 @@ def pick_batches(schedule: Schedule, decode_kernel: str, within: int) -> dict[st
     return {", ".join(names): j for j, names in labels.items()}
 
 
-class TracedGraphs(E.BatchGraphs):
+class _Traced:
     """BatchGraphs whose timed pass, at the picked batches, also times ``reps`` replays and traces one."""
 
     def __init__(self, picked: set[int], reps: int, cuda: bool):
-        if cuda:
-            super().__init__()
-        else:  # the CPU smoke: no graphs, the eager forward stands in for the replay (see capture)
-            self.pool, self.capturing, self._graphs, self._next, self._queries_per_kv_head = None, True, [], 0, 1
+        super().__init__()
         self.picked, self.reps, self.cuda, self.traces = picked, reps, cuda, {}
-
-    def capture(self, model, plan) -> None:
-        if self.cuda:
-            return super().capture(model, plan)
-        fixed = model.tensors(plan, model.device)
-        self._queries_per_kv_head = model.s.num_heads // model.s.num_kv_heads
-
-        class Eager:  # replay() reruns the forward on the fixed tensors
-            def replay(self_inner):
-                picks.copy_(model.forward(plan, fixed).argmax(-1))
-
-        picks = model.forward(plan, fixed).argmax(-1)
-        self._graphs.append((Eager(), fixed, picks, self._layout(plan)))
 
     def replay(self, plan, watch):
         j = self._next
@@ -134,6 +118,14 @@ class TracedGraphs(E.BatchGraphs):
         return picks
 
 
+class TracedGraphs(_Traced, E.BatchGraphs):
+    """CUDA graphs, traced with CUDA activity."""
+
+
+class TracedEagerGraphs(_Traced, E.EagerBatchGraphs):
+    """The CPU smoke: each "replay" reruns the eager forward, traced with CPU activity (operators, not kernels)."""
+
+
 def run(schedule: Schedule, model: str, cost_model, picks: dict[str, int], device: str, dtype: str, tiny: bool,
         decode_kernel: str, reps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     shapes = L.shard_shapes(model, 1, tiny)
@@ -142,7 +134,7 @@ def run(schedule: Schedule, model: str, cost_model, picks: dict[str, int], devic
     last = max(picks.values()) + 1
     prefix = Schedule(schedule.requests, schedule.limits, schedule.batches[:last], dict(schedule.meta))
     net = E.Transformer(shapes, device, L.DTYPES[dtype], E.pool_rows_for(prefix, shapes, device, L.DTYPES[dtype]))
-    graphs = TracedGraphs(set(picks.values()), reps, cuda)
+    graphs = (TracedGraphs if cuda else TracedEagerGraphs)(set(picks.values()), reps, cuda)
     E.Executor(net, prefix, decode_kernel=decode_kernel).run(cost_model, graphs=graphs)
     graphs.capturing = False
     _, rec = E.Executor(net, prefix, decode_kernel=decode_kernel).run(cost_model, graphs=graphs)

@@ -153,9 +153,8 @@ def by_groups(d: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return table, fit
 
 
-def plot_groups(d: pd.DataFrame, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
+def groups_figure(d: pd.DataFrame):
+    """Box plots of the residual per decode-group count, one panel per (run, model) of ``with_groups``'s frame."""
     import matplotlib.pyplot as plt
     dec = d[d.groups > 0]
     panels = sorted(set(zip(dec.run, dec.model)))
@@ -169,7 +168,13 @@ def plot_groups(d: pd.DataFrame, path: str) -> None:
         ax.set_title(f"{Path(run).name}: {model}", fontsize=9)
     axes[0][0].set_ylabel("measured − predicted per batch (ms)")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    return fig
+
+
+def plot_groups(d: pd.DataFrame, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    groups_figure(d).savefig(path, dpi=130)
     print(f"wrote {path}")
 
 

@@ -234,31 +234,6 @@ def test_cached_execution_equals_full_forward_through_chunks_and_evictions():
     assert (f3.prefill_tokens, f3.n_prefill_seqs, f3.n_decode_seqs, f3.prefill_ctx_tokens) == (10, 2, 2, 0)
 
 
-class _EagerGraph:
-    """Stands in for a CUDA graph on a CPU: a replay re-runs the captured closure into the fixed output tensor."""
-
-    def __init__(self, fn, out):
-        self.fn, self.out = fn, out
-
-    def replay(self):
-        self.out.copy_(self.fn())
-
-
-class _EagerGraphs(E.BatchGraphs):
-    """BatchGraphs' bookkeeping (capture order, fixed index tensors filled before each replay, layout check) with
-    the capture replaced by a closure, so the executor's graph path runs on a CPU."""
-
-    def __init__(self):
-        self.capturing, self._graphs, self._next, self._queries_per_kv_head = True, [], 0, 1
-
-    def capture(self, model, plan):
-        fixed = model.tensors(plan, model.device)
-        self._queries_per_kv_head = model.s.num_heads // model.s.num_kv_heads
-        fn = lambda: model.forward(plan, fixed).argmax(-1)  # noqa: E731  (reads the fixed tensors when replayed)
-        out = fn()
-        self._graphs.append((_EagerGraph(fn, out), fixed, out, self._layout(plan)))
-
-
 @pytest.mark.parametrize("make, kernel, decode_groups", [("hand", "sdpa", 1), ("spread", "sdpa", 3),
                                                          ("spread", "varlen", 0)])
 def test_graph_replay_path_gives_the_eager_tokens(make, kernel, decode_groups):
@@ -270,7 +245,7 @@ def test_graph_replay_path_gives_the_eager_tokens(make, kernel, decode_groups):
     net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32), seed=3)
     eager = E.Executor(net, sched, decode_kernel=kernel)
     eager.run(_Flat())
-    graphs = _EagerGraphs()
+    graphs = E.EagerBatchGraphs()
     E.Executor(net, sched, decode_kernel=kernel).run(_Flat(), graphs=graphs)
     assert len(graphs._graphs) == len(sched.batches) and len(graphs._graphs[1][1].index) == decode_groups
     assert (graphs._graphs[1][1].ragged is not None) == (kernel == "varlen")
@@ -448,8 +423,8 @@ def test_a_batch_that_cannot_be_captured_is_a_clear_error(monkeypatch):
     sched = _hand_schedule()
     shapes = L.shard_shapes("llama-3-8b", tiny=True)
     net = E.Transformer(shapes, "cpu", torch.float32, E.pool_rows_for(sched, shapes, "cpu", torch.float32))
-    graphs = object.__new__(E.BatchGraphs)  # its pool needs CUDA; the capture itself is replaced below
-    graphs.pool, graphs.capturing, graphs._graphs, graphs._next = None, True, [], 0
+    monkeypatch.setattr(E.BatchGraphs, "_new_pool", staticmethod(lambda: None))  # (a pool needs CUDA)
+    graphs = E.BatchGraphs()  # its capture itself is replaced below
 
     def refuse(fn, pool=None):
         raise RuntimeError("operation not permitted when stream is capturing\nmore detail")

@@ -522,8 +522,9 @@ def fit_profile(folder: str | Path, plots: bool = True, gpu_spec=None) -> dict:
     sources = sorted({(r.source, r.derivation) for r in table[["source", "derivation"]].fillna("").itertuples()})
     fit_info = {"sources": [{"source": s, "derivation": d} for s, d in sources],
                 "heldout_error": errors, "token_ranges": [f"{lo}-{hi}" for lo, hi in ranges]}
-    if lm_head_floor_ms(table):  # (a profile without lm_head rows, e.g. an imported Vidur one, fits as before)
-        fit_info["lm_head_per_batch_ms"] = lm_head_floor_ms(table)
+    lm_head_ms = lm_head_floor_ms(table)
+    if lm_head_ms:  # (a profile without lm_head rows, e.g. an imported Vidur one, fits as before)
+        fit_info["lm_head_per_batch_ms"] = lm_head_ms
     linear = LinearCostModel(_linear_doc(spec, fits, fit_info), source=f"fit of {folder}")
     piecewise = PiecewiseCostModel.from_terms(
         _piecewise_terms(fits), family="piecewise", gpu=spec.gpu, model=spec.model, tp=spec.tp,

@@ -91,19 +91,20 @@ class PlanTensors:
     def of(cls, plan: BatchPlan, device, queries_per_kv_head: int = 1) -> "PlanTensors":
         t = cls(torch.tensor(plan.ids, device=device), torch.tensor(plan.positions, device=device),
                 torch.tensor(plan.gen_rows, device=device, dtype=torch.long))
-        if plan.decodes and plan.decode_kernel == "varlen":
+        if not plan.decodes:
+            return t
+        t.write_rows = torch.tensor([st + m for st, m in plan.decodes], device=device)
+        if plan.decode_kernel == "varlen":
             t.ragged = L.ragged_keys([st for st, _ in plan.decodes], [m + 1 for _, m in plan.decodes],
                                      queries_per_kv_head, device)
-            t.write_rows = torch.tensor([st + m for st, m in plan.decodes], device=device)
-        elif plan.decodes:
-            first = 0
-            for size in plan.decode_groups:
-                group = plan.decodes[first:first + size]
-                index, valid = L.decode_index([st for st, _ in group], [m + 1 for _, m in group], device)
-                t.index.append(index)
-                t.valid.append(valid)
-                first += size
-            t.write_rows = torch.tensor([st + m for st, m in plan.decodes], device=device)
+            return t
+        first = 0
+        for size in plan.decode_groups:
+            group = plan.decodes[first:first + size]
+            index, valid = L.decode_index([st for st, _ in group], [m + 1 for _, m in group], device)
+            t.index.append(index)
+            t.valid.append(valid)
+            first += size
         return t
 
     def tensors(self) -> list:
@@ -276,11 +277,15 @@ class BatchGraphs:
     graph's fixed tensors before the timed replay."""
 
     def __init__(self):
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = self._new_pool()
         self.capturing = True
         self._graphs: list[tuple] = []  # (graph, fixed PlanTensors, picks tensor, layout) per batch
         self._next = 0
-        self._queries_per_kv_head = 1  # the captured model's (ragged decode keys lay their queries out by it)
+        self._model: "Transformer | None" = None  # the captured one (lays out the replayed batches' tensors)
+
+    @staticmethod
+    def _new_pool():
+        return torch.cuda.graph_pool_handle()
 
     @staticmethod
     def _layout(plan: BatchPlan) -> tuple:
@@ -289,13 +294,17 @@ class BatchGraphs:
 
     def capture(self, model: "Transformer", plan: BatchPlan) -> None:
         fixed = model.tensors(plan, model.device)
-        self._queries_per_kv_head = model.s.num_heads // model.s.num_kv_heads
+        self._model = model
+        graph, picks = self._record(lambda: model.forward(plan, fixed).argmax(-1))
+        self._graphs.append((graph, fixed, picks, self._layout(plan)))
+
+    def _record(self, fn):
+        """``(graph, fn's result)``: ``fn`` captured into a CUDA graph."""
         try:
-            graph, picks = capture(lambda: model.forward(plan, fixed).argmax(-1), self.pool)
+            return capture(fn, self.pool)
         except RuntimeError as exc:  # an operator that cannot be captured: say which batch, stop cleanly
             raise ValueError(f"--cuda-graphs: batch {len(self._graphs)} could not be captured in a CUDA graph "
                              f"({str(exc).splitlines()[0][:300]}); replay without --cuda-graphs") from exc
-        self._graphs.append((graph, fixed, picks, self._layout(plan)))
 
     def replay(self, plan: BatchPlan, watch: Stopwatch):
         """Copy ``plan``'s index values in, then time one replay of its batch's graph; returns the picks tensor."""
@@ -305,11 +314,35 @@ class BatchGraphs:
         if self._layout(plan) != layout:
             raise RuntimeError(f"batch {self._next} is laid out differently from when it was captured")
         self._next += 1
-        fixed.copy_from(PlanTensors.of(plan, "cpu", self._queries_per_kv_head))
+        fixed.copy_from(self._model.tensors(plan, "cpu"))
         watch.start()
         graph.replay()
         watch.stop()
         return picks
+
+
+class EagerGraph:
+    """Stands in for a CUDA graph: a replay reruns the recorded closure into its fixed output tensor."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+class EagerBatchGraphs(BatchGraphs):
+    """``BatchGraphs``' bookkeeping (capture order, fixed index tensors filled before each replay, layout check) with
+    each graph an ``EagerGraph``: the graph path where there are no CUDA graphs (a CPU: the tests, benchmarks' smoke
+    runs). Its times are eager times."""
+
+    @staticmethod
+    def _new_pool():
+        return None
+
+    def _record(self, fn):
+        out = fn()
+        return EagerGraph(fn, out), out
 
 
 def pool_rows_for(schedule: Schedule, shapes: L.Shapes, device, dtype, memory_fraction: float = 0.85) -> int:
