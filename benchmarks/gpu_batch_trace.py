@@ -127,7 +127,7 @@ class TracedEagerGraphs(_Traced, E.EagerBatchGraphs):
 
 
 def run(schedule: Schedule, model: str, cost_model, picks: dict[str, int], device: str, dtype: str, tiny: bool,
-        decode_kernel: str, reps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        decode_kernel: str, reps: int, prefill_kernel: str = "sdpa") -> tuple[pd.DataFrame, pd.DataFrame]:
     shapes = L.shard_shapes(model, 1, tiny)
     E.check_positions(schedule, shapes)
     cuda = torch.device(device).type == "cuda"
@@ -135,9 +135,10 @@ def run(schedule: Schedule, model: str, cost_model, picks: dict[str, int], devic
     prefix = Schedule(schedule.requests, schedule.limits, schedule.batches[:last], dict(schedule.meta))
     net = E.Transformer(shapes, device, L.DTYPES[dtype], E.pool_rows_for(prefix, shapes, device, L.DTYPES[dtype]))
     graphs = (TracedGraphs if cuda else TracedEagerGraphs)(set(picks.values()), reps, cuda)
-    E.Executor(net, prefix, decode_kernel=decode_kernel).run(cost_model, graphs=graphs)
+    kernels = dict(decode_kernel=decode_kernel, prefill_kernel=prefill_kernel)
+    E.Executor(net, prefix, **kernels).run(cost_model, graphs=graphs)
     graphs.capturing = False
-    _, rec = E.Executor(net, prefix, decode_kernel=decode_kernel).run(cost_model, graphs=graphs)
+    _, rec = E.Executor(net, prefix, **kernels).run(cost_model, graphs=graphs)
     kernels, rows = [], []
     for label, j in sorted(picks.items(), key=lambda kv: kv[1]):
         measured_ms, events = graphs.traces[j]
@@ -169,6 +170,7 @@ def main() -> None:
                          "run and captured first")
     ap.add_argument("--device"), ap.add_argument("--dtype", default="bf16"), ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--decode-kernel", default="sdpa", choices=L.DECODE_KERNELS)
+    ap.add_argument("--prefill-kernel", default="sdpa", choices=L.PREFILL_KERNELS)
     ap.add_argument("--reps", type=int, default=5, help="untraced replays timed per picked batch (default 5)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -184,11 +186,12 @@ def main() -> None:
         picks = pick_batches(schedule, args.decode_kernel, args.within)
     device = resolve_device(args.device)
     L.check_decode_kernel(args.decode_kernel, device)
+    L.check_prefill_kernel(args.prefill_kernel, device)
     cost = (load_cost_model(path=args.cost_model_file) if args.cost_model_file else
             load_cost_model("h200", args.model, 1, kind="roofline"))
     with torch.inference_mode():
         batches, kernels = run(schedule, args.model, cost, picks, device, args.dtype, args.tiny, args.decode_kernel,
-                               args.reps)
+                               args.reps, args.prefill_kernel)
     args.out.mkdir(parents=True, exist_ok=True)
     batches.to_csv(args.out / "batches.csv", index=False)
     kernels.to_csv(args.out / "kernels.csv", index=False)

@@ -47,11 +47,19 @@ OPT_SCHEDULES=${OPT_SCHEDULES-"benchmarks/gpu_schedules/optimize-I64-O4-B8.json 
 PROFILES=profiles
 # DECODE_KERNEL=varlen: profile and replay decode attention as one variable-length FlashAttention call per batch
 # (`--decode-kernel varlen`; default sdpa, the grouped padded calls), into profiles/<gpu>[-graphs]-varlen/ and
-# runs/gpu_check/<gpu>[-graphs]-varlen/, beside the others.
+# runs/gpu_check/<gpu>[-graphs]-varlen/, beside the others. PREFILL_KERNEL=varlen: the same for a batch's prefill
+# chunks (`--prefill-kernel varlen`: one causal call and one K/V write for them all; default sdpa, one of each per
+# chunk), adding -pvarlen to those folder names.
+KERNEL_SUFFIX=
 case ${DECODE_KERNEL:-sdpa} in
-  sdpa) KERNEL_SUFFIX=;;
+  sdpa) ;;
   varlen) KERNEL_SUFFIX=-varlen;;
   *) echo "error: DECODE_KERNEL must be sdpa or varlen, got '$DECODE_KERNEL'" >&2; exit 2;;
+esac
+case ${PREFILL_KERNEL:-sdpa} in
+  sdpa) ;;
+  varlen) KERNEL_SUFFIX=$KERNEL_SUFFIX-pvarlen;;
+  *) echo "error: PREFILL_KERNEL must be sdpa or varlen, got '$PREFILL_KERNEL'" >&2; exit 2;;
 esac
 
 if [ -n "${SCORE_ONLY:-}" ]; then  # no GPU: score the replays in $SCORE_ONLY (runs/gpu_check/<gpu>, made with SCORE=0)
@@ -70,7 +78,8 @@ else
   GPU=$(python -c "import torch; from infermax.profiling.runner import gpu_key; print(gpu_key(torch.cuda.get_device_name(), 'cuda'))")
   RUNS=runs/gpu_check/$GPU${GRAPHS:+-graphs}$KERNEL_SUFFIX
 fi
-[ -n "$KERNEL_SUFFIX" ] && DEV_ARGS+=(--decode-kernel "$DECODE_KERNEL")
+[ "${DECODE_KERNEL:-sdpa}" = varlen ] && DEV_ARGS+=(--decode-kernel varlen)
+[ "${PREFILL_KERNEL:-sdpa}" = varlen ] && DEV_ARGS+=(--prefill-kernel varlen)
 mkdir -p "$RUNS"
 echo "device: $GPU"
 SECONDS=0

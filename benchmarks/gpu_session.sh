@@ -14,7 +14,7 @@
 # scoring (CPU only) for later: `SCORE_ONLY=runs/gpu_check/<gpu> bash benchmarks/gpu_check.sh` on any machine.
 #
 # TRACE_CASE=<model>/<case> (e.g. llama-3-8b/vllm-azure): after the passes, kernel traces of a few batches of the
-# newest replay of that case (benchmarks/gpu_batch_trace.py, with the fit and decode kernel the replay used), within
+# newest replay of that case (benchmarks/gpu_batch_trace.py, with the fit and kernels the replay used), within
 # TRACE_S seconds (default 90, taken from the passes' time), into runs/gpu_check/trace/ (packed) and trace.log.
 # SMOKE_PROFILES=DIR (with SMOKE=1): where gpu_check.sh's smoke run writes, so that TRACE_CASE finds it.
 #
@@ -96,17 +96,21 @@ if ! timeout -k 5 "$PROBE_S" python -c "$combined" >> "$OUT/env.txt" 2>&1; then
     step "one OpenMP thread works: kept for the rest of the call"
   fi
 fi
-# DECODE_KERNEL=varlen (gpu_check.sh): the kernel is checked first (benchmarks/gpu_varlen_check.py: matches the padded
-# call, replays from a CUDA graph); where it fails the passes fall back to sdpa rather than failing whole.
-if [ "${DECODE_KERNEL:-sdpa}" = varlen ] && [ -z "${SMOKE:-}" ]; then
-  step "probe: varlen decode attention"
-  if timeout -k 5 "$PROBE_S" python benchmarks/gpu_varlen_check.py >> "$OUT/env.txt" 2>&1; then
-    step "varlen decode attention works"
-  else
-    step "varlen decode attention failed (env.txt says why): DECODE_KERNEL=sdpa for this call"
-    export DECODE_KERNEL=sdpa
+# DECODE_KERNEL=varlen / PREFILL_KERNEL=varlen (gpu_check.sh): each kernel is checked first
+# (benchmarks/gpu_varlen_check.py: matches the SDPA calls, replays from a CUDA graph); where one fails the passes fall
+# back to sdpa for it rather than failing whole.
+for phase in decode prefill; do
+  var=${phase^^}_KERNEL
+  if [ "${!var:-sdpa}" = varlen ] && [ -z "${SMOKE:-}" ]; then
+    step "probe: varlen $phase attention"
+    if timeout -k 5 "$PROBE_S" python benchmarks/gpu_varlen_check.py --phase "$phase" >> "$OUT/env.txt" 2>&1; then
+      step "varlen $phase attention works"
+    else
+      step "varlen $phase attention failed (env.txt says why): $var=sdpa for this call"
+      export "$var"=sdpa
+    fi
   fi
-fi
+done
 cat "$OUT/env.txt"
 
 for spec in ${PASSES:-eager}; do
@@ -134,14 +138,15 @@ if [ -n "${TRACE_CASE:-}" ]; then
   if [ -z "$case_dir" ] || [ ! -f "$case_dir/replay/summary.json" ]; then
     step "trace: no replay of $TRACE_CASE under $runs_root"
   else
-    # the replay's cost model ("<family>:<profile folder>/<model>/tp1") and decode kernel
-    read -r family folder kernel < <(python -c "import json, sys; s = json.load(open(sys.argv[1]))
+    # the replay's cost model ("<family>:<profile folder>/<model>/tp1") and kernels
+    read -r family folder kernel prefill_kernel < <(python -c "import json, sys; s = json.load(open(sys.argv[1]))
 family, name = s['cost_model'].split(':', 1)
-print(family, name.split('/')[0], s.get('decode_kernel', 'sdpa'))" "$case_dir/replay/summary.json")
+print(family, name.split('/')[0], s.get('decode_kernel', 'sdpa'), s.get('prefill_kernel', 'sdpa'))" \
+      "$case_dir/replay/summary.json")
     fit=$profiles_root/$folder/${TRACE_CASE%%/*}/tp1/infermax_$family.json
-    step "trace: $case_dir ($fit, decode kernel $kernel; limit ${TRACE_S}s)"
+    step "trace: $case_dir ($fit, decode kernel $kernel, prefill kernel $prefill_kernel; limit ${TRACE_S}s)"
     timeout -k 5 "$TRACE_S" python benchmarks/gpu_batch_trace.py "$case_dir/sim/schedule.json" \
-      --model "${TRACE_CASE%%/*}" --decode-kernel "$kernel" --cost-model-file "$fit" \
+      --model "${TRACE_CASE%%/*}" --decode-kernel "$kernel" --prefill-kernel "$prefill_kernel" --cost-model-file "$fit" \
       ${trace_args[@]+"${trace_args[@]}"} --out "$trace_out" > "$OUT/trace.log" 2>&1
     step "trace rc $?"
     tail -12 "$OUT/trace.log"

@@ -24,9 +24,10 @@ def _run(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "varlen"])
-def test_gpu_check_smoke_profiles_fits_replays_and_scores(tmp_path, kernel):
-    res = _run("gpu_check.sh", tmp_path, SMOKE="1", MODELS="llama-3-8b", WORKLOADS="fixed", DECODE_KERNEL=kernel)
+@pytest.mark.parametrize("kernel, prefill_kernel", [("sdpa", "sdpa"), ("varlen", "varlen")])
+def test_gpu_check_smoke_profiles_fits_replays_and_scores(tmp_path, kernel, prefill_kernel):
+    res = _run("gpu_check.sh", tmp_path, SMOKE="1", MODELS="llama-3-8b", WORKLOADS="fixed", DECODE_KERNEL=kernel,
+               PREFILL_KERNEL=prefill_kernel)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     assert "FAILED" not in out
@@ -35,17 +36,20 @@ def test_gpu_check_smoke_profiles_fits_replays_and_scores(tmp_path, kernel):
     for family in ("linear", "piecewise"):  # the table: both fits scored for each replay
         assert f"| llama-3-8b | vllm | fixed | {family} |" in out
     assert not (ROOT / "runs" / "gpu_check" / "cpu").exists()  # SMOKE writes nothing into the repository
-    # the kernel reaches the profile and every replay, and names their folders
-    suffix = "-varlen" if kernel == "varlen" else ""
+    # the kernels reach the profile and every replay, and name their folders
+    suffix = ("-varlen" if kernel == "varlen" else "") + ("-pvarlen" if prefill_kernel == "varlen" else "")
     (profile_json,) = tmp_path.glob(f"*/cpu{suffix}/llama-3-8b/tp1/profile.json")
-    assert json.loads(profile_json.read_text())["decode_kernel"] == kernel
-    summaries = list(profile_json.parents[3].glob("runs/llama-3-8b/*/replay/summary.json"))
-    assert len(summaries) == 3 and all(json.loads(p.read_text())["decode_kernel"] == kernel for p in summaries)
+    doc = json.loads(profile_json.read_text())
+    assert (doc["decode_kernel"], doc["prefill_kernel"]) == (kernel, prefill_kernel)
+    summaries = [json.loads(p.read_text()) for p in profile_json.parents[3].glob("runs/llama-3-8b/*/replay/summary.json")]
+    assert len(summaries) == 3
+    assert all((s["decode_kernel"], s["prefill_kernel"]) == (kernel, prefill_kernel) for s in summaries)
 
 
-def test_gpu_check_refuses_an_unknown_decode_kernel(tmp_path):
-    res = _run("gpu_check.sh", tmp_path, SMOKE="1", DECODE_KERNEL="paged")
-    assert res.returncode == 2 and "DECODE_KERNEL must be sdpa or varlen, got 'paged'" in res.stderr
+@pytest.mark.parametrize("phase", ["DECODE", "PREFILL"])
+def test_gpu_check_refuses_an_unknown_kernel(tmp_path, phase):
+    res = _run("gpu_check.sh", tmp_path, SMOKE="1", **{f"{phase}_KERNEL": "paged"})
+    assert res.returncode == 2 and f"{phase}_KERNEL must be sdpa or varlen, got 'paged'" in res.stderr
 
 
 def test_gpu_session_refuses_an_unknown_pass_before_any_step(tmp_path):
@@ -108,10 +112,11 @@ def test_gpu_session_traces_the_named_case_with_its_replays_fit(tmp_path):
     out.mkdir()
     res = _run("gpu_session.sh", tmp_path, SMOKE="1", OUT=str(out), PASSES="eager", MODELS="llama-3-8b",
                WORKLOADS="fixed", SMOKE_PROFILES=str(prof), TRACE_CASE="llama-3-8b/vllm-fixed", TAIL_S="25",
-               DECODE_KERNEL="varlen")
+               DECODE_KERNEL="varlen", PREFILL_KERNEL="varlen")
     steps = (out / "steps.log").read_text()
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    assert "trace: " + str(prof / "runs" / "llama-3-8b" / "vllm-fixed") in steps and "decode kernel varlen" in steps
+    assert "trace: " + str(prof / "runs" / "llama-3-8b" / "vllm-fixed") in steps
+    assert "decode kernel varlen, prefill kernel varlen" in steps
     assert "trace rc 0" in steps, (out / "trace.log").read_text()[-3000:]
     import pandas as pd
 
@@ -137,15 +142,20 @@ def test_residual_split_by_decode_groups_recovers_a_known_cost_per_group():
     assert dict(zip(table.groups, table.batches)) == {k: int((groups == k).sum()) for k in range(1, 6)}
 
 
-def test_varlen_check_passes_on_the_cpu_stand_in_and_fails_cleanly_without_cuda(tmp_path):
-    # gpu_session.sh runs it before a DECODE_KERNEL=varlen pass and falls back to sdpa on a non-zero exit.
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_varlen_check_passes_on_the_cpu_stand_in_and_fails_cleanly_without_cuda(tmp_path, phase):
+    # gpu_session.sh runs it before a DECODE_KERNEL=varlen (PREFILL_KERNEL=varlen) pass and falls back to sdpa on a
+    # non-zero exit.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = str(ROOT / "benchmarks" / "gpu_varlen_check.py")
-    ok = subprocess.run([sys.executable, script, "--device", "cpu"], env=env, capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and "matches the padded call" in ok.stdout, ok.stdout + ok.stderr
+    ok = subprocess.run([sys.executable, script, "--device", "cpu", "--phase", phase], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and f"varlen {phase} attention (CPU stand-in) matches the SDPA calls" in ok.stdout, (
+        ok.stdout + ok.stderr)
     import torch
 
     if not torch.cuda.is_available():
-        bad = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 1 and bad.stdout.startswith("varlen decode attention does not work here: ")
+        bad = subprocess.run([sys.executable, script, "--phase", phase], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert bad.returncode == 1 and bad.stdout.startswith(f"varlen {phase} attention does not work here: ")
         assert "Traceback" not in bad.stdout + bad.stderr

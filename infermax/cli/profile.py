@@ -20,6 +20,10 @@ DecodeKernelOpt = typer.Option(
     "sdpa", help="Decode attention: sdpa (masked SDPA calls over padded keys, in groups of similar lengths) or varlen "
                  "(one variable-length FlashAttention call over every sequence's own keys, as a paged-attention "
                  "server makes one call; PyTorch 2.10 or later on CUDA). Profile and replay with the same.")
+PrefillKernelOpt = typer.Option(
+    "sdpa", help="Prefill attention: sdpa (one causal SDPA call and one K/V write per chunk) or varlen (one causal "
+                 "variable-length FlashAttention call and one K/V write for every chunk of a batch, as a serving "
+                 "engine makes them; PyTorch 2.10 or later on CUDA). Profile and replay with the same.")
 
 
 @app.command()
@@ -29,14 +33,16 @@ def profile(
     grid: str = typer.Option("full", help="Sizes to time: full, small or tiny (for --tiny on a CPU)."),
     tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
     gpu: Optional[str] = typer.Option(None, help="GPU name recorded in profile.json (default: from the device name)."),
-    cuda_graphs: GraphsOpt = False, decode_kernel: str = DecodeKernelOpt, progress: ProgressOpt = True,
+    cuda_graphs: GraphsOpt = False, decode_kernel: str = DecodeKernelOpt, prefill_kernel: str = PrefillKernelOpt,
+    progress: ProgressOpt = True,
 ) -> None:
     """Time every operator of one TP shard of MODEL at its real shapes; write a profile `infermax fit` reads."""
     try:
         from ..profiling.runner import profile as run_profile
 
         folder = run_profile(model, out, tp=tp, dtype=dtype, grid=grid, tiny=tiny, device=device, gpu=gpu,
-                             progress=progress, cuda_graphs=cuda_graphs, decode_kernel=decode_kernel)
+                             progress=progress, cuda_graphs=cuda_graphs, decode_kernel=decode_kernel,
+                             prefill_kernel=prefill_kernel)
     except ValueError as exc:
         fail(str(exc))
     console.print(f"profile written to {folder}; fit it with: infermax fit {folder}")
@@ -54,7 +60,7 @@ def gpu_replay(
     measured: Optional[Path] = typer.Option(
         None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "
                    "(that folder) against this cost model. Needs no GPU or PyTorch."),
-    cuda_graphs: GraphsOpt = False, decode_kernel: str = DecodeKernelOpt,
+    cuda_graphs: GraphsOpt = False, decode_kernel: str = DecodeKernelOpt, prefill_kernel: str = PrefillKernelOpt,
     decode_padding: float = typer.Option(
         1.25, help="With --decode-kernel sdpa: decodes run in groups of similar lengths, each one attention call over "
                    "keys padded to its longest, at most this many times the group's keys (the operator profile's own "
@@ -83,7 +89,7 @@ def gpu_replay(
 
             check = run_replay(sched, model, cost, device=device, dtype=dtype, tiny=tiny, warmup_batches=warmup,
                                progress=progress, cuda_graphs=cuda_graphs, decode_padding=decode_padding,
-                               decode_kernel=decode_kernel)
+                               decode_kernel=decode_kernel, prefill_kernel=prefill_kernel)
     except ScheduleViolation as exc:
         fail(f"invalid schedule: {exc}", code=1)
     except (ValueError, FileNotFoundError) as exc:

@@ -15,6 +15,8 @@ FlashAttention/FlashInfer kernels read the pool in place; these gather first, so
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 from dataclasses import dataclass
 
@@ -152,8 +154,9 @@ def kv_write(pool, start: int, values) -> None:
     pool[start:start + values.shape[0]].copy_(values)
 
 
-def decode_kv_write(k_pool, v_pool, rows, k_new, v_new) -> None:
-    """Store the decodes' new keys and values (``[b, kv_heads, hd]``) at pool ``rows`` (one per sequence)."""
+def kv_write_rows(k_pool, v_pool, rows, k_new, v_new) -> None:
+    """Store new keys and values (``[n, kv_heads, hd]``) at pool ``rows`` (``n`` of them, anywhere in the pool), one
+    copy each: the decodes' new rows (one per sequence), or with the "varlen" prefill kernel every chunk's."""
     k_pool.index_copy_(0, rows, k_new)
     v_pool.index_copy_(0, rows, v_new)
 
@@ -227,14 +230,26 @@ def decode_index(starts: list[int], lengths: list[int], device, align: int = DEC
 # How a batch's decode attention runs: "sdpa", masked SDPA calls over padded keys in groups (``decode_groups``), or
 # "varlen", one variable-length FlashAttention call over unpadded keys (``decode_attention_varlen``).
 DECODE_KERNELS = ("sdpa", "varlen")
+# How a batch's prefill chunks attend: "sdpa", one causal SDPA call per chunk (``prefill_attention``), or "varlen", one
+# causal variable-length FlashAttention call for every chunk of the batch (``prefill_attention_varlen``).
+PREFILL_KERNELS = ("sdpa", "varlen")
 
 
 def check_decode_kernel(kernel: str, device) -> None:
     """Refuse an unknown kernel, and "varlen" on a CUDA device whose PyTorch lacks ``torch.nn.attention.varlen``."""
-    if kernel not in DECODE_KERNELS:
-        raise ValueError(f"unknown decode kernel {kernel!r}; choose one of {', '.join(DECODE_KERNELS)}")
+    _check_kernel("decode", kernel, DECODE_KERNELS, device)
+
+
+def check_prefill_kernel(kernel: str, device) -> None:
+    """``check_decode_kernel`` for the prefill chunks' kernel."""
+    _check_kernel("prefill", kernel, PREFILL_KERNELS, device)
+
+
+def _check_kernel(phase: str, kernel: str, choices: tuple[str, ...], device) -> None:
+    if kernel not in choices:
+        raise ValueError(f"unknown {phase} kernel {kernel!r}; choose one of {', '.join(choices)}")
     if kernel == "varlen":
-        varlen_function(torch.device(device))
+        varlen_function(torch.device(device), phase)
 
 
 @dataclass
@@ -272,16 +287,16 @@ def varlen_reference(q, k, v, cu_q, cu_k, max_q: int, max_k: int):
     return out
 
 
-def varlen_function(device):
+def varlen_function(device, phase: str = "decode"):
     """PyTorch's variable-length FlashAttention on CUDA (``torch.nn.attention.varlen.varlen_attn``, PyTorch 2.10 or
-    later), ``varlen_reference`` elsewhere."""
+    later), ``varlen_reference`` elsewhere. ``phase`` names the option to fall back on in the error."""
     if device.type != "cuda":
         return varlen_reference
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError as exc:
-        raise ValueError(f"decode kernel 'varlen' needs torch.nn.attention.varlen (PyTorch 2.10 or later); this is "
-                         f"PyTorch {torch.__version__}: use --decode-kernel sdpa") from exc
+        raise ValueError(f"{phase} kernel 'varlen' needs torch.nn.attention.varlen (PyTorch 2.10 or later); this is "
+                         f"PyTorch {torch.__version__}: use --{phase}-kernel sdpa") from exc
     return varlen_attn
 
 
@@ -298,3 +313,91 @@ def decode_attention_varlen(q, k_pool, v_pool, keys: RaggedKeys):
     packed = q.view(b, kv_heads, g, hd).transpose(1, 2).reshape(b * g, kv_heads, hd)
     out = varlen_function(q.device)(packed, k_pool[keys.rows], v_pool[keys.rows], keys.cu_q, keys.cu_k, g, keys.max_k)
     return out.view(b, g, kv_heads, hd).transpose(1, 2).reshape(b, heads * hd)
+
+
+@dataclass
+class RaggedChunks:
+    """A batch's prefill chunks for one variable-length causal call. Chunk ``i`` of ``c_i`` tokens after ``m_i``
+    cached ones, its sequence at pool rows ``start_i …``: its new keys go to rows ``start_i + m_i …`` (``write_rows``,
+    Σc of them, chunk after chunk, as the batch's token rows are laid out), and it attends to rows ``start_i …
+    start_i + m_i + c_i − 1`` (``key_rows``, Σ(m + c) of them). ``cu_q``/``cu_k``: the cumulative chunk and key
+    lengths (int32); ``max_q``/``max_k``: the largest of each (host integers, fixed in a captured graph)."""
+
+    write_rows: object
+    key_rows: object
+    cu_q: object
+    cu_k: object
+    max_q: int
+    max_k: int
+
+    def tensors(self) -> list:
+        return [self.write_rows, self.key_rows, self.cu_q, self.cu_k]
+
+
+def ragged_chunks(prefills: list[tuple[int, int, int]], device) -> RaggedChunks:
+    """``RaggedChunks`` of chunks ``(pool start, m, c)``."""
+    write = torch.cat([torch.arange(st + m, st + m + c) for st, m, c in prefills])
+    keys = torch.cat([torch.arange(st, st + m + c) for st, m, c in prefills])
+    cu_q = torch.tensor([0, *itertools.accumulate(c for _, _, c in prefills)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(m + c for _, m, c in prefills)], dtype=torch.int32)
+    return RaggedChunks(write.to(device), keys.to(device), cu_q.to(device), cu_k.to(device),
+                        max(c for _, _, c in prefills), max(m + c for _, m, c in prefills))
+
+
+def causal_varlen_reference(q, k, v, cu_q, cu_k, max_q: int, max_k: int):
+    """Causal variable-length attention, the mask aligned to the lower right of each sequence (query ``i`` of a chunk
+    of ``c`` over ``t`` keys sees keys ``0 .. t − c + i``), with ``k``/``v`` of fewer heads shared by consecutive query
+    heads: one SDPA call per sequence. The stand-in on a CPU and the tests' reference."""
+    out = torch.empty_like(q)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        out[cq[i]:cq[i + 1]] = prefill_attention(q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]],
+                                                 v[ck[i]:ck[i + 1]]).view(-1, *q.shape[1:])
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def causal_varlen_function(device, kv_heads: int, heads: int):
+    """A callable ``(q [Tq, heads, hd], k, v [Tk, kv_heads, hd], cu_q, cu_k, max_q, max_k) → [Tq, heads, hd]``:
+    causal variable-length FlashAttention on CUDA, ``causal_varlen_reference`` elsewhere.
+
+    ``varlen_attn``'s signature changed across PyTorch versions, so it is read, not assumed: the causal mask is
+    ``window_size=(-1, 0)`` where that exists (2.12's documentation) and ``is_causal=True`` where that does (2.10's);
+    grouped-query keys pass as they are with ``enable_gqa`` (2.12), and are otherwise repeated to the query heads
+    (query head ``h`` reads KV head ``h // (heads / kv_heads)``, as ``decode_attention`` groups them), a copy that
+    costs the gather of the prompts' keys ``heads / kv_heads`` times over. FlashAttention aligns its causal mask to the
+    lower right when a chunk has fewer queries than keys, as a chunked prefill needs; ``benchmarks/gpu_varlen_check.py``
+    checks that on the GPU against ``prefill_attention`` before a session uses the kernel."""
+    if device.type != "cuda":
+        return causal_varlen_reference
+
+    fn = varlen_function(device, "prefill")
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal = {"is_causal": True}
+    else:
+        raise ValueError(f"prefill kernel 'varlen': this PyTorch's varlen_attn ({torch.__version__}) takes neither "
+                         "window_size nor is_causal, so it cannot mask causally; use --prefill-kernel sdpa")
+    group = heads // kv_heads
+    if group > 1 and "enable_gqa" in params:
+        causal["enable_gqa"] = True
+        group = 1
+
+    def call(q, k, v, cu_q, cu_k, max_q, max_k):
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return fn(q, k, v, cu_q, cu_k, max_q, max_k, **causal)
+
+    return call
+
+
+def prefill_attention_varlen(q, k_pool, v_pool, chunks: RaggedChunks):
+    """Every prefill chunk of a batch, ``q [Σc, heads, hd]`` (chunk after chunk), attending causally over its own
+    sequence's cached tokens and itself (``chunks``), in one variable-length call; returns ``[Σc, heads * hd]``. The
+    chunks' keys must already be in the pool (``kv_write_rows`` with ``chunks.write_rows``)."""
+    n, heads, hd = q.shape
+    fn = causal_varlen_function(q.device, k_pool.shape[1], heads)
+    out = fn(q, k_pool[chunks.key_rows], v_pool[chunks.key_rows], chunks.cu_q, chunks.cu_k, chunks.max_q, chunks.max_k)
+    return out.reshape(n, heads * hd)

@@ -5,7 +5,9 @@ for prefill attention, batch × mean KV length for decode attention, tokens for 
 Decode batches hold sequences of different lengths (``decode_lengths``: evenly spread over ±25% of
 the mean, summing to exactly ``batch × mean``); the row records the mean as ``kv_cache_size``, so
 ``batch_size × kv_cache_size`` is the KV read the cost model's feature counts. Decode attention is timed with the
-kernel the replay will use (``decode_kernel``: one padded SDPA call, or one variable-length call, ``layers``).
+kernel the replay will use (``decode_kernel``: one padded SDPA call, or one variable-length call, ``layers``), and
+so are prefill attention and its K/V write (``prefill_kernel``: a causal SDPA call and a slice copy per chunk, or a
+variable-length call and an indexed copy, here of one chunk: the replay makes one of each for a batch's chunks).
 """
 
 from __future__ import annotations
@@ -80,9 +82,10 @@ class Case:
 class OperatorBench:
     """One layer's weights, the embeddings and a KV pool at ``shapes`` on ``device``, and the cases of ``grid``."""
 
-    def __init__(self, shapes: L.Shapes, grid: Grid, device, dtype, seed: int = 0, decode_kernel: str = "sdpa"):
+    def __init__(self, shapes: L.Shapes, grid: Grid, device, dtype, seed: int = 0, decode_kernel: str = "sdpa",
+                 prefill_kernel: str = "sdpa"):
         self.s, self.grid, self.device, self.dtype = shapes, grid, torch.device(device), dtype
-        self.decode_kernel = decode_kernel
+        self.decode_kernel, self.prefill_kernel = decode_kernel, prefill_kernel
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self.layer = L.LayerWeights(shapes, self.device, dtype, gen)
         self.emb = L.Embeddings(shapes, self.device, dtype, gen)
@@ -150,6 +153,14 @@ class OperatorBench:
         for c, m in shapes:
             q = self._randn(c, s.num_heads, s.head_dim)
             k_new, v_new = self._randn(c, s.num_kv_heads, s.head_dim), self._randn(c, s.num_kv_heads, s.head_dim)
+            if self.prefill_kernel == "varlen":
+                chunks = L.ragged_chunks([(0, m, c)], self.device)
+                yield Case("attn_prefill", c, 1, c, m,
+                           lambda q=q, chunks=chunks: L.prefill_attention_varlen(q, k_pool, v_pool, chunks))
+                yield Case("attn_kv_cache_save", c, 1, c, m,
+                           lambda r=chunks.write_rows, k_new=k_new, v_new=v_new:
+                           L.kv_write_rows(k_pool, v_pool, r, k_new, v_new))
+                continue
 
             def save(k_new=k_new, v_new=v_new, m=m):
                 L.kv_write(k_pool, m, k_new)
@@ -171,7 +182,7 @@ class OperatorBench:
             write_rows = torch.arange(b, device=self.device) * (rows // b)
             k_new, v_new = self._randn(b, s.num_kv_heads, s.head_dim), self._randn(b, s.num_kv_heads, s.head_dim)
             yield Case("attn_decode_kv_save", b, b, 0, 0,
-                       lambda r=write_rows, k_new=k_new, v_new=v_new: L.decode_kv_write(k_pool, v_pool, r, k_new, v_new))
+                       lambda r=write_rows, k_new=k_new, v_new=v_new: L.kv_write_rows(k_pool, v_pool, r, k_new, v_new))
         for b, k in shapes:
             lengths = decode_lengths(b, k)
             starts = [0]

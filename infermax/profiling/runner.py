@@ -31,6 +31,8 @@ KNOWN_GPUS = ("h200", "h100", "a100", "l40s", "a10g", "l4", "v100")
 NOT_FITTED = ("swap_out", "swap_in")  # (lm_head until 2026-11-30; now its one-row time is charged per batch)
 CPU_SWAP_NOTE = "host memcpy stand-in (no accelerator): not a host<->device copy"
 CPU_VARLEN_NOTE = "per-sequence SDPA stand-in (no accelerator): not FlashAttention's variable-length kernel"
+# The operator a "varlen" kernel times per phase: on a CPU, a per-sequence stand-in (its rows' derivation says so)
+VARLEN_OPERATORS = {"decode": "attn_decode", "prefill": "attn_prefill"}
 
 
 def resolve_device(device: str | None) -> str:
@@ -100,30 +102,36 @@ def environment(device: str, dtype: str, grid: str) -> dict:
 
 def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid: str = "full", tiny: bool = False,
             device: str | None = None, gpu: str | None = None, progress: bool = True,
-            cuda_graphs: bool = False, decode_kernel: str = "sdpa") -> Path:
+            cuda_graphs: bool = False, decode_kernel: str = "sdpa", prefill_kernel: str = "sdpa") -> Path:
     """Profile ``model`` (one TP shard) on ``device`` into ``out/tp<tp>/``; returns that folder.
 
     ``cuda_graphs``: time each operator as replays of a CUDA graph (``timer.measure_graph``: the GPU's work without
     launch gaps); an operator whose capture fails is timed as usual, and its rows' ``software`` says so.
     ``decode_kernel``: how decode attention runs ("sdpa" or "varlen", ``layers.DECODE_KERNELS``), recorded in
     ``profile.json`` so that a replay can use the same; on a CPU "varlen" is ``layers.varlen_reference``, a per-sequence
-    stand-in, and its rows' ``derivation`` says so.
+    stand-in, and its rows' ``derivation`` says so. ``prefill_kernel``: the same for prefill chunks ("varlen": the
+    attention as one causal variable-length call and the K/V write as one indexed copy, what the replay runs for a
+    batch's chunks; ``layers.PREFILL_KERNELS``); on a CPU its attention is a per-sequence stand-in too.
     """
     if dtype not in L.DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(L.DTYPES)}")
     shapes, g = L.shard_shapes(model, tp, tiny), get_grid(grid)
     device = resolve_device(device)
     L.check_decode_kernel(decode_kernel, device)
+    L.check_prefill_kernel(prefill_kernel, device)
     if cuda_graphs:
         require_graphs_device(device)
     env = environment(device, dtype, grid)
     gpu = gpu or gpu_key(env["device"], device)
-    bench = OperatorBench(shapes, g, device, L.DTYPES[dtype], decode_kernel=decode_kernel)
+    bench = OperatorBench(shapes, g, device, L.DTYPES[dtype], decode_kernel=decode_kernel, prefill_kernel=prefill_kernel)
+    kernels = {"decode": decode_kernel, "prefill": prefill_kernel}
+    varlen = [phase for phase, kernel in kernels.items() if kernel == "varlen"]
     software = (f"infermax profile: PyTorch {env['torch']}, CUDA {env['cuda']}, driver {env['driver']}, "
-                f"{dtype}, SDPA attention" + (", varlen decode attention" if decode_kernel == "varlen" else ""))
+                f"{dtype}, SDPA attention" + "".join(f", varlen {phase} attention" for phase in varlen))
     source = (f"infermax profile --model {model} --tp {tp} --dtype {dtype} --grid {grid}" + (" --tiny" if tiny else "")
               + (" --cuda-graphs" if cuda_graphs else "")
-              + (f" --decode-kernel {decode_kernel}" if decode_kernel != "sdpa" else ""))
+              + "".join(f" --{phase}-kernel varlen" for phase in varlen))
+    stand_in = {VARLEN_OPERATORS[phase] for phase in varlen}
     not_captured: dict[str, str] = {}  # operator -> why its capture failed (timed eagerly instead)
     cpu = torch.device(device).type != "cuda"
     rows = []
@@ -132,8 +140,7 @@ def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid:
             for case in bench.cases():
                 t, how = _time_case(case, device, g, cuda_graphs, not_captured)
                 derivation = (CPU_SWAP_NOTE if cpu and case.operator.startswith("swap_") else
-                              CPU_VARLEN_NOTE if cpu and case.operator == "attn_decode" and decode_kernel == "varlen"
-                              else "")
+                              CPU_VARLEN_NOTE if cpu and case.operator in stand_in else "")
                 rows.append((case.operator, case.num_tokens, case.batch_size, case.prefill_chunk_size, case.kv_cache_size,
                              tp, t.median_ms, t.mean_ms, t.std_ms, env["device"], software + how, env["date"], source,
                              derivation))
@@ -142,10 +149,9 @@ def profile(model: str, out: str | Path, tp: int = 1, dtype: str = "bf16", grid:
     folder.mkdir(parents=True, exist_ok=True)
     write_measurements(pd.DataFrame(rows, columns=list(COLUMNS)), folder / MEASUREMENTS_CSV)
     doc = {"gpu": gpu, "model": shapes.name, "tp": tp, "num_layers": shapes.num_layers, "hidden_size": shapes.hidden,
-           "attention": "measured: PyTorch scaled_dot_product_attention (not vLLM's paged kernels)" + (
-               "; decode attention: torch.nn.attention.varlen (one call over unpadded keys)"
-               if decode_kernel == "varlen" else ""),
-           "decode_kernel": decode_kernel,
+           "attention": "measured: PyTorch scaled_dot_product_attention (not vLLM's paged kernels)" + "".join(
+               f"; {phase} attention: torch.nn.attention.varlen (one call over unpadded keys)" for phase in varlen),
+           "decode_kernel": decode_kernel, "prefill_kernel": prefill_kernel,
            "communication": "not applicable (tp=1)" if tp == 1 else
            "not measured: one shard profiled on one device, no all-reduce",
            "profiled": {**env, "command": source}, "recorded_not_fitted": list(NOT_FITTED),

@@ -25,7 +25,7 @@ from ..schedule import Schedule
 BATCHES_CSV, REQUESTS_CSV, SUMMARY_JSON = "batches.csv", "requests.csv", "summary.json"
 # The run's provenance in summary.json, kept when the run is scored again (the rest is recomputed).
 RUN_KEYS = ("model", "device", "dtype", "torch", "scheduler", "requests", "warmup_batches", "cuda_graphs",
-            "decode_kernel", "decode_padding")
+            "decode_kernel", "prefill_kernel", "decode_padding")
 
 
 class Recorder:
