@@ -386,8 +386,9 @@ def causal_varlen_function(device, kv_heads: int, heads: int):
         group = 1
 
     def call(q, k, v, cu_q, cu_k, max_q, max_k):
-        if group > 1:
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if group > 1:  # (expand and reshape: a copy whose size is known on the host, nothing to sync in a graph)
+            t, kv, hd = k.shape
+            k, v = (x[:, :, None, :].expand(t, kv, group, hd).reshape(t, kv * group, hd) for x in (k, v))
         return fn(q, k, v, cu_q, cu_k, max_q, max_k, **causal)
 
     return call
