@@ -18,31 +18,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from infermax.costmodel import load_cost_model
-from infermax.profiling.scoring import load_measured, rescore
-from infermax.schedule import Schedule
-
-FAMILIES = ("linear", "piecewise")
+from infermax.profiling.scoring import FAMILIES, rescore_records
 
 
 def rows(replays: Path, profiles: Path) -> list[dict]:
     out = []
-    for case in sorted(p.parent.parent for p in replays.glob("*/*/sim/schedule.json")):
-        model = case.parent.name
-        schedule = Schedule.load(case / "sim" / "schedule.json")
-        measured, info = load_measured(case / "replay")
-        for family in FAMILIES:
-            before = case / f"score-{family}" / "summary.json"
-            if not before.is_file():
-                continue
-            old = json.loads(before.read_text())
-            cost = load_cost_model(path=profiles / model / "tp1" / f"infermax_{family}.json")
-            new = rescore(schedule, cost, measured, info).summary
-            out.append({"model": model, "case": case.name, "family": family, "batches": new["batches"],
-                        "MAPE before %": old["per_batch_mape_pct"], "MAPE now %": new["per_batch_mape_pct"],
-                        "e2e before %": old["e2e_latency_error_pct"], "e2e now %": new["e2e_latency_error_pct"]})
+    for model, case, family, check in rescore_records(replays, profiles):
+        before = replays / model / case / f"score-{family}" / "summary.json"
+        if not before.is_file():
+            continue
+        old, new = json.loads(before.read_text()), check.summary
+        out.append({"model": model, "case": case, "family": family, "batches": new["batches"],
+                    "MAPE before %": old["per_batch_mape_pct"], "MAPE now %": new["per_batch_mape_pct"],
+                    "e2e before %": old["e2e_latency_error_pct"], "e2e now %": new["e2e_latency_error_pct"]})
     if not out:
-        raise SystemExit(f"{replays}: no <model>/<case>/ folders with sim/schedule.json, replay/ and score-<family>/")
+        raise SystemExit(f"{replays}: no <model>/<case>/ folders with sim/schedule.json, replay/ and score-<family>/ "
+                         f"({', '.join(FAMILIES)})")
     return out
 
 

@@ -101,3 +101,38 @@ def test_a_measured_run_whose_files_are_not_text_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="not a UTF-8 text file") as e:
         load_measured(run)
     assert SUMMARY_JSON in str(e.value)
+
+
+def test_rescore_records_walks_the_replay_tree_against_each_fit(schedule, tmp_path):
+    # Records <model>/<case>/ measured 25% slower than the linear fit of a100/llama-2-7b, re-scored against fits copied
+    # into <profiles>/<model>/tp1/: the linear fit gives the hand-computed 20% per batch, the piecewise one its own
+    # predictions; a filter by model or case keeps only those, and the order given is kept.
+    import shutil
+
+    from infermax.costmodel import profile_folder
+    from infermax.profiling.scoring import rescore_records
+
+    linear = load_cost_model("a100", "llama-2-7b", kind="linear")
+    replays, profiles = tmp_path / "replays", tmp_path / "profiles"
+    for model, case in (("m1", "vllm"), ("m1", "sarathi"), ("m2", "vllm")):
+        folder = replays / model / case
+        rescore(schedule, linear, list(1.25 * _batch_times(schedule, linear))).save(folder / "replay")
+        (folder / "sim").mkdir()
+        schedule.save(folder / "sim" / "schedule.json")
+        (profiles / model / "tp1").mkdir(parents=True, exist_ok=True)
+        for family in ("linear", "piecewise"):
+            name = f"infermax_{family}.json"
+            shutil.copy(profile_folder("a100", "llama-2-7b") / name, profiles / model / "tp1" / name)
+    got = list(rescore_records(replays, profiles))
+    assert [(m, c, f) for m, c, f, _ in got] == [(m, c, f) for m, c in (("m1", "sarathi"), ("m1", "vllm"), ("m2", "vllm"))
+                                                 for f in ("linear", "piecewise")]
+    piecewise = load_cost_model("a100", "llama-2-7b", kind="piecewise")
+    for _, _, family, check in got:
+        if family == "linear":
+            assert check.summary["per_batch_mape_pct"] == pytest.approx(20.0, rel=1e-6)
+        else:
+            assert np.allclose(check.batches["predicted_s"], _batch_times(schedule, piecewise), rtol=1e-12)
+    assert [(m, c) for m, c, _, _ in rescore_records(replays, profiles, cases=["vllm"], families=("linear",))] == [
+        ("m1", "vllm"), ("m2", "vllm")]
+    assert [(m, c) for m, c, _, _ in rescore_records(replays, profiles, ["m2", "m1"], ["vllm"], ("linear",))] == [
+        ("m2", "vllm"), ("m1", "vllm")]

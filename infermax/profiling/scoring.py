@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..costmodel.base import BatchFeatures, CostModel
+from ..costmodel import load_cost_model
 from ..costmodel.measurements import read_csv_file
 from ..jsonio import read_json
 from ..replay import Replayer, replay
@@ -139,3 +140,28 @@ def load_measured(run: str | Path) -> tuple[list[float], dict]:
         summary = read_json(run / SUMMARY_JSON)
         info = {k: summary[k] for k in RUN_KEYS if k in summary}
     return [float(t) for t in table["measured_s"]], info
+
+
+FAMILIES = ("linear", "piecewise")
+
+
+def rescore_records(replays: str | Path, profiles: str | Path, models: list[str] | None = None,
+                    cases: list[str] | None = None, families: tuple[str, ...] = FAMILIES):
+    """Yield ``(model, case, family, check)`` for committed replay records ``replays/<model>/<case>/`` (each with
+    ``sim/schedule.json`` and a ``replay/`` folder of ``gpu-replay --out``), every one re-scored (``rescore``) against
+    ``profiles/<model>/tp1/infermax_<family>.json``: what a change of the fitting moves on the same measured batches,
+    without a GPU. ``models``/``cases``: these, in this order (default: every record found, sorted)."""
+    replays, profiles = Path(replays), Path(profiles)
+    if models is None or cases is None:
+        found = sorted(p.parent.parent for p in replays.glob("*/*/sim/schedule.json"))
+        pairs = [(c.parent.name, c.name) for c in found
+                 if (models is None or c.parent.name in models) and (cases is None or c.name in cases)]
+    else:
+        pairs = [(m, c) for m in models for c in cases]
+    for model, case in pairs:
+        folder = replays / model / case
+        schedule = Schedule.load(folder / "sim" / "schedule.json")
+        measured, info = load_measured(folder / "replay")
+        for family in families:
+            cost = load_cost_model(path=profiles / model / "tp1" / f"infermax_{family}.json")
+            yield model, case, family, rescore(schedule, cost, measured, info)
