@@ -45,6 +45,7 @@ def test_head_arrays_follow_adds_and_removes(ops):
         assert heads == expected
         assert sorted(q._slot.values()) == list(range(n))
         assert len(q) == len(live)
+        assert q.least_prefill_tokens() == min((s.input_tokens for s in live.values()), default=None)
 
 
 @settings(max_examples=200, deadline=None)
@@ -78,6 +79,8 @@ def test_demoted_buckets_hold_exactly_the_late_requests(ops):
             expected[keys[rid]] = min(expected.get(keys[rid], np.inf), s.req.arrival_s)
         assert heads == expected
         assert [bool(d) for d in q._head_demoted[:n]] == [int(t) < 0 for t in q._head_tokens[:n]]
+        # the fewest prefill tokens waiting, demoted or not (the scheduler's test for "nobody fits")
+        assert q.least_prefill_tokens() == min((s.input_tokens for s in live.values()), default=None)
 
 
 def slo_of(s: RequestState) -> float | None:

@@ -103,6 +103,9 @@ class WaitingQueue:
         self._undemoted: dict[float, list[tuple[float, int, int]]] = {}  # target -> heap of (ref, pos, id), lazy
         self._demoted_at = -np.inf  # the latest ``now`` at which the late requests were moved to demoted buckets
         self._ref_sum = 0  # Σ ref, fixed point (fixed)
+        # Prefill sizes (tokens) of the open buckets, a min-heap read lazily (`least_prefill_tokens`), each size once
+        self._size_heap: list[int] = []
+        self._in_size_heap: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._entry)
@@ -249,6 +252,10 @@ class WaitingQueue:
         self._bucket_add(key, item)
 
     def _open_slot(self, key: int) -> None:
+        tokens = key if key >= 0 else ~key
+        if tokens not in self._in_size_heap:
+            self._in_size_heap.add(tokens)
+            heapq.heappush(self._size_heap, tokens)
         i = len(self._slot)
         if i == len(self._head_tokens):
             self._head_tokens = np.concatenate([self._head_tokens, np.zeros(i, dtype=np.int64)])
@@ -270,6 +277,14 @@ class WaitingQueue:
             self._head_demoted[i] = self._head_demoted[last]
 
     # -- the aggregates -----------------------------------------------------------------------------
+    def least_prefill_tokens(self) -> int | None:
+        """The fewest prefill tokens any waiting request has (None when none waits): the heap's top once every size
+        whose buckets (plain and demoted) have both closed is dropped from it."""
+        heap, buckets = self._size_heap, self._buckets
+        while heap and heap[0] not in buckets and ~heap[0] not in buckets:
+            self._in_size_heap.discard(heapq.heappop(heap))
+        return heap[0] if heap else None
+
     def violators(self, now_s: float) -> int:
         """How many waiting requests have ``now − ref > slo`` (the per-gap test of ``violates``)."""
         count = 0
