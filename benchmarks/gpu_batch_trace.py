@@ -19,7 +19,8 @@ kernel (GEMM, attention, gather/copy, other), and the cost model's prediction.
 
 By default it picks, among the first ``--within`` batches, the earliest of each kind: decode-only with the fewest
 decodes, decode-only with the most decodes, decode-only with the most decode groups (``--decode-kernel sdpa``),
-prefill-only, mixed.
+prefill-only, prefill-only with the most prompts (where that is more than one: each chunk is an attention call and a
+K/V write per layer with ``--prefill-kernel sdpa``, one call for all of them with ``varlen``), mixed.
 Writes ``kernels.csv`` (one row per kernel) and ``batches.csv`` (one row per picked batch) into ``--out``.
 """
 
@@ -65,15 +66,19 @@ def pick_batches(schedule: Schedule, decode_kernel: str, within: int) -> dict[st
     one batch is the pick of several kinds; kinds those batches lack are left out."""
     from gpu_replay_shapes import batch_layouts  # (benchmarks/, the running script's folder)
 
-    decode_only, picks = [], {}
+    decode_only, prefill_only, picks = [], [], {}
     for j, (chunks, lengths) in enumerate(batch_layouts(schedule)[:within]):
         if lengths and not chunks:
             groups = 1 if decode_kernel == "varlen" else len(L.decode_groups(sorted(lengths, reverse=True)))
             decode_only.append((j, len(lengths), groups))
         elif chunks and not lengths:
             picks.setdefault("prefill", j)
+            prefill_only.append((j, len(chunks)))
         elif chunks:
             picks.setdefault("mixed", j)
+    most_chunks = min(prefill_only, key=lambda t: (-t[1], t[0]), default=(None, 1))
+    if most_chunks[1] > 1:
+        picks["most prompts"] = most_chunks[0]
     if decode_only:
         picks["fewest decodes"] = min(decode_only, key=lambda t: (t[1], t[0]))[0]
         picks["most decodes"] = min(decode_only, key=lambda t: (-t[1], t[0]))[0]

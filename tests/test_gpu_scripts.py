@@ -83,8 +83,9 @@ def test_batch_trace_cpu_smoke_picks_and_writes_each_kind(tmp_path):
     from infermax.request import Request
     from infermax.schedule import Schedule, ScheduledBatch as B
 
-    reqs = [Request(0, 0.0, 300, 4), Request(1, 0.0, 3, 6), Request(2, 0.0, 20, 6)]
-    sched = Schedule(reqs, Limits(C=512, M=1024), [B([(0, 300)]), B([(0, 1), (1, 3), (2, 20)]),
+    reqs = [Request(0, 0.0, 300, 4), Request(1, 0.0, 3, 6), Request(2, 0.0, 20, 6), Request(3, 0.0, 10, 2),
+            Request(4, 0.0, 12, 2)]
+    sched = Schedule(reqs, Limits(C=512, M=1024), [B([(0, 300)]), B([(3, 10), (4, 12)]), B([(0, 1), (1, 3), (2, 20)]),
                                                    B([(0, 1), (1, 1), (2, 1)]), B([(1, 1), (2, 1)])])
     path = sched.save(tmp_path / "s.json")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -95,13 +96,14 @@ def test_batch_trace_cpu_smoke_picks_and_writes_each_kind(tmp_path):
     import pandas as pd
 
     batches = pd.read_csv(tmp_path / "trace" / "batches.csv")
-    # prefill-only 0, mixed 1, most decodes 2 (three, in three groups: 301, 21 and 4 keys), fewest decodes 3
-    assert dict(zip(batches.batch, batches.pick)) == {0: "prefill", 1: "mixed", 2: "most decodes, most decode groups",
-                                                      3: "fewest decodes"}
+    # prefill-only 0, the most prompts 1 (two), mixed 2, most decodes 3 (three, in three groups: 301, 21 and 4 keys),
+    # fewest decodes 4
+    assert dict(zip(batches.batch, batches.pick)) == {0: "prefill", 1: "most prompts", 2: "mixed",
+                                                      3: "most decodes, most decode groups", 4: "fewest decodes"}
     assert (batches.measured_ms > 0).all() and (batches.kernels > 0).all()
     assert (batches.span_ms >= batches.idle_in_span_ms).all()
     kernels = pd.read_csv(tmp_path / "trace" / "kernels.csv")
-    assert set(kernels.batch) == {0, 1, 2, 3} and (kernels.dur_us >= 0).all()
+    assert set(kernels.batch) == {0, 1, 2, 3, 4} and (kernels.dur_us >= 0).all()
 
 
 def test_gpu_session_traces_the_named_case_with_its_replays_fit(tmp_path):
