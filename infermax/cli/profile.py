@@ -10,20 +10,25 @@ from rich.table import Table
 
 from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, ProgressOpt, TpOpt, app, at_least, console, fail, flag
 
+EXEC_PANEL = "Execution"  # where and how the model runs (profile and gpu-replay alike)
 DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda; without a GPU the command stops unless "
-                                    "you pass --device cpu).")
-DtypeOpt = typer.Option("bf16", help="bf16, fp16 or fp32.")
-TinyOpt = Annotated[bool, flag("--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).")]
+                                    "you pass --device cpu).", rich_help_panel=EXEC_PANEL)
+DtypeOpt = typer.Option("bf16", help="bf16, fp16 or fp32.", rich_help_panel=EXEC_PANEL)
+TinyOpt = Annotated[bool, flag("--tiny", help="A 2-layer, 64-wide model with the same head ratio (CPU tests).",
+                               panel=EXEC_PANEL)]
 GraphsOpt = Annotated[bool, flag("--cuda-graphs", help=(
-    "Time through CUDA graphs: the GPU's work without the host's launch gaps (needs CUDA; see profiles/README.md)."))]
+    "Time through CUDA graphs: the GPU's work without the host's launch gaps (needs CUDA; see profiles/README.md)."),
+    panel=EXEC_PANEL)]
 DecodeKernelOpt = typer.Option(
     "sdpa", help="Decode attention: sdpa (masked SDPA calls over padded keys, in groups of similar lengths) or varlen "
                  "(one variable-length FlashAttention call over every sequence's own keys, as a paged-attention "
-                 "server makes one call; PyTorch 2.10 or later on CUDA). Profile and replay with the same.")
+                 "server makes one call; PyTorch 2.10 or later on CUDA). Profile and replay with the same.",
+    rich_help_panel=EXEC_PANEL)
 PrefillKernelOpt = typer.Option(
     "sdpa", help="Prefill attention: sdpa (one causal SDPA call and one K/V write per chunk) or varlen (one causal "
                  "variable-length FlashAttention call and one K/V write for every chunk of a batch, as a serving "
-                 "engine makes them; PyTorch 2.10 or later on CUDA). Profile and replay with the same.")
+                 "engine makes them; PyTorch 2.10 or later on CUDA). Profile and replay with the same.",
+    rich_help_panel=EXEC_PANEL)
 
 
 @app.command()
@@ -55,7 +60,8 @@ def gpu_replay(
     costmodel: CostModelPathOpt = None, dtype: str = DtypeOpt, tiny: TinyOpt = False, device: Optional[str] = DeviceOpt,
     warmup: Optional[int] = typer.Option(
         None, help="Batches run once untimed before the timed run (default: the whole schedule, so that no timed "
-                   "batch pays for a kernel plan built for a shape it is the first to meet).", callback=at_least(0)),
+                   "batch pays for a kernel plan built for a shape it is the first to meet).", callback=at_least(0),
+        rich_help_panel=EXEC_PANEL),
     out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here."),
     measured: Optional[Path] = typer.Option(
         None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "
@@ -64,7 +70,7 @@ def gpu_replay(
     decode_padding: float = typer.Option(
         1.25, help="With --decode-kernel sdpa: decodes run in groups of similar lengths, each one attention call over "
                    "keys padded to its longest, at most this many times the group's keys (the operator profile's own "
-                   "spread); inf: one padded call per batch, as replays did until 2026-11-29."),
+                   "spread); inf: one padded call per batch, as replays did until 2026-11-29.", rich_help_panel=EXEC_PANEL),
     progress: ProgressOpt = True,
 ) -> None:
     """Execute SCHEDULE with a random-weight MODEL; compare each batch's time with the cost model's prediction.
