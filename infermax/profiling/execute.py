@@ -420,9 +420,9 @@ def gpu_replay(schedule: Schedule, model: str, cost_model: CostModel, device: st
 
     ``prefill_kernel``: "sdpa" (one causal SDPA call per chunk, and a K/V write per chunk) or "varlen", one causal
     variable-length FlashAttention call and one K/V write for every chunk of a batch
-    (``layers.prefill_attention_varlen``), as a serving engine makes them. On an H200 (2026-11-30) batches of eight
-    Azure prompts took 16 to 23% longer than their per-chunk operators predicted. The same rule: replay with the
-    profile's ``prefill_kernel``.
+    (``layers.prefill_attention_varlen``), as a serving engine makes them. On an H200 (2026-11-30) a batch of eight
+    64-token prompts took 16 to 23% longer than its per-chunk operators predicted (eight 512-token prompts: within 3%).
+    The same rule: replay with the profile's ``prefill_kernel``.
     """
     from .runner import _progress, device_name, resolve_device
 
