@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..costmodel.base import BatchFeatures, CostModel
 from ..costmodel import load_cost_model
+from ..costmodel.base import BatchFeatures, CostModel
 from ..costmodel.measurements import read_csv_file
 from ..jsonio import read_json
 from ..replay import Replayer, replay

@@ -492,8 +492,8 @@ class AptServeScheduler(Scheduler):
         """The greedy (or FCFS) over the waiting requests' whole prefills, read lazily from the queue.
 
         When even the smallest waiting prefill fits ``capacity`` in neither form (its KV size, or with the hybrid
-        cache its hidden size, which is never larger), no waiting request has an item (`_feasible_items`), so the
-        greedy selects nobody: answered without reading the queue. On azure-conv aptserve-kv meets this in about a
+        cache its hidden size, which is never larger), no waiting request has an item (`_feasible_items`) and none fits
+        in queue order either, so the greedy and FCFS alike select nobody: answered without reading the queue. On azure-conv aptserve-kv meets this in about a
         quarter of its iterations (the memory held by decoding requests)."""
         least = self.waiting.least_prefill_tokens()
         if least is None:
