@@ -285,23 +285,50 @@ def _token_capped(limits: Limits, C: int | None) -> Limits:
 
 
 def _work_ranked_family(requests, limits: Limits, cost_model, policies_of: dict, policies: Policies,
-                        token_caps: Sequence[int] = ()) -> list[Candidate]:
+                        token_caps: Sequence[int] = ()) -> tuple[list[Candidate], list[Candidate]]:
     """For the sum of latencies of mixed lengths: `_work_ranked` with the eviction-free policy of rank-i-ef, uncapped
     and with ``Rmax`` at 0.9 and 0.75 of the requests that fit ``M`` (the Azure slice of the optimality study:
     27.38 s mean latency at Rmax 64 of 73 that fit, 27.53 s uncapped, 28.15 s at 48; rank-i-ef 28.92 s), then
     uncapped with every batch at most each of ``token_caps`` tokens (`cheap_batch_tokens`), then with both caps and
-    room for every decode (`_work_ranked`'s ``decode_room``)."""
+    room for every decode (`_work_ranked`'s ``decode_room``); and, second in the pair, lower caps for later in the
+    portfolio (`_concurrency_ladder`)."""
     pol = policies_of.get("rank-i-ef")
     if pol is None or not _policy_allows(pol, policies):
-        return []
+        return [], []
     work = marginal_work_s(requests, cost_model, limits)
     if work is None:
-        return []
+        return [], []
     n_fit = _fit_count(requests, limits)
-    caps = [None] + sorted({max(1, int(n_fit * f)) for f in (0.9, 0.75)}, reverse=True)
+    # (a cap of as many requests as there are caps nothing: it would repeat the uncapped candidate)
+    caps = [None] + sorted({c for f in (0.9, 0.75) for c in (max(1, int(n_fit * f)),) if c < len(requests)},
+                           reverse=True)
+    ladder = _concurrency_ladder(min(n_fit, len(requests)), set(caps))
     return [_work_ranked(limits, pol, work, cap) for cap in caps] + [
         _work_ranked(limits, pol, work, None, C) for C in token_caps] + [
-        _work_ranked(limits, pol, work, cap, C, decode_room=True) for C in token_caps for cap in caps[1:] if cap < C]
+        _work_ranked(limits, pol, work, cap, C, decode_room=True) for C in token_caps for cap in caps[1:] if cap < C], [
+        _work_ranked(limits, pol, work, cap) for cap in ladder]
+
+
+# The ladder's lowest cap and its length: at most this many candidates, none below this many requests
+LADDER_FLOOR, LADDER_STEPS = 16, 4
+
+
+def _concurrency_ladder(n_fit: int, taken: set) -> list[int]:
+    """``Rmax`` caps far below what ``M`` holds: ``n_fit`` (the requests that fit ``M``, or all of them if fewer)
+    halved, quartered, … (at most ``LADDER_STEPS`` of them, none under ``LADDER_FLOOR``, none already in ``taken``), for
+    the local search to refine.
+
+    Why: the caps near ``n_fit`` are right only where memory is what limits the batch. On the Azure slice of the
+    optimality study the best concurrency (about 64 running requests, batches of about 50 ms) is a trade between the
+    batches' intercepts and how long each member waits, not memory: with ``M`` raised tenfold to 1M, schedules within
+    the old limits remain valid, yet a 60 s search found 32.09 s of mean latency (caps of 657 and 547) against
+    27.41 s at M = 100K."""
+    out, cap = [], n_fit // 2
+    while cap >= LADDER_FLOOR and len(out) < LADDER_STEPS:
+        if cap not in taken:
+            out.append(cap)
+        cap //= 2
+    return out
 
 
 def _fit_count(requests, limits: Limits) -> int:
@@ -349,8 +376,10 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
         # B = 256 to 4,096 for makespan and the sum of latencies (fitted A100 profile), so that a search with time
         # for only a few candidates (B = 16,384) reaches it; the template loop below lists it again (skipped)
         out.append(_template("sarathi-pc", sarathi_pc, limits, C=cheap[0]))
+    ladder: list[Candidate] = []  # low concurrency caps: after the clairvoyant families (`_concurrency_ladder`)
     if objective.latency > 0 and not identical:
-        out += _work_ranked_family(requests, limits, cost_model, policies_of, policies, cheap)
+        usual, ladder = _work_ranked_family(requests, limits, cost_model, policies_of, policies, cheap)
+        out += usual
     waves = _waves(requests, limits, objective, policies_of, policies, cheap)
     if ours_ok:  # clairvoyant schedulers, those aimed at the objective first
         plans = _plan_family(requests, limits, not policies.no_hybrid, identical)
@@ -361,6 +390,7 @@ def _portfolio(requests, limits: Limits, objective: Objective, policies: Policie
             forward + plans if latency_like else plans + forward)
     else:
         out += waves
+    out += ladder
     out += [_registered(n, limits) for n in alg1 if n.endswith("-ef") and n not in first]
     out += [_registered(n, limits) for n in alg1 if not n.endswith("-ef")]
     return out + _template_points(requests, limits, policies_of, policies, latency_like, cheap)
