@@ -147,21 +147,13 @@ class Transformer:
         t = t if t is not None else self.tensors(plan, self.device)
         positions = t.positions
         n_prefill = sum(c for _, _, c in plan.prefills)
-        write_rows = t.write_rows
         x = L.embed(t.ids, self.emb)
         for layer, w in enumerate(self.layers):
             k_pool, v_pool = self.k_pool[layer], self.v_pool[layer]
             q, k, v = L.split_qkv(L.linear(L.rms_norm(x, w.ln1), w.wqkv), s)
             q, k = L.rope(q, k, positions, self.emb)
-            outs = self._prefill_attention(plan, t, q, k, v, k_pool, v_pool)
-            if plan.decodes:
-                L.kv_write_rows(k_pool, v_pool, write_rows, k[n_prefill:], v[n_prefill:])
-                if t.ragged is not None:
-                    outs.append(L.decode_attention_varlen(q[n_prefill:], k_pool, v_pool, t.ragged))
-                row = n_prefill
-                for size, index, valid in zip(plan.decode_groups, t.index, t.valid):
-                    outs.append(L.decode_attention(q[row:row + size], k_pool, v_pool, index, valid))
-                    row += size
+            outs = (self._prefill_attention(plan, t, q, k, v, k_pool, v_pool)
+                    + self._decode_attention(plan, t, q[n_prefill:], k[n_prefill:], v[n_prefill:], k_pool, v_pool))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             x = L.add(x, L.linear(attn, w.wo))
             x = L.add(x, L.linear(L.silu_mul(L.linear(L.rms_norm(x, w.ln2), w.w_gate_up)), w.w_down))
@@ -183,6 +175,21 @@ class Transformer:
             end = start + m + c
             outs.append(L.prefill_attention(q[row:row + c], k_pool[start:end], v_pool[start:end]))
             row += c
+        return outs
+
+    @staticmethod
+    def _decode_attention(plan: BatchPlan, t: PlanTensors, q, k, v, k_pool, v_pool) -> list:
+        """The decodes' K/V written (one row each) and their attention outputs (one layer; ``q``, ``k``, ``v``: the
+        decodes' rows): one variable-length call for them all (``t.ragged``), or one padded call per decode group."""
+        if not plan.decodes:
+            return []
+        L.kv_write_rows(k_pool, v_pool, t.write_rows, k, v)
+        if t.ragged is not None:
+            return [L.decode_attention_varlen(q, k_pool, v_pool, t.ragged)]
+        outs, row = [], 0
+        for size, index, valid in zip(plan.decode_groups, t.index, t.valid):
+            outs.append(L.decode_attention(q[row:row + size], k_pool, v_pool, index, valid))
+            row += size
         return outs
 
 
