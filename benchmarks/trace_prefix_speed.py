@@ -5,7 +5,8 @@ and the summary, so two trees can be checked for identical results and timed in 
     PYTHONPATH=TREE python benchmarks/trace_prefix_speed.py azure-conv 3000 bros --C 14088   # 0: every request
 
 Prints one JSON line: batches, loop CPU / wall seconds of the ``simulate()`` call alone, µs of CPU per batch,
-mean items per batch, mean tokens swapped out per batch, and the two hashes.
+mean items per batch, mean requests a batch touches (its items, evictions and swaps: distinct ids) and µs of CPU
+per touched request, mean tokens swapped out per batch, and the two hashes.
 """
 
 from __future__ import annotations
@@ -51,11 +52,14 @@ def main() -> None:
     result = simulate(requests, a.scheduler, limits, cost, swap_cost=swap)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     batches = result.schedule.batches
+    touched = sum(len({rid for rid, _ in b.items} | set(b.evict) | {rid for rid, _ in b.swap_out}
+                      | {rid for rid, _ in b.swap_in}) for b in batches)
     summary = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.summary.items()}
     print(json.dumps({
         "workload": a.workload, "n": a.n, "scheduler": a.scheduler, "C": a.C, "warm": a.warm, "batches": len(batches),
         "loop_cpu_s": round(cpu, 3), "loop_wall_s": round(wall, 3), "us_per_batch": round(1e6 * cpu / len(batches), 2),
         "mean_items": round(sum(len(b.items) for b in batches) / len(batches), 2),
+        "mean_touched": round(touched / len(batches), 2), "us_per_touched": round(1e6 * cpu / touched, 2),
         "mean_swap_out_tokens": round(sum(n for b in batches for _, n in b.swap_out) / len(batches), 1),
         "schedule_sha": _sha(result.schedule.to_json()), "summary_sha": _sha(summary)}))
 
