@@ -18,7 +18,7 @@ from infermax.schedule import Schedule
 
 from .backends import SolveOptions
 from .differences import compared
-from .lower_bound import lower_bound_or_zero
+from .lower_bound import REFINE_RESERVE_S, lower_bound_report, refine_bound
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, optimize
 from .policy import Policies, check_policies_feasible, policy_violations
@@ -122,8 +122,8 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     check_fits(requests, limits)
     check_policies_feasible(requests, limits, policies)
     details: dict = {}
-    bound_s, details["lower_bound_method"] = lower_bound_or_zero(
-        requests, limits, cost_model, objective, policies, time_left_s=deadline.left())
+    report = lower_bound_report(requests, limits, cost_model, objective, policies, time_left_s=deadline.left())
+    bound_s, details["lower_bound_method"] = report.value_s, report.method
     bound_by = "lower bound" if bound_s > 0 else "none"
     say(f"lower bound {bound_s:.6g} s")
     if warm_start == AUTO_WARM_START:
@@ -163,6 +163,11 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     if best is not None and meets(best_s, bound_s):
         refusal = "not needed: the incumbent meets the lower bound"
     details["milp_refused"] = refusal
+    if refusal is not None and report.refinable is not None and not (best is not None and meets(best_s, bound_s)):
+        report = refine_bound(report, deadline.left() - REFINE_RESERVE_S, say)  # no MILP: what the search left
+        if report.value_s > bound_s:
+            bound_s, details["lower_bound_method"] = report.value_s, report.method
+            say(f"lower bound {bound_s:.6g} s ({report.method})")
     milp = None
     if refusal is None:
         seed = best if best is not None and len(best.batches) <= K else warm

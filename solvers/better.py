@@ -20,7 +20,7 @@ from .backends import SolveOptions
 from .bounds import slot_bound
 from .differences import compared
 from .formulation import TIME_UNIT
-from .lower_bound import lower_bound_or_zero
+from .lower_bound import REFINE_RESERVE_S, lower_bound_report, refine_bound
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies, check_policies_feasible, policy_violations
@@ -98,8 +98,8 @@ def _answer(requests, limits, cost_model, scheduler, margin, objective, policies
     """`better`'s answer once the scheduler's own run ``sim`` sets the target: bound, search, then the MILP."""
     base = objective.value(sim)
     target = (1 - margin) * base
-    lb_s, lb_how = lower_bound_or_zero(requests, limits, cost_model, objective, policies,
-                                       time_left_s=deadline.left())
+    report = lower_bound_report(requests, limits, cost_model, objective, policies, time_left_s=deadline.left())
+    lb_s, lb_how = report.value_s, report.method
     say(f"lower bound {lb_s:.6g} s, target {target:.6g} s ({lb_how})")
     sb = slot_bound(requests, cost_model.milp_terms(), objective, target)
     methods = {"lower_bound_s": lb_s, "lower_bound_method": lb_how}
@@ -138,6 +138,18 @@ def _answer(requests, limits, cost_model, scheduler, margin, objective, policies
                             f"{best_by}), validated by replay", found_s=best_s, bound_s=lb_s, slots=slots,
                             solver_status=None, schedule=best_schedule, found_by=best_by, bound_by="lower bound",
                             gap=certified_gap(best_s, lb_s), methods=methods, **common)
+    if refusal is not None and report.refinable is not None:  # unsettled, no MILP: the time left tightens the bound
+        report = refine_bound(report, deadline.left() - REFINE_RESERVE_S, say)
+        if report.value_s > lb_s:
+            lb_s, lb_how = report.value_s, report.method
+            methods.update(lower_bound_s=lb_s, lower_bound_method=lb_how)
+            say(f"lower bound {lb_s:.6g} s ({lb_how})")
+            if lb_s > target * (1 + BOUND_RTOL):
+                return BetterAnswer("no", f"{every} has objective >= {lb_s:.6g} s > target {target:.6g} s "
+                                    f"({margin:.0%} below {scheduler}'s {base:.6g} s); {lb_how}",
+                                    found_s=_finite(best_s), bound_s=lb_s, slots=0, solver_status=None,
+                                    bound_by="lower bound", gap=certified_gap(best_s, lb_s), methods=methods,
+                                    **common)
     if refusal is not None:
         best = (f"the search's best is {best_s:.6g} s ({best_by}) and the lower bound {lb_s:.6g} s: target "
                 f"{target:.6g} s lies between" if best_by else f"the search found no schedule{policies.scope()}; the "

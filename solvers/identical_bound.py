@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -163,10 +163,15 @@ def cells(B: int, width: int | None = None) -> list[tuple[int, int]]:
 class StatePathOutcome:
     """What `state_path_latency` gave: ``value_s``, the bound (None: it does not apply, or no MILP gave one within
     the time), and ``stopped_at_floor``, whether a MILP stopped at a solution at or below the caller's floor (then
-    no grouping tried could beat it: nothing was lost for want of time)."""
+    no grouping tried could beat it: nothing was lost for want of time). ``width``: the narrowest cells whose MILP
+    gave a value, ``milp_s`` that MILP's time and ``times`` the batch-shape table (`shape_times`), so that a later
+    call with time to spare can go on with narrower cells (``start_width``) without rebuilding the table."""
 
     value_s: float | None
     stopped_at_floor: bool = False
+    width: int | None = None
+    milp_s: float = 0.0
+    times: dict | None = field(default=None, repr=False, compare=False)
 
 
 def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model, upper_s: float,
@@ -179,13 +184,16 @@ def state_path_latency_bound(requests: list[Request], limits: Limits, cost_model
 
 def state_path_latency(requests: list[Request], limits: Limits, cost_model, upper_s: float,
                        time_limit_s: float = 10.0, hidden_cache: bool = False,
-                       cell_width: int | None = None, floor_s: float | None = None) -> StatePathOutcome:
+                       cell_width: int | None = None, floor_s: float | None = None,
+                       start_width: int | None = None, times: dict | None = None) -> StatePathOutcome:
     """A lower bound on Σ (finish − arrival) over every schedule of ``requests`` (module docstring), as a
     `StatePathOutcome` (its value None where the bound does not apply, `applicable`). ``upper_s``: the sum of latencies of some schedule (it caps the batches a better
     schedule can have, the MILP's big-M); the result is at most ``upper_s``. With ``time_limit_s`` the MILP's dual
     bound when it stops early, still a bound. ``cell_width``: the states' grouping (`cells`; the tests force it);
     by default the cells of `cells`, then narrower ones while the time left is at least `REFINE_FACTOR` times what
-    the last MILP took (each MILP's value is a bound; the largest is returned). ``floor_s``: a bound the caller has
+    the last MILP took (each MILP's value is a bound; the largest is returned); ``start_width``: the first cells'
+    width instead of `default_width` (a caller going on after an earlier outcome's ``width``), ``times``: that
+    outcome's batch-shape table. ``floor_s``: a bound the caller has
     already; a MILP stops, giving nothing, as soon as it finds a solution at or below it (its optimum, and so its
     value, could not exceed ``floor_s``; HiGHS's ``objective_target``), and then no narrower cells are tried: each
     narrowing lifted the bound by a few percent where measured (B = 32: 88.15 → 90.60 s) and costs more than the
@@ -194,11 +202,13 @@ def state_path_latency(requests: list[Request], limits: Limits, cost_model, uppe
         return StatePathOutcome(None)
     started = time.perf_counter()
     B, I, O = len(requests), requests[0].prompt_tokens, requests[0].output_tokens
-    times = shape_times(I, B, limits, cost_model, deadline=started + time_limit_s - 1.0)
+    if times is None:
+        times = shape_times(I, B, limits, cost_model, deadline=started + time_limit_s - 1.0)
     if times is None:
         return StatePathOutcome(None)
-    best, last_s = None, 0.0
-    for width in ([cell_width] if cell_width is not None else range(default_width(B), 0, -1)):
+    best, last_s, solved, solved_s = None, 0.0, None, 0.0
+    first = start_width if start_width is not None else default_width(B)
+    for width in ([cell_width] if cell_width is not None else range(first, 0, -1)):
         left = time_limit_s - (time.perf_counter() - started)
         if left <= 1.0 or (best is not None and left < REFINE_FACTOR * last_s):
             break
@@ -206,12 +216,14 @@ def state_path_latency(requests: list[Request], limits: Limits, cost_model, uppe
         value = _cell_milp_bound(_Lattice(cells(B, width), B), times, I, O, limits, upper_s, left, floor_s)
         last_s = time.perf_counter() - run
         if value is BELOW_FLOOR:
-            return StatePathOutcome(best, stopped_at_floor=True)
-        if value is not None and (best is None or value > best):
-            best = value
+            return StatePathOutcome(best, stopped_at_floor=True, width=solved, milp_s=solved_s, times=times)
+        if value is not None:
+            solved, solved_s = width, last_s
+            if best is None or value > best:
+                best = value
         if best is not None and best >= upper_s:  # (infeasible: no schedule is better than upper_s)
             break
-    return StatePathOutcome(best)
+    return StatePathOutcome(best, width=solved, milp_s=solved_s, times=times)
 
 
 def _cell_milp_bound(lattice: "_Lattice", times: dict, I: int, O: int, limits: Limits, upper_s: float,

@@ -140,6 +140,7 @@ class LowerBounder:
         self.state_path_budget_s = state_path_budget_s
         self.deadline_s = deadline_s
         self.cut_by_deadline: list[str] = []  # the ingredients skipped past the deadline or stopped by their time
+        self.state_path = None  # (StatePathOutcome, the big-M's schedule sum) once the state path ran
 
     def _past_deadline(self, ingredient: str) -> bool:
         """Whether ``ingredient`` must be skipped (noted in ``cut_by_deadline``)."""
@@ -334,6 +335,7 @@ class LowerBounder:
             started = time.perf_counter()
             outcome = state_path_latency(self.requests, self.limits, self.cost_model, upper, time_limit_s=budget,
                                          hidden_cache=self.hidden, floor_s=floor_s)
+            self.state_path = (outcome, upper)
             if outcome.value_s is None and not outcome.stopped_at_floor \
                     and time.perf_counter() - started >= budget - STATE_PATH_STOP_SLACK_S:
                 # it ran out of its time (it applies): say so, with the time it had, since more time gives a bound;
@@ -765,13 +767,87 @@ def lower_bound(requests: list[Request], limits: Limits, cost_model, objective: 
     return LowerBounder(requests, limits, cost_model, policies, hidden_cache).of(objective)
 
 
+@dataclass(frozen=True)
+class LatencyRefinement:
+    """What `refine_bound` needs to go on with the state-path bound of identical requests (`identical_bound`) after
+    a first call gave ``latency_lb_s`` as the sum-of-latencies component: the instance, the big-M's schedule sum
+    ``upper_s``, the next (narrower) cells' ``width``, the last MILP's time, its batch-shape table, and the
+    objective's weight on the sum of latencies."""
+
+    requests: list
+    limits: Limits
+    cost_model: object
+    hidden: bool
+    upper_s: float
+    width: int
+    last_milp_s: float
+    times: dict = field(repr=False)
+    latency_weight: float
+    latency_lb_s: float
+
+
+@dataclass(frozen=True)
+class BoundReport:
+    """`lower_bound_report`'s answer: the bound, how it was obtained, and what a caller with time to spare after its
+    search may still tighten (`refine_bound`; None: nothing)."""
+
+    value_s: float
+    method: str
+    refinable: LatencyRefinement | None = None
+
+
+# `refine_bound` tries the next cells only when the time left is at least this many times the last MILP's (each
+# narrowing took 1.5-3x the time of the one before: B = 64, I = 512, O = 128 in 13, 19, 32 and 97 s for cells of
+# 8, 7, 6 and 5 on the 2-core machine).
+REFINE_TIME_FACTOR = 2.0
+# A caller refining after its search (`better`, `analyse`: no MILP ran) keeps this much of its time for what follows.
+REFINE_RESERVE_S = 1.0
+
+
+def refine_bound(report: BoundReport, time_left_s: float, progress=None) -> BoundReport:
+    """``report`` with its sum-of-latencies component raised by the state path with narrower cells than the first
+    call reached, within ``time_left_s``; ``report`` itself when nothing can be gained (nothing to refine, too
+    little time for the next cells, or the narrower MILPs do not beat the component's bound). Valid for the same
+    reason as the first call (docs/design.md, "The state-path bound": every width gives a bound), and the
+    objective's other components are unchanged, so the weighted sum stays a bound. ``progress(message)``: told when
+    the MILPs start."""
+    from .identical_bound import state_path_latency
+
+    r = report.refinable
+    if r is None or time_left_s < max(REFINE_TIME_FACTOR * r.last_milp_s, 2.0):
+        return report
+    if progress is not None:
+        progress(f"raising the lower bound in the {time_left_s:.0f} s left (state path, cells of {r.width} and narrower)")
+    started = time.perf_counter()
+    outcome = state_path_latency(r.requests, r.limits, r.cost_model, r.upper_s, time_limit_s=time_left_s,
+                                 hidden_cache=r.hidden, floor_s=r.latency_lb_s, start_width=r.width, times=r.times)
+    if outcome.value_s is None or outcome.value_s <= r.latency_lb_s:
+        return BoundReport(report.value_s, report.method)
+    value = report.value_s + r.latency_weight * (outcome.value_s - r.latency_lb_s)
+    method = (f"{report.method}; raised after the search by the state path with cells of {outcome.width} "
+              f"({time.perf_counter() - started:.1f} s)")
+    more = None
+    if outcome.width is not None and outcome.width > 1:
+        more = LatencyRefinement(r.requests, r.limits, r.cost_model, r.hidden, r.upper_s, outcome.width - 1,
+                                 outcome.milp_s, outcome.times, r.latency_weight, outcome.value_s)
+    return BoundReport(value, method, more)
+
+
 def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
                         time_left_s: float | None = None) -> tuple[float, str]:
+    """`lower_bound_report`'s bound and how it was obtained."""
+    report = lower_bound_report(requests, limits, cost_model, objective, policies, time_left_s)
+    return report.value_s, report.method
+
+
+def lower_bound_report(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
+                       time_left_s: float | None = None) -> BoundReport:
     """The bound and how it was obtained; 0 (the trivial bound) with the reason when the cost model does not
     allow one (`BoundUnavailable`) or an LP fails in HiGHS (a `RuntimeError`, seen once at O = 10^8).
     ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued bound's LPs, the makespan's
     binned MILP and the state-path MILP get at most a quarter of it each, and past half of it the optional
-    ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which)."""
+    ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which). Where the state path
+    solved cells wider than one request, the report says how to go on (`refine_bound`)."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
@@ -779,15 +855,30 @@ def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, poli
         deadline = None if time_left_s is None else time.perf_counter() + BOUND_SHARE_OF_TIME_LEFT * max(time_left_s, 0.0)
         path = STATE_PATH_TIME_LIMIT_S if time_left_s is None else min(STATE_PATH_TIME_LIMIT_S,
                                                                        0.25 * max(time_left_s, 0.0))
-        lb = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
-                          queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline,
-                          state_path_budget_s=path).of(objective)
+        bounder = LowerBounder(requests, limits, cost_model, policies, pairwise_budget_s=budget,
+                               queue_budget_s=budget, mip_budget_s=max(mip, 0.1), deadline_s=deadline,
+                               state_path_budget_s=path)
+        lb = bounder.of(objective)
         cut = lb.parts.get("cut_by_deadline")
         by = "; ".join(f"{name}: {how}" for name, how in lb.set_by.items()) if len(lb.set_by) > 1 else \
             next(iter(lb.set_by.values()))
-        return lb.value_s, (f"aggregate LP bound, set by {by} ({lb.elapsed_s:.1f} s"
-                            + (f"; skipped for time: {', '.join(cut)})" if cut else ")"))
+        return BoundReport(lb.value_s, f"aggregate LP bound, set by {by} ({lb.elapsed_s:.1f} s"
+                           + (f"; skipped for time: {', '.join(cut)})" if cut else ")"),
+                           _refinable(bounder, objective, lb))
     except BoundUnavailable as exc:
-        return 0.0, f"no aggregate bound: {exc}"
+        return BoundReport(0.0, f"no aggregate bound: {exc}")
     except RuntimeError as exc:  # HiGHS failing on an LP's numerics (seen at O = 10^8): the trivial bound stands
-        return 0.0, f"no aggregate bound: {exc}"
+        return BoundReport(0.0, f"no aggregate bound: {exc}")
+
+
+def _refinable(bounder: LowerBounder, objective: Objective, lb: LowerBound) -> LatencyRefinement | None:
+    """How `refine_bound` can go on after ``bounder`` gave ``lb``: where its state path solved cells wider than one
+    request and did not stop at its floor (then no narrower cells were worth trying either)."""
+    if bounder.state_path is None or "latency" not in objective.weights():
+        return None
+    outcome, upper = bounder.state_path
+    if outcome.stopped_at_floor or outcome.width is None or outcome.width <= 1 or outcome.times is None:
+        return None
+    return LatencyRefinement(bounder.requests, bounder.limits, bounder.cost_model, bounder.hidden, upper,
+                             outcome.width - 1, outcome.milp_s, outcome.times, objective.weights()["latency"],
+                             lb.parts["latency_lower_bound_s"])
