@@ -781,7 +781,7 @@ class LatencyRefinement:
     upper_s: float
     width: int
     last_milp_s: float
-    times: dict = field(repr=False)
+    times: dict | None = field(repr=False)  # (None: the first call did not finish it)
     latency_weight: float
     latency_lb_s: float
 
@@ -872,13 +872,23 @@ def lower_bound_report(requests, limits, cost_model, objective: Objective, polic
 
 
 def _refinable(bounder: LowerBounder, objective: Objective, lb: LowerBound) -> LatencyRefinement | None:
-    """How `refine_bound` can go on after ``bounder`` gave ``lb``: where its state path solved cells wider than one
-    request and did not stop at its floor (then no narrower cells were worth trying either)."""
+    """How `refine_bound` can go on after ``bounder`` gave ``lb``: where its state path ran and did not stop at its
+    floor (then no grouping was worth trying), with the next narrower cells when it solved some wider than one
+    request, or from its first cells when it ran out of time before any MILP gave a value (under `better`'s and
+    `optimize`'s default 60 s, B = 64 at I = 512, O = 128: its 15 s are less than the table and the first MILP
+    take)."""
+    from .identical_bound import default_width
+
     if bounder.state_path is None or "latency" not in objective.weights():
         return None
     outcome, upper = bounder.state_path
-    if outcome.stopped_at_floor or outcome.width is None or outcome.width <= 1 or outcome.times is None:
+    if outcome.stopped_at_floor:
         return None
-    return LatencyRefinement(bounder.requests, bounder.limits, bounder.cost_model, bounder.hidden, upper,
-                             outcome.width - 1, outcome.milp_s, outcome.times, objective.weights()["latency"],
-                             lb.parts["latency_lower_bound_s"])
+    if outcome.width is None:  # out of time before any value
+        width, last_s = default_width(len(bounder.requests)), 0.0
+    elif outcome.width > 1:
+        width, last_s = outcome.width - 1, outcome.milp_s
+    else:
+        return None
+    return LatencyRefinement(bounder.requests, bounder.limits, bounder.cost_model, bounder.hidden, upper, width,
+                             last_s, outcome.times, objective.weights()["latency"], lb.parts["latency_lower_bound_s"])

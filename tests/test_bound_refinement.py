@@ -72,6 +72,21 @@ def test_the_report_says_where_the_state_path_stopped(monkeypatch):
     assert makespan_only.refinable is None
 
 
+def test_a_state_path_out_of_time_is_run_again_from_its_first_cells(monkeypatch):
+    """B = 24 at I = 512, O = 128 gives no state path within 1.5 s (`test_identical_bound`'s starved case): the report
+    offers it again from the widest cells, and with time it raises the bound, below every scheduler tried."""
+    requests, limits = fixed(512, 128, 24), Limits(C=4096, M=100_000)
+    monkeypatch.setattr(lower_bound, "STATE_PATH_TIME_LIMIT_S", 1.5)
+    report = lower_bound_report(requests, limits, COST, LATENCY)
+    assert "state path (no bound within its 1.5 s)" in report.method
+    assert report.refinable is not None and report.refinable.width == default_width(24) and report.refinable.last_milp_s == 0
+    solved = _widths(monkeypatch)
+    refined = refine_bound(report, 120)
+    assert solved[0] == default_width(24) and refined.value_s > report.value_s
+    for name in SCHEDULERS:
+        assert refined.value_s <= LATENCY.value(simulate(requests, name, limits, COST)) * (1 + 1e-9), name
+
+
 def test_refinement_raises_the_latency_component_by_its_weight_and_stays_below_every_schedule(monkeypatch):
     objective = Objective(makespan=1, latency=2)
     report = _first_report(monkeypatch, objective)
