@@ -27,6 +27,18 @@ def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def workload(name: str, n: int, C: int):
+    """(requests, limits, swap cost) of ``engine_scale.py``'s workload ``name`` (its first ``n`` requests; 0: all)
+    at chunk budget ``C``."""
+    if name == "long-prompt":
+        requests = with_arrivals(sampled(2000, "lognormal:2500:0.3:4000", "lognormal:200:1.0:3900", seed=0),
+                                 "poisson", rate_per_s=2.0, seed=0)
+    else:
+        requests = with_arrivals(load_trace(name), "trace")
+    requests = requests[:n] if n else requests
+    return requests, Limits(C=C, P=None, M=475_136, Rmax=512, block_size=1), SwapCost.for_system("a100", "llama-2-7b", 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload", help="azure-conv, azure-code or long-prompt (engine_scale.py's)")
@@ -37,14 +49,7 @@ def main() -> None:
                     help="simulate the first 50 requests once before timing, so that the modules the scheduler imports "
                          "on first use (EcoServe's length predictor, say) are loaded outside the timed run")
     a = ap.parse_args()
-    if a.workload == "long-prompt":
-        requests = with_arrivals(sampled(2000, "lognormal:2500:0.3:4000", "lognormal:200:1.0:3900", seed=0),
-                                 "poisson", rate_per_s=2.0, seed=0)
-    else:
-        requests = with_arrivals(load_trace(a.workload), "trace")
-    requests = requests[:a.n] if a.n else requests
-    limits = Limits(C=a.C, P=None, M=475_136, Rmax=512, block_size=1)
-    swap = SwapCost.for_system("a100", "llama-2-7b", 1)
+    requests, limits, swap = workload(a.workload, a.n, a.C)
     cost = load_cost_model()
     if a.warm:
         simulate(requests[:50], a.scheduler, limits, cost, swap_cost=swap)
