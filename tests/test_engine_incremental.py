@@ -240,6 +240,40 @@ def test_cohort_survives_evictions_and_syncs():
     pd.testing.assert_frame_equal(tables[0].batches, tables[1].batches)
 
 
+@pytest.mark.parametrize("reindex", [2, 5, 32])
+def test_cohort_keeps_its_order_through_many_leaves(monkeypatch, reindex):
+    """Forty members leave the cohort one or a few at a time (finishes at different lengths, evictions of members
+    at the front, middle and back, refills that rejoin at the end) while it stays a cohort: each leave searches only
+    the places its item can have moved to, and the places are taken afresh every ``reindex`` leaves. Tables equal
+    the eager replayer's, and every batch after the first decodes was a cohort batch."""
+    from infermax import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "COHORT_REINDEX", reindex)
+    leaves, drop = [], Replayer._drop_from_cohort
+    monkeypatch.setattr(Replayer, "_drop_from_cohort", lambda self, rid: leaves.append(rid) or drop(self, rid))
+    n = 40
+    reqs = [Request(i, 0.0, 4 + i, 6 + (7 * i) % 29) for i in range(n)]  # (the prompts `_with_cohort` prefills)
+    tables, epochs = [], []
+    for lazy in (False, True):
+        rp, _ = _with_cohort(reqs, n, lazy)
+        order, waiting, step = list(range(n)), [], 0  # the decoders in item order; the evicted, by eviction
+        while rp.unfinished:
+            evict = [order[k] for k in (0, len(order) // 2, -1)] if step % 6 == 3 and len(order) > 6 else []
+            decoders = [i for i in order if i not in evict]
+            refills = waiting[:2]
+            items = [(i, 1) for i in decoders] + [(i, rp.states[i].input_tokens) for i in refills]
+            done = {s.id for s in rp.apply(ScheduledBatch(items=items, evict=evict))}
+            order = [i for i in decoders if i not in done] + [i for i in refills if i not in done]  # refills join last
+            waiting = waiting[len(refills):] + evict
+            step += 1
+        tables.append(SimResult.from_replayer(rp))
+        epochs.append(rp._epoch)
+    assert epochs[0] == 0 and epochs[1] >= len(tables[1].batches) - 2  # every batch after the first two: cohort
+    assert len(leaves) > 40  # every member left it once at least, some more often
+    pd.testing.assert_frame_equal(tables[0].requests, tables[1].requests)
+    pd.testing.assert_frame_equal(tables[0].batches, tables[1].batches)
+
+
 def test_cohort_survives_batches_with_other_hidden_items():
     """A batch that decodes the cohort first and also prefills or decodes other requests in hidden form stays a
     cohort batch (Apt-Serve's hybrid variants mix the two), and the hidden request's items are still checked; the
