@@ -847,7 +847,8 @@ def lower_bound_report(requests, limits, cost_model, objective: Objective, polic
     ``time_left_s``: the caller's remaining time; the pairwise QPs or the queued bound's LPs, the makespan's
     binned MILP and the state-path MILP get at most a quarter of it each, and past half of it the optional
     ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which). Where the state path
-    solved cells wider than one request, the report says how to go on (`refine_bound`)."""
+    can still gain (cells wider than one request, or no value within its budget), the report says how to go on
+    (`refine_bound`)."""
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,
@@ -873,10 +874,10 @@ def lower_bound_report(requests, limits, cost_model, objective: Objective, polic
 
 def _refinable(bounder: LowerBounder, objective: Objective, lb: LowerBound) -> LatencyRefinement | None:
     """How `refine_bound` can go on after ``bounder`` gave ``lb``: where its state path ran and did not stop at its
-    floor (then no grouping was worth trying), with the next narrower cells when it solved some wider than one
-    request, or from its first cells when it ran out of time before any MILP gave a value (under `better`'s and
-    `optimize`'s default 60 s, B = 64 at I = 512, O = 128: its 15 s are less than the table and the first MILP
-    take)."""
+    floor (then no grouping was worth trying), with the next narrower cells when some MILP gave a value at cells
+    wider than one request (a MILP stopped by its time limit counts: its dual bound is one; under the default 60 s,
+    B = 64 at I = 512, O = 128 stops so at cells of 8, below the other ingredients), or from its first cells when it
+    ran out of time before any MILP gave a value."""
     from .identical_bound import default_width
 
     if bounder.state_path is None or "latency" not in objective.weights():
