@@ -78,6 +78,73 @@ def test_array_greedy_is_greedy_select(case):
     assert used == want.used
 
 
+def _reference_forms(cands, capacity, token_cap, double_check):
+    tokens = [0]
+
+    def admit(key, n_before):
+        if n_before == 0:
+            tokens[0] = 0
+        if tokens[0] + 1 > token_cap:
+            return False
+        tokens[0] += 1
+        return True
+
+    want = greedy_select(cands, capacity, admit, double_check)
+    return want.forms, want.used
+
+
+@st.composite
+def overflowing_kv_sets(draw):
+    """KV-only candidates (values >= 0, many ties) that together overflow the capacity by a little or a lot, each
+    fitting alone: where the greedy is decided from the least dense end (`_least_dense_dropped`)."""
+    n = draw(st.integers(1, 60))
+    integral = draw(st.booleans())
+    sizes = [draw(st.integers(1, 40)) for _ in range(n)]
+    values = [float(draw(st.integers(0, 3))) if integral else draw(st.floats(0.0, 5.0)) for _ in range(n)]
+    cands = [Candidate(i, v, k) for i, (v, k) in enumerate(zip(values, sizes))]
+    total = sum(sizes)
+    capacity = draw(st.integers(max(sizes), max(max(sizes), total - 1))) if total > max(sizes) else max(sizes)
+    return cands, capacity, draw(st.integers(0, 80)), draw(st.booleans())
+
+
+@pytest.mark.parametrize("tail", [1, 3, 16])
+def test_least_dense_end_is_greedy_select(tail):
+    """The least-dense-end path, with tails short enough that it must also give up (the full sort then decides),
+    takes greedy_select's decisions; with the default tail it decides many of these sets itself."""
+    decided = []
+    old, aptserve_running.TAIL = aptserve_running.TAIL, tail
+    try:
+        @settings(max_examples=300, deadline=None)
+        @given(overflowing_kv_sets())
+        def check(case):
+            cands, capacity, token_cap, double_check = case
+            arrays = as_arrays(cands)
+            decided.append(aptserve_running._least_dense_dropped(arrays, capacity, token_cap, double_check) is not None)
+            assert greedy_forms(arrays, capacity, token_cap, double_check) == \
+                _reference_forms(cands, capacity, token_cap, double_check)
+
+        check()
+    finally:
+        aptserve_running.TAIL = old
+    if tail == 16:  # (a third of the sets in three runs; many overflow by more than 16 items hold, or exceed the budget)
+        assert sum(decided) >= 30
+    assert any(decided) and not all(decided)  # (both paths taken)
+
+
+def test_least_dense_end_drops_the_suffix_of_a_large_set():
+    """Four hundred running requests, all at one pending time, one block over the memory: the greedy drops the
+    largest (the least dense), the later of two equal ones first; decided from the tail alone."""
+    sizes = [100 + (7 * i) % 50 for i in range(400)]
+    sizes[123] = sizes[321] = 200  # the two largest, equal: 321 (later in candidate order) sorts after 123
+    cands = [Candidate(i, 2.5, k) for i, k in enumerate(sizes)]
+    capacity = sum(sizes) - 150
+    arrays = as_arrays(cands)
+    assert aptserve_running._least_dense_dropped(arrays, capacity, 512, True) is not None
+    forms, used = greedy_forms(arrays, capacity, 512, True)
+    assert (forms, used) == _reference_forms(cands, capacity, 512, True)
+    assert set(range(400)) - set(forms) == {321} and used == sum(sizes) - 200
+
+
 @settings(max_examples=400, deadline=None)
 @given(candidate_sets())
 def test_array_fcfs_is_fcfs_select(case):
