@@ -256,7 +256,7 @@ def _least_dense_dropped(c: CandidateArrays, capacity: int, token_cap: int,
     if count == 0 or count > token_cap or c.has_hidden.any():
         return None
     total = int(kv_s.sum())
-    if total <= capacity or int(kv_s.max()) > capacity or float(kv_v.min()) < 0:
+    if total <= capacity or int(kv_s.max()) > capacity or int(kv_s.min()) < 1 or float(kv_v.min()) < 0:
         return None
     key = -(kv_v / kv_s) + 0.0  # feasible_items' θ; ascending key = the greedy's order (−0.0 as 0.0)
     if count > TAIL:
