@@ -12,12 +12,11 @@ An item of one token counts as a decode (a one-token prefill chunk would too: ra
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,7 +25,7 @@ from infermax.costmodel import load_cost_model  # noqa: E402
 from infermax.engine import simulate  # noqa: E402
 from infermax.replay import Replayer  # noqa: E402
 from infermax.schedulers import make_scheduler  # noqa: E402
-from trace_prefix_speed import workload  # noqa: E402
+from trace_prefix_speed import workload, workload_arguments  # noqa: E402
 
 PHASES = ("next_batch", "batch_done", "apply")
 
@@ -40,12 +39,7 @@ def kind(batch) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("workload", help="azure-conv, azure-code or long-prompt")
-    ap.add_argument("n", type=int, help="first N requests (0: all)")
-    ap.add_argument("scheduler")
-    ap.add_argument("--C", type=int, default=4096)
-    a = ap.parse_args()
+    a = workload_arguments(__doc__.splitlines()[0]).parse_args()
     requests, limits, swap = workload(a.workload, a.n, a.C)
     cost = load_cost_model()
     scheduler, limits = make_scheduler(a.scheduler, limits, cost)

@@ -28,7 +28,7 @@ from infermax.request import Request  # noqa: E402
 from solvers import Objective, SolveOptions  # noqa: E402
 from solvers.bounds import slot_bound  # noqa: E402
 from solvers.formulation import Strengthening  # noqa: E402
-from solvers.lower_bound import lower_bound_or_zero  # noqa: E402
+from solvers.lower_bound import lower_bound_report  # noqa: E402
 from solvers.optimize import optimize  # noqa: E402
 
 # "before": the model as it was (finish-order symmetry, big-M pieces, the slot bound without token-count steps);
@@ -83,7 +83,7 @@ def main() -> None:
         else:
             requests, limits, cost = instance(args.I, args.O, B, None)
         warm = simulate(requests, "vllm", limits, cost).schedule
-        cut, _ = lower_bound_or_zero(requests, limits, cost, obj)
+        cut = lower_bound_report(requests, limits, cost, obj).value_s
         budget = obj.value(simulate(requests, "vllm", limits, cost))
         sb = slot_bound(requests, cost.milp_terms(), obj, budget)
         tokens = sum(r.prompt_tokens + r.output_tokens - 1 for r in requests)

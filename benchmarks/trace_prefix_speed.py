@@ -39,12 +39,18 @@ def workload(name: str, n: int, C: int):
     return requests, Limits(C=C, P=None, M=475_136, Rmax=512, block_size=1), SwapCost.for_system("a100", "llama-2-7b", 1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_arguments(description: str) -> argparse.ArgumentParser:
+    """A parser with the arguments `workload` takes (the workload, its first N requests, C) and the scheduler."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("workload", help="azure-conv, azure-code or long-prompt (engine_scale.py's)")
     ap.add_argument("n", type=int, help="first N requests (0: all)")
     ap.add_argument("scheduler")
     ap.add_argument("--C", type=int, default=4096)
+    return ap
+
+
+def main() -> None:
+    ap = workload_arguments(__doc__.splitlines()[0])
     ap.add_argument("--warm", action="store_true",
                     help="simulate the first 50 requests once before timing, so that the modules the scheduler imports "
                          "on first use (EcoServe's length predictor, say) are loaded outside the timed run")

@@ -60,7 +60,7 @@ JOINT_PAIRWISE = True
 # The per-request LPs of the queued-completions bound (online arrivals) together take at most this long by
 # default; requests not reached keep their coarse-grid work (`LowerBounder._classes`).
 QUEUE_TIME_LIMIT_S = 10.0
-# Under a caller's time limit (`lower_bound_or_zero`), the bound's optional ingredients stop past this share of the
+# Under a caller's time limit (`lower_bound_report`), the bound's optional ingredients stop past this share of the
 # time left: 60 online Azure requests took 6.7 s for the sum of latencies (24 release times × a grid of busy LPs) and
 # 10.9 s for latency + TTFT under `--time-limit 2`; the search and the MILP need the rest.
 BOUND_SHARE_OF_TIME_LEFT = 0.5
@@ -831,13 +831,6 @@ def refine_bound(report: BoundReport, time_left_s: float, progress=None) -> Boun
         more = LatencyRefinement(r.requests, r.limits, r.cost_model, r.hidden, r.upper_s, outcome.width - 1,
                                  outcome.milp_s, outcome.times, r.latency_weight, outcome.value_s)
     return BoundReport(value, method, more)
-
-
-def lower_bound_or_zero(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),
-                        time_left_s: float | None = None) -> tuple[float, str]:
-    """`lower_bound_report`'s bound and how it was obtained."""
-    report = lower_bound_report(requests, limits, cost_model, objective, policies, time_left_s)
-    return report.value_s, report.method
 
 
 def lower_bound_report(requests, limits, cost_model, objective: Objective, policies: Policies = Policies(),

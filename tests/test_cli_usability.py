@@ -109,8 +109,8 @@ def test_a_failing_bound_lp_leaves_the_trivial_bound(monkeypatch):
         raise RuntimeError("lower-bound LP failed: (HiGHS Status 4: Solve error)")
 
     monkeypatch.setattr(lb.LowerBounder, "of", fail)
-    value, how = lb.lower_bound_or_zero(fixed(4, 2, 2), Limits(), load_cost_model(), Objective(makespan=1))
-    assert value == 0.0 and "HiGHS Status 4" in how
+    report = lb.lower_bound_report(fixed(4, 2, 2), Limits(), load_cost_model(), Objective(makespan=1))
+    assert report.value_s == 0.0 and "HiGHS Status 4" in report.method
 
 
 def test_a_distribution_alone_is_still_an_error_after_it_parses():

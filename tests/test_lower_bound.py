@@ -527,12 +527,13 @@ def test_binned_bound_proves_the_search_schedule_optimal_at_b16():
 def test_a_bound_cut_short_by_its_deadline_is_still_below_the_full_bound_and_every_schedule(objective):
     """Past the deadline the optional ingredients are skipped (the method says which): the bound can only drop, and
     stays below what a scheduler reaches. The instance is online, so every ingredient has something to skip."""
-    from solvers.lower_bound import lower_bound_or_zero
+    from solvers.lower_bound import lower_bound_report
 
     reqs = [Request(i, 0.02 * (i % 7) + 0.01 * i, 8 + 5 * (i % 4), 2 + (i % 5)) for i in range(24)]
     limits = Limits(C=64, M=400)
-    full, how_full = lower_bound_or_zero(reqs, limits, COST, objective)
-    cut, how_cut = lower_bound_or_zero(reqs, limits, COST, objective, time_left_s=1e-9)  # the deadline has passed
+    whole = lower_bound_report(reqs, limits, COST, objective)
+    short = lower_bound_report(reqs, limits, COST, objective, time_left_s=1e-9)  # the deadline has passed
+    full, how_full, cut, how_cut = whole.value_s, whole.method, short.value_s, short.method
     assert "skipped for time" in how_cut and "skipped" not in how_full
     assert 0 < cut <= full * (1 + 1e-9)
     sim = simulate(reqs, "sarathi", limits, COST)
@@ -607,8 +608,8 @@ def test_pruned_release_grid_skips_points_under_load_and_keeps_those_that_raise_
 def test_the_bound_names_the_ingredient_that_set_it(case):
     """``set_by`` names the ingredient whose value the bound is: a whole-sum ingredient's part equals the bound and no
     part exceeds it; the per-rank completions (order statistics, queued) when none of the whole sums reaches it. The
-    makespan's names the arrival its busy time counts from. `lower_bound_or_zero`'s method string carries it."""
-    from solvers.lower_bound import INGREDIENT_PARTS, lower_bound_or_zero
+    makespan's names the arrival its busy time counts from. `lower_bound_report`'s method string carries it."""
+    from solvers.lower_bound import INGREDIENT_PARTS, lower_bound_report
 
     reqs, limits = case
     bounder = LowerBounder(reqs, limits, COST)
@@ -624,6 +625,6 @@ def test_the_bound_names_the_ingredient_that_set_it(case):
             assert all(value <= total * (1 + 1e-12) for value in sums.values())
     makespan = bounder.makespan_s()
     assert (makespan.parts["set_by"] == "busy time") == (makespan.parts["suffix_from_s"] == 0)
-    _, how = lower_bound_or_zero(reqs, limits, COST, Objective(latency=1, ttft=1))
+    how = lower_bound_report(reqs, limits, COST, Objective(latency=1, ttft=1)).method
     latency_by, ttft_by = bounder.latency_sum_s().parts["set_by"], bounder.mean_ttft_s().parts["set_by"]
     assert f"set by latency: {latency_by}; ttft: {ttft_by} (" in how
