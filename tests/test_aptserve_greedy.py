@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from infermax.schedulers.aptserve import Candidate, greedy_select, marginal_items
+from infermax.schedulers.aptserve_greedy import Candidate, greedy_select, marginal_items
 
 
 def brute_force(cands, capacity):

@@ -1,5 +1,5 @@
 """The array forms of Apt-Serve's decode selection (``aptserve_running``) take exactly ``greedy_select``'s
-and ``_fcfs_select``'s decisions: same forms, same memory, over random candidates with tied densities, demoted
+and ``fcfs_select``'s decisions: same forms, same memory, over random candidates with tied densities, demoted
 and decayed values, negative hidden values, hidden options too big or missing, and token budgets that stop
 the greedy; the scheduler using them on every decode iteration decides as the reference scheduler; its
 running totals (memory held, Σ of pending-time references) match the request states after every batch."""
@@ -18,8 +18,8 @@ from infermax.limits import Limits
 from infermax.replay import cache_tokens
 from infermax.request import Request
 from infermax.schedulers import InfeasibleRequestError, NoProgressError, aptserve_running
-from infermax.schedulers.aptserve import (DEMOTED_DENSITY, AptServeOptions, AptServeScheduler, Candidate,
-                                          _fcfs_select, greedy_select)
+from infermax.schedulers.aptserve import DEMOTED_DENSITY, AptServeOptions, AptServeScheduler
+from infermax.schedulers.aptserve_greedy import Candidate, fcfs_select, greedy_select
 from infermax.schedulers.aptserve_running import CandidateArrays, fcfs_masks, greedy_forms
 from infermax.schedulers.aptserve_waiting import fixed
 
@@ -136,13 +136,13 @@ def test_least_dense_end_drops_the_suffix_of_a_large_set():
 
 @settings(max_examples=400, deadline=None)
 @given(candidate_sets())
-def test_array_fcfs_is_fcfs_select(case):
+def test_array_fcfs_isfcfs_select(case):
     cands, capacity, token_cap, _ = case
 
     def admit(key, n_before):
         return n_before + 1 <= token_cap
 
-    want = _fcfs_select(cands, capacity, admit)
+    want = fcfs_select(cands, capacity, admit)
     arrays = as_arrays(cands)
     selected, as_hidden = fcfs_masks(arrays.kv_size, arrays.hidden_size, arrays.has_hidden, capacity, token_cap)
     got = {k: ("hidden" if h else "kv") for k, s, h in zip(arrays.keys.tolist(), selected, as_hidden) if s}

@@ -159,7 +159,8 @@ def test_density_bounds_agree_one_by_one_and_for_every_head(data, hybrid, demoti
     from conftest import AffineCost
 
     from infermax.limits import Limits
-    from infermax.schedulers.aptserve import AptServeOptions, AptServeScheduler, _DensityBound, _feasible_items
+    from infermax.schedulers.aptserve import AptServeOptions, AptServeScheduler, _DensityBound
+    from infermax.schedulers.aptserve_greedy import feasible_items
 
     heads = data.draw(st.lists(st.tuples(st.integers(1, 3 * capacity), st.floats(0.0, 50.0), st.booleans()),
                                min_size=1, max_size=12))
@@ -174,7 +175,7 @@ def test_density_bounds_agree_one_by_one_and_for_every_head(data, hybrid, demoti
         p = now - (now - p)  # the pending time as the queue computes it from the ref
         b = bound(~t if d else t, p)
         assert (b_array == -np.inf) if b is None else b_array == b
-        items = _feasible_items(sched._candidate(RequestState(Request(0, 0.0, t, 2)), p, t, n, d), capacity)
+        items = feasible_items(sched._candidate(RequestState(Request(0, 0.0, t, 2)), p, t, n, d), capacity)
         assert all(theta <= b for theta, _, _ in items) if b is not None else not items
 
 

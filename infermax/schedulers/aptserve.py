@@ -6,7 +6,7 @@ prefill for a waiting request, ``m + 1`` tokens for a running one). Scheduling i
 ``g = p − β·N·ρ·m``: ``β = 1`` if it holds its cache as layer-input hidden states (half the memory,
 K/V recomputed every iteration, which slows the batch for all ``N`` requests in the system).
 Each iteration solves ``max Σ g`` subject to ``Σ memory ≤ M_e`` with the greedy of the paper's
-appendix (``greedy_select``): each request is split into a hidden step and a KV upgrade (or one
+appendix (``aptserve_greedy.greedy_select``): each request is split into a hidden step and a KV upgrade (or one
 KV-only step when hidden is not worth it), steps are taken by value density until the first that
 does not fit, and the result is compared with the best single request (2-approximation).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import compress
-from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ..limits import Limits
 from ..replay import RequestState, cache_tokens
 from ..schedule import ScheduledBatch
 from . import aptserve_running
+from .aptserve_greedy import Candidate, Selection, fcfs_select, feasible_items, greedy_select, greedy_take
 from .aptserve_waiting import BOUND_SLACK, WaitingQueue, fixed, pending_bounds
 from .base import InfeasibleRequestError, Scheduler
 
@@ -39,111 +40,6 @@ DEMOTED_DENSITY = 1e-12  # value per memory unit of a demoted request: below eve
 RHO_MODES = ("cost-model", "authors")
 DEMOTIONS = ("near-zero", "decay")
 PREFILL_MEMORY = ("free", "paper")
-
-
-# ---------------------------------------------------------------------------------------------
-# The greedy (pure: tested against brute force)
-
-
-class Candidate(NamedTuple):
-    """One request's options: KV (``kv_value``, ``kv_size``) or hidden (``hidden_value``,
-    ``hidden_size``; ``hidden_value`` None = not offered). A named tuple: one is built per request
-    read, every batch, and a tuple is about 3x cheaper to build than a frozen dataclass."""
-
-    key: Hashable
-    kv_value: float
-    kv_size: int
-    hidden_value: float | None = None
-    hidden_size: int = 0
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The greedy's decision: ``forms[key]`` is ``"kv"`` or ``"hidden"`` for selected requests."""
-
-    forms: dict
-    value: float
-    used: int
-    single: bool = False  # the best single request beat the greedy set (S')
-
-
-def marginal_items(c: Candidate) -> list[tuple[float, int, str]]:
-    """``(density θ, size Δm, step)`` items of a candidate, step ``hidden`` / ``upgrade`` / ``kv``.
-
-    The hidden step and the KV upgrade are offered when the hidden option exists, is smaller, and
-    its density is at least the KV-only density ``kv_value / kv_size`` (then ``θ_hidden ≥
-    θ_upgrade``: the two steps are the concave hull of the request's options); otherwise one KV step.
-    """
-    kv_density = c.kv_value / c.kv_size
-    hv, hs = c.hidden_value, c.hidden_size
-    if hv is not None and 0 < hs < c.kv_size and 0 <= hv <= c.kv_value and hv / hs >= kv_density:
-        upgrade = (c.kv_value - hv) / (c.kv_size - hs)
-        # θ_upgrade ≤ θ_hidden holds exactly; rounding can break it when the two are equal, and an
-        # upgrade sorted before its hidden step would be taken alone. The single KV step is worth
-        # the same then.
-        if upgrade <= hv / hs:
-            return [(hv / hs, hs, "hidden"), (upgrade, c.kv_size - hs, "upgrade")]
-    return [(kv_density, c.kv_size, "kv")]
-
-
-def _feasible_items(c: Candidate, capacity: int) -> list[tuple[float, int, str]]:
-    if c.kv_size <= capacity:
-        return marginal_items(c)
-    if c.hidden_value is not None and 0 < c.hidden_size <= capacity and c.hidden_value >= 0:
-        return [(c.hidden_value / c.hidden_size, c.hidden_size, "hidden")]
-    return []
-
-
-def greedy_select(candidates: Sequence[Candidate], capacity: int,
-                  admit: Callable[[Hashable, int], bool] | None = None, double_check: bool = True) -> Selection:
-    """The appendix's Algorithm 1 over ``candidates`` with memory ``capacity``.
-
-    Items (``marginal_items``) are sorted by density, descending and stable (ties keep candidate
-    order), and taken until the first that does not fit. A request whose first item is taken
-    must pass ``admit(key, n_selected_before)`` (token and sequence budgets): the first refusal stops
-    the greedy too. With ``double_check``, the best single feasible option of the request whose
-    item did not fit (KV if it fits ``capacity``, else hidden) replaces the set when it is worth more.
-    Options larger than ``capacity`` are dropped first (no solution can use them); the appendix's
-    proof assumes this, and without it a request too big to fit could block every other one.
-    """
-    items = []
-    for order, c in enumerate(candidates):
-        for rank, (theta, size, step) in enumerate(_feasible_items(c, capacity)):
-            items.append((-theta, order, rank, size, step, c))
-    items.sort(key=lambda t: (t[0], t[1], t[2]))
-    return greedy_take(items, capacity, admit, double_check)
-
-
-def greedy_take(items: Iterable[tuple], capacity: int, admit: Callable[[Hashable, int], bool] | None = None,
-                double_check: bool = True) -> Selection:
-    """``greedy_select``'s loop over items ``(−θ, order, rank, size, step, candidate)`` already in
-    ascending order; it stops reading at the first item that does not fit or is refused, so a lazy
-    iterator (``WaitingQueue.items``) is read only that far."""
-    forms: dict = {}
-    value, used = 0.0, 0
-    blocked: Candidate | None = None
-    for _, _, _, size, step, c in items:
-        if used + size > capacity:
-            blocked = c
-            break
-        if step != "upgrade":
-            if admit is not None and not admit(c.key, len(forms)):
-                break
-            forms[c.key] = "hidden" if step == "hidden" else "kv"
-            value += c.hidden_value if step == "hidden" else c.kv_value
-        else:
-            forms[c.key] = "kv"
-            value += c.kv_value - c.hidden_value
-        used += size
-    if double_check and blocked is not None and (admit is None or admit(blocked.key, 0)):
-        single = None
-        if blocked.kv_size <= capacity:
-            single = ("kv", blocked.kv_value, blocked.kv_size)
-        elif blocked.hidden_value is not None and 0 < blocked.hidden_size <= capacity:
-            single = ("hidden", blocked.hidden_value, blocked.hidden_size)
-        if single is not None and single[1] > value:
-            return Selection({blocked.key: single[0]}, single[1], single[2], single=True)
-    return Selection(forms, value, used)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,10 +208,15 @@ class AptServeScheduler(Scheduler):
         slo = s.req.ttft_slo_s if s.last_token_s is None else s.req.tbt_slo_s
         return slo is not None and p > slo
 
-    def _candidate(self, s: RequestState, p: float, kv_tokens: int, n: int, violator: bool) -> Candidate:
+    def _candidate(self, s: RequestState, p: float, kv_tokens: int, n: int, violator: bool,
+                   sizes: tuple[int, int] | None = None) -> Candidate:
+        """Request ``s``'s options for a ``kv_tokens``-token cache, pending ``p``; ``sizes``: its KV and hidden-form
+        memory when known (a waiting request's, from `_prefill_sizes`)."""
         lim, opt = self.limits, self.options
-        kv_size = lim.blocks(kv_tokens)
-        hidden_size = cache_tokens(lim, kv_tokens, True)
+        if sizes is None:
+            kv_size, hidden_size = lim.blocks(kv_tokens), cache_tokens(lim, kv_tokens, True)
+        else:
+            kv_size, hidden_size = sizes
         if violator and opt.demotion == "near-zero":
             return Candidate(s.id, DEMOTED_DENSITY * kv_size, kv_size)
         weight = opt.decay if violator else 1.0
@@ -492,7 +393,7 @@ class AptServeScheduler(Scheduler):
         """The greedy (or FCFS) over the waiting requests' whole prefills, read lazily from the queue.
 
         When even the smallest waiting prefill fits ``capacity`` in neither form (its KV size, or with the hybrid
-        cache its hidden size, which is never larger), no waiting request has an item (`_feasible_items`) and none fits
+        cache its hidden size, which is never larger), no waiting request has an item (`feasible_items`) and none fits
         in queue order either, so the greedy and FCFS alike select nobody: answered without reading the queue. On azure-conv aptserve-kv meets this in about a
         quarter of its iterations (the memory held by decoding requests)."""
         least = self.waiting.least_prefill_tokens()
@@ -507,11 +408,14 @@ class AptServeScheduler(Scheduler):
         if not self.options.adaptive:
             cands = (self._candidate(s, p, s.input_tokens, n, False)
                      for s in self.waiting for p in (self.pending_s(s, now_s),))
-            return _fcfs_select(cands, capacity, admit)
+            return fcfs_select(cands, capacity, admit)
+
+        sizes, known = self._prefill_sizes, self._bucket_sizes
 
         def expand(s: RequestState, p: float) -> list[tuple]:
-            c = self._candidate(s, p, s.input_tokens, n, demote and self.violates(s, p))
-            return [(theta, size, step, c) for theta, size, step in _feasible_items(c, capacity)]
+            tokens = s.input_tokens
+            c = self._candidate(s, p, tokens, n, demote and self.violates(s, p), known.get(tokens) or sizes(tokens))
+            return [(theta, size, step, c) for theta, size, step in feasible_items(c, capacity)]
 
         items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
         return greedy_take(items, capacity, admit, self.options.double_check)
@@ -539,7 +443,7 @@ class AptServeScheduler(Scheduler):
         admit = self._admit(False, 0, lambda key: 1)
         if self.options.adaptive:
             return greedy_select(cands, lim.M, admit, self.options.double_check)
-        return _fcfs_select(cands, lim.M, admit)
+        return fcfs_select(cands, lim.M, admit)
 
     def _decode_arrays(self, now_s: float, n: int, arrays: aptserve_running.RunningArrays) -> ScheduledBatch:
         """``_decode_batch(_select_running(now_s, n))`` from the running requests' arrays. The selection is
@@ -642,7 +546,7 @@ class AptServeScheduler(Scheduler):
         if self.options.adaptive:
             rest = greedy_select(cands, lim.M - need, admit, self.options.double_check)
         else:
-            rest = _fcfs_select(cands, lim.M - need, admit)
+            rest = fcfs_select(cands, lim.M - need, admit)
         forms = {s.id: ("hidden" if s.hidden else "kv") for s in running if s.id in pinned}
         forms.update(rest.forms)
         return Selection(forms, math.nan, rest.used + need)  # value not needed
@@ -782,7 +686,7 @@ class _DensityBound:
     ``p``, or None when it has no item: no option fits ``capacity``, or only the hidden form does and its value is
     below 0 (not offered, unless a demotion decays it by 0).
 
-    Its options (``_feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
+    Its options (``feasible_items``) are KV if it fits, ``p/kv`` at most, and hidden (hybrid only)
     if that fits, ``(p − N·ρ·kv)/hidden`` at most; a demoted request's KV density is below twice
     ``DEMOTED_DENSITY``, a decayed one below the undecayed, an upgrade below its hidden step;
     ``BOUND_SLACK`` covers rounding. The waiting queue keeps the requests it knows to be demoted (late for
@@ -797,7 +701,7 @@ class _DensityBound:
 
     def __call__(self, key: int, p: float, negative_hidden_offered: bool = False) -> float | None:
         """None when the request has no item: its KV form does not fit and its hidden form does not fit or has a
-        value below 0 (`_feasible_items`), which ``p − N·ρ·kv`` keeps for every request of the bucket waiting no
+        value below 0 (`feasible_items`), which ``p − N·ρ·kv`` keeps for every request of the bucket waiting no
         longer (so a bucket's later entries have none either). ``negative_hidden_offered``: such a value is
         offered, as a demoted request decayed by 0 has it (density ±0)."""
         if key < 0:
@@ -859,24 +763,6 @@ class _DensityBound:
         if hidden_below_0 is not None:
             out[hidden_below_0] = -np.inf
         return out if low is None else np.where(demoted, low, out)
-
-
-def _fcfs_select(cands: Iterable[Candidate], capacity: int, admit) -> Selection:
-    """Queue order: KV if it fits, else hidden if offered and it fits; stop at the first that fits neither."""
-    forms: dict = {}
-    value, used = 0.0, 0
-    for c in cands:
-        if used + c.kv_size <= capacity:
-            form, v, size = "kv", c.kv_value, c.kv_size
-        elif c.hidden_value is not None and used + c.hidden_size <= capacity:
-            form, v, size = "hidden", c.hidden_value, c.hidden_size
-        else:
-            break
-        if not admit(c.key, len(forms)):
-            break
-        forms[c.key] = form
-        value, used = value + v, used + size
-    return Selection(forms, value, used)
 
 
 def _check_hidden_halves_memory(model: str | None) -> None:

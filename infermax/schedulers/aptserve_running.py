@@ -7,7 +7,7 @@ is the per-request Python work (a ``Candidate`` built, its items expanded, sorte
 running requests cost ~0.7 ms on the azure-conv trace.
 
 Exactness: every quantity is computed with the same IEEE operations, in the same order, as
-``AptServeScheduler._candidate``, ``marginal_items``, ``_feasible_items`` and ``greedy_take`` (numpy's
+``AptServeScheduler._candidate``, ``marginal_items``, ``feasible_items`` and ``greedy_take`` (numpy's
 elementwise ``+ − × ÷`` on float64 round exactly as Python's floats; integers stay below 2^53); the
 items are ordered by ``(−θ, candidate order, rank)`` with a stable lexicographic sort, as the tuple
 sort does; the greedy's running value is the sequential float sum (``np.add.accumulate`` adds left to
@@ -39,7 +39,7 @@ class CandidateArrays(NamedTuple):
 
 
 def feasible_items(c: CandidateArrays, capacity: int) -> tuple[np.ndarray, ...]:
-    """``_feasible_items`` for every candidate: ``(θ, size, step, candidate index, rank)`` per item, items of
+    """``feasible_items`` for every candidate: ``(θ, size, step, candidate index, rank)`` per item, items of
     one candidate adjacent and in rank order. Without any hidden option (the KV-only variants, or every request
     demoted) each candidate whose KV fits has one KV item and nothing else is computed: the general expressions
     give the same arrays then (no hidden step, no upgrade), at about a sixth of the cost for a few hundred."""
@@ -295,7 +295,7 @@ def greedy_forms(c: CandidateArrays, capacity: int, token_cap: int, double_check
 
 def fcfs_masks(kv_size: np.ndarray, hidden_size: np.ndarray, has_hidden: np.ndarray, capacity: int,
                token_cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_fcfs_select`` over requests in order (KV if it fits, else hidden if offered and it fits; stop at
+    """``fcfs_select`` over requests in order (KV if it fits, else hidden if offered and it fits; stop at
     the first that fits in neither, or at the (``token_cap`` + 1)-th): selected and selected in hidden
     form. The prefix that fits in KV is one cumulative sum; the rest is a loop over plain ints."""
     count = len(kv_size)
