@@ -571,17 +571,19 @@ def test_search_finds_chunked_prefill_first_near_the_bound_at_b64():
 
 def test_prefill_first_meets_the_bound_at_b32():
     """`--I 64 --O 4 --B 32`, default fitted A100 model: the prefill-first partition (6, 6, 6, 6 and 8 prompts,
-    then three decode batches), simulated, is within `OPTIMAL_RTOL` of the lower bound: optimal."""
+    then three decode batches), simulated, is within `OPTIMAL_RTOL` of the lower bound: optimal. The bound's binned
+    MIP gets all the time it needs (about 11 s alone on a 2-core AMD EPYC): stopped by the default 20 s under the test
+    suite's load there it gave 0.18192 s against the optimum's 0.18269 s, and this test's claim is the optimum's."""
     from infermax.costmodel import load_cost_model
     from infermax.workload import fixed
     from solvers.analyse import OPTIMAL_RTOL
-    from solvers.lower_bound import lower_bound
+    from solvers.lower_bound import LowerBounder
 
     reqs, limits, cost = fixed(64, 4, 32), Limits(), load_cost_model()
     groups = prefill_partition(reqs, limits, cost)
     assert sorted(len(g) for g in groups) == [6, 6, 6, 6, 8]
     makespan = simulate(reqs, PrefillFirstScheduler(limits, groups), limits, cost).summary["makespan_s"]
-    lb = lower_bound(reqs, limits, cost, Objective(makespan=1)).value_s
+    lb = LowerBounder(reqs, limits, cost, mip_budget_s=600).of(Objective(makespan=1)).value_s
     assert lb <= makespan * (1 + 1e-9)
     assert makespan <= lb * (1 + OPTIMAL_RTOL)
 
