@@ -4,6 +4,8 @@ batches (items, preemptions, cache forms), or the same error."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from aptserve_reference import AptServeOptions as RefOptions
 from aptserve_reference import AptServeScheduler as RefScheduler
@@ -21,10 +23,12 @@ OPTION_FIELDS = ("hybrid", "adaptive", "rho", "n_minus_violators", "demotion", "
 
 
 @st.composite
-def runs(draw, twins: bool = False):
+def runs(draw, twins: bool = False, kv_greedy_without_targets: bool = False):
     """``twins``: requests drawn from a few (arrival, prompt, output) shapes, so that many wait with the same size
-    and pending time (an offline grid point), the waiting queue's twin rule (`WaitingQueue._twins_follow`)."""
-    n = draw(st.integers(1, 60 if twins else 40))
+    and pending time (an offline grid point), the waiting queue's twin rule (`WaitingQueue._twins_follow`).
+    ``kv_greedy_without_targets``: no SLO targets, the KV-only adaptive variant, more requests and less memory (its
+    decode iterations that preempt, `pending_tail_drop`)."""
+    n = draw(st.integers(1, 60 if twins or kv_greedy_without_targets else 40))
     # Integer-valued times (tie-heavy pending times and densities) or fractional ones.
     integral = draw(st.booleans())
     reqs = []
@@ -35,12 +39,13 @@ def runs(draw, twins: bool = False):
         else:
             arrival = draw(st.integers(0, 30)) if integral else draw(st.floats(0.0, 3.0))
             prompt, output = draw(st.integers(1, 60)), draw(st.integers(1, 30))
-        slo = draw(st.sampled_from([None, None, 0.5, 2.0, 20.0]))
+        slo = None if kv_greedy_without_targets else draw(st.sampled_from([None, None, 0.5, 2.0, 20.0]))
         tbt = draw(st.sampled_from([None, 0.2, 1.0, 5.0])) if slo is not None else None
         reqs.append(Request(i, float(arrival), prompt, output, slo, tbt))
     block = draw(st.sampled_from([1, 1, 4, 16]))
     c = draw(st.integers(64, 160))
-    limits = Limits(C=c, P=draw(st.sampled_from([None, c, 64])), M=draw(st.integers(96, 400)) // block * block,
+    memory = draw(st.integers(96, 200 if kv_greedy_without_targets else 400))
+    limits = Limits(C=c, P=draw(st.sampled_from([None, c, 64])), M=memory // block * block,
                     Rmax=draw(st.sampled_from([None, None, 3, 8])), block_size=block)
     options = AptServeOptions(
         hybrid=draw(st.booleans()), adaptive=draw(st.sampled_from([True, True, True, False])),
@@ -48,6 +53,8 @@ def runs(draw, twins: bool = False):
         demotion=draw(st.sampled_from(["near-zero", "decay"])), decay=draw(st.sampled_from([0.0, 0.4, 1.0])),
         double_check=draw(st.booleans()), reprefill_hidden=draw(st.booleans()),
         prefill_memory=draw(st.sampled_from(["free", "paper"])))
+    if kv_greedy_without_targets:
+        options = replace(options, hybrid=False, adaptive=True)
     cost = AffineCost(1.0, 1.0) if integral else AffineCost(0.013, draw(st.sampled_from([0.00037, 0.0011])))
     return reqs, limits, options, cost
 

@@ -134,9 +134,75 @@ def test_least_dense_end_drops_the_suffix_of_a_large_set():
     assert set(range(400)) - set(forms) == {321} and used == sum(sizes) - 200
 
 
+@st.composite
+def running_columns(draw):
+    """Running requests' columns as the KV-only scheduler keeps them: cached tokens ``m`` (many equal), reference
+    times from a few batch ends (a cohort that decoded together, and a few admitted since), a block size, and a
+    memory that the next decode overflows by a little or a lot (or not at all)."""
+    n = draw(st.integers(1, 80))
+    block = draw(st.sampled_from([1, 1, 16]))
+    m = np.array([draw(st.integers(1, 60)) for _ in range(n)], dtype=np.int64)
+    ends = sorted(draw(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=4)))
+    ref = np.array([ends[0] if draw(st.integers(0, 3)) else draw(st.sampled_from(ends)) for _ in range(n)])
+    now = ends[-1] + draw(st.sampled_from([0.0, 1e-3, 0.5, 7.0]))
+    size = aptserve_running.blocks(m + 1, block)
+    total, largest = int(size.sum()), int(size.max())
+    capacity = draw(st.integers(max(1, largest - 1), total + 5))
+    return m, ref, now, capacity, block, draw(st.booleans())
+
+
+@pytest.mark.parametrize("tail", [2, 16])
+def test_pending_tail_drop_is_the_greedy(tail):
+    """Where the quick KV-only path decides, it drops exactly the rows greedy_select drops over the same candidates
+    (value: the pending time, size: blocks(m + 1), no hidden option), with the decode budget taking everybody; it
+    decides most of these sets (short tails must also give up)."""
+    decided = []
+
+    @settings(max_examples=400, deadline=None)
+    @given(running_columns())
+    def check(case):
+        m, ref, now, capacity, block, double_check = case
+        got = aptserve_running.pending_tail_drop(m, ref, now, capacity, block, double_check, tail)
+        decided.append(got is not None)
+        if got is None:
+            return
+        p = now - ref
+        size = aptserve_running.blocks(m + 1, block)
+        cands = [Candidate(i, 1.0 * float(v), int(k)) for i, (v, k) in enumerate(zip(p, size))]
+        forms, used = _reference_forms(cands, capacity, len(cands), double_check)
+        assert got == sorted(set(range(len(cands))) - set(forms))
+        assert all(f == "kv" for f in forms.values()) and used == int(size.sum()) - int(size[got].sum())
+
+    check()
+    assert sum(decided) >= (100 if tail == 16 else 10) and not all(decided)
+
+
+def test_pending_tail_drop_takes_the_largest_of_a_cohort():
+    """Four hundred requests that decoded together (one reference time), four admitted since: the next decode
+    overflows the memory by 450 tokens; the least dense go first: the recent admissions (short pending times), then
+    the largest of the cohort, the later of two equal ones first."""
+    m = np.array([100 + (7 * i) % 50 for i in range(404)], dtype=np.int64)
+    m[123] = m[321] = 400
+    ref = np.array([10.0] * 400 + [10.3] * 4)
+    size = m + 1
+    capacity = int(size.sum()) - 450
+    got = aptserve_running.pending_tail_drop(m, ref, 10.35, capacity, 1, True)
+    assert got == [321, 400, 401, 402, 403]  # the four recent ones free 446 tokens; then 321, the later of the largest
+
+
+def test_pending_tail_drop_leaves_a_winning_single_request_to_the_greedy():
+    """Memory 10: the denser small request (size 2, pending 1 s) is kept and the larger one (size 10, pending 4 s)
+    blocked, but alone it is worth more, so the greedy keeps it instead (S'): the quick path does not decide."""
+    m, ref = np.array([1, 9], dtype=np.int64), np.array([4.0, 1.0])
+    cands = [Candidate(0, 1.0, 2), Candidate(1, 4.0, 10)]
+    assert _reference_forms(cands, 10, 2, True) == ({1: "kv"}, 10)
+    assert aptserve_running.pending_tail_drop(m, ref, 5.0, 10, 1, True) is None
+    assert aptserve_running.pending_tail_drop(m, ref, 5.0, 10, 1, False) == [1]  # without the check: the suffix
+
+
 @settings(max_examples=400, deadline=None)
 @given(candidate_sets())
-def test_array_fcfs_isfcfs_select(case):
+def test_array_fcfs_is_fcfs_select(case):
     cands, capacity, token_cap, _ = case
 
     def admit(key, n_before):
@@ -179,6 +245,19 @@ def test_scheduler_with_the_array_greedy_on_every_batch(seed, monkeypatch):
 @settings(max_examples=300, deadline=None)
 @given(runs())
 def test_same_decisions_as_the_plain_scheduler_with_arrays_always(run):
+    saved, aptserve_running.NUMPY_RUNNING = aptserve_running.NUMPY_RUNNING, 0
+    try:
+        check_same(*run)
+    finally:
+        aptserve_running.NUMPY_RUNNING = saved
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs(kv_greedy_without_targets=True))
+def test_kv_greedy_without_targets_matches_the_plain_scheduler_with_arrays_always(run):
+    """The KV-only greedy without targets decides its preempting decode iterations from the least dense end
+    (`pending_tail_drop`): the plain version's decisions all the same, the arrays used from the first running request
+    on."""
     saved, aptserve_running.NUMPY_RUNNING = aptserve_running.NUMPY_RUNNING, 0
     try:
         check_same(*run)

@@ -447,9 +447,18 @@ class AptServeScheduler(Scheduler):
 
     def _decode_arrays(self, now_s: float, n: int, arrays: aptserve_running.RunningArrays) -> ScheduledBatch:
         """``_decode_batch(_select_running(now_s, n))`` from the running requests' arrays. The selection is
-        kept in ``_last_arrays_selection`` for the corner case."""
-        lim = self.limits
+        kept in ``_last_arrays_selection`` for the corner case (the quick path below never leaves it: it always keeps
+        someone). The KV-only greedy without targets takes it from the least dense end (`pending_tail_drop`)."""
+        lim, opt = self.limits, self.options
         count = len(arrays.ids)
+        if opt.adaptive and not opt.hybrid and not self._running_with_slo and count <= lim.C:
+            dropped = aptserve_running.pending_tail_drop(arrays.m, arrays.ref, now_s, lim.M, lim.block_size,
+                                                         opt.double_check)
+            if dropped is not None:
+                items = list(self._decode_items)
+                for row in reversed(dropped):
+                    del items[row]
+                return ScheduledBatch(items=items, evict=arrays.ids[dropped].tolist() if dropped else [])
         if count <= lim.C and int(aptserve_running.blocks(arrays.m + 1, lim.block_size).sum()) <= lim.M:
             selected, as_hidden = np.ones(count, bool), np.zeros(count, bool)  # everybody in KV (_select_running)
         elif self.options.adaptive:
