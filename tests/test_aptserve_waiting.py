@@ -179,6 +179,35 @@ def test_density_bounds_agree_one_by_one_and_for_every_head(data, hybrid, demoti
         assert all(theta <= b for theta, _, _ in items) if b is not None else not items
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.data(), st.booleans(), st.sampled_from(["near-zero", "decay"]), st.sampled_from([0.0, 0.4, 1.0]),
+       st.sampled_from([0.0, 1e-3, 0.05, 2.0]), st.integers(0, 40), st.integers(1, 400), st.sampled_from([1, 16]))
+def test_waiting_expander_is_feasible_items_of_the_candidate(data, hybrid, demotion, decay, rho, n, capacity, block):
+    """`_waiting_expander`'s items of a waiting request are ``feasible_items(_candidate(...))``'s, the same floats:
+    first-token and refill waits (TTFT / TBT targets, late or not, demoted either way), prompts around
+    ``capacity`` (both forms fit, only the hidden one, neither), hidden values below 0 and at 0 (a pending time of 0),
+    and round pending times, where densities tie (a strict comparison in place of any of the rule's fails here)."""
+    from conftest import AffineCost
+
+    from infermax.limits import Limits
+    from infermax.schedulers.aptserve import AptServeOptions, AptServeScheduler
+    from infermax.schedulers.aptserve_greedy import feasible_items
+
+    sched = AptServeScheduler(Limits(C=4096, M=100_000, block_size=block), AffineCost(0.01, 0.0005),
+                              AptServeOptions(hybrid=hybrid, demotion=demotion, decay=decay, rho=rho))
+    expand = sched._waiting_expander(n, capacity)
+    for _ in range(6):
+        tokens = data.draw(st.integers(1, 3 * capacity))
+        ttft, tbt = data.draw(st.sampled_from([None, 0.5, 5.0])), data.draw(st.sampled_from([None, 0.2, 2.0]))
+        s = RequestState(Request(data.draw(st.integers(0, 9)), 0.0, tokens, 4, ttft, tbt))
+        if data.draw(st.booleans()):
+            s.last_token_s = 1.0  # a preempted request's refill: its TBT target applies
+        p = data.draw(st.sampled_from([0.0, 1.0, 0.45, 3.0]) | st.floats(0.0, 20.0))
+        want = [(theta, size, step, c) for c in (sched._candidate(s, p, tokens, n, sched.violates(s, p)),)
+                for theta, size, step in feasible_items(c, capacity)]
+        assert expand(s, p) == want
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["append", "front", "remove"]), st.integers(1, 12), st.integers(0, 40),
                           st.integers(1, 3)), min_size=1, max_size=100), st.floats(0, 50))

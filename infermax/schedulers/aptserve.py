@@ -404,21 +404,50 @@ class AptServeScheduler(Scheduler):
             return Selection({}, 0.0, 0)
         by_id = self._by_id
         admit = self._admit(True, holders, lambda key: by_id[key].input_tokens)
-        demote = self.options.adaptive
         if not self.options.adaptive:
             cands = (self._candidate(s, p, s.input_tokens, n, False)
                      for s in self.waiting for p in (self.pending_s(s, now_s),))
             return fcfs_select(cands, capacity, admit)
 
+        expand = self._waiting_expander(n, capacity)
+        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
+        return greedy_take(items, capacity, admit, self.options.double_check)
+
+    def _waiting_expander(self, n: int, capacity: int) -> Callable[[RequestState, float], list[tuple]]:
+        """The adaptive greedy's items of a waiting request pending ``p``: ``(θ, size, step, candidate)`` for each of
+        ``feasible_items(_candidate(s, p, s.input_tokens, n, violates(s, p)), capacity)``, with the same float
+        operations. A request that is not late is computed inline (no demotion: its values are ``p`` and
+        ``p − N·ρ·kv``, weight 1), a late one through `_candidate`. Why: the hybrid variants expand about ten waiting
+        requests per prefill iteration, and the four calls per request were an eighth of the plan's instructions
+        (`benchmarks/plan_instructions.py`); `tests/test_aptserve_waiting.py` compares the two."""
         sizes, known = self._prefill_sizes, self._bucket_sizes
+        hybrid, n_rho = self.options.hybrid, n * self.rho
 
         def expand(s: RequestState, p: float) -> list[tuple]:
             tokens = s.input_tokens
-            c = self._candidate(s, p, tokens, n, demote and self.violates(s, p), known.get(tokens) or sizes(tokens))
-            return [(theta, size, step, c) for theta, size, step in feasible_items(c, capacity)]
+            kv_size, hidden_size = known.get(tokens) or sizes(tokens)
+            slo = s.req.ttft_slo_s if s.last_token_s is None else s.req.tbt_slo_s
+            if slo is not None and p > slo:  # late (`violates`): demoted
+                c = self._candidate(s, p, tokens, n, True, (kv_size, hidden_size))
+                return [(theta, size, step, c) for theta, size, step in feasible_items(c, capacity)]
+            if not hybrid:
+                c = Candidate(s.id, p, kv_size)
+                return [(p / kv_size, kv_size, "kv", c)] if kv_size <= capacity else []
+            hv = p - n_rho * kv_size
+            c = Candidate(s.id, p, kv_size, hv, hidden_size)
+            if kv_size <= capacity:  # `marginal_items`
+                kv_density = p / kv_size
+                if 0 < hidden_size < kv_size and 0 <= hv <= p and hv / hidden_size >= kv_density:
+                    hidden_density, upgrade = hv / hidden_size, (p - hv) / (kv_size - hidden_size)
+                    if upgrade <= hidden_density:
+                        return [(hidden_density, hidden_size, "hidden", c),
+                                (upgrade, kv_size - hidden_size, "upgrade", c)]
+                return [(kv_density, kv_size, "kv", c)]
+            if 0 < hidden_size <= capacity and hv >= 0:  # the hidden form alone (`feasible_items`)
+                return [(hv / hidden_size, hidden_size, "hidden", c)]
+            return []
 
-        items = self.waiting.items(now_s, self._density_bound(n, capacity), expand)
-        return greedy_take(items, capacity, admit, self.options.double_check)
+        return expand
 
     def _density_bound(self, n: int, capacity: int) -> "_DensityBound":
         return _DensityBound(self, n, capacity)
