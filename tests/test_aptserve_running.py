@@ -174,7 +174,8 @@ def test_pending_tail_drop_is_the_greedy(tail):
         assert all(f == "kv" for f in forms.values()) and used == int(size.sum()) - int(size[got].sum())
 
     check()
-    assert sum(decided) >= (100 if tail == 16 else 10) and not all(decided)
+    # (not vacuous: six runs of 400 examples decided 83-140 sets with the default tail, 27-35 with the short one)
+    assert sum(decided) >= (40 if tail == 16 else 5) and not all(decided)
 
 
 def test_pending_tail_drop_takes_the_largest_of_a_cohort():
