@@ -76,7 +76,10 @@ def count(tree: Path, a: argparse.Namespace) -> float:
                __file__, "--child", "--kind", a.kind, "--at", str(a.at), "--plans", str(a.plans), "--C", str(a.C),
                a.scheduler, a.workload, str(a.n)]
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
+        try:
+            run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree, timeout=a.timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"{tree}: the valgrind run took more than --timeout-s {a.timeout_s:g} s (stopped)") from None
         found = re.search(r"Collected : (\d+)", run.stderr)
         if run.returncode != 0 or found is None:
             raise SystemExit(f"{tree}: valgrind run failed:\n{run.stderr[-2000:]}")
@@ -94,6 +97,8 @@ def main() -> None:
     ap.add_argument("--plans", type=int, default=100)
     ap.add_argument("--old", type=Path, help="a checkout to compare with (e.g. a git worktree of the old commit)")
     ap.add_argument("--new", type=Path, default=HERE.parent, help="default: this checkout")
+    ap.add_argument("--timeout-s", type=float, default=900.0,
+                    help="per tree: a valgrind run still going after this long is stopped (about a minute is usual)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:

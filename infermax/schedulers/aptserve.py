@@ -138,7 +138,8 @@ class AptServeScheduler(Scheduler):
 
     def repeats_full_decode(self, batch: ScheduledBatch) -> bool:
         """True while nobody waits (a batch that preempted someone leaves them waiting, so it never
-        repeats). Then, after a full decode batch in KV form (no prefill, finish or hidden item), the next call plans a decode iteration (nothing waiting to select) in
+        repeats). Then, after a full decode batch in KV form (no prefill, finish or hidden item), the next
+        call plans a decode iteration (nothing waiting to select) in
         which every running request's KV need fits ``M`` as long as the replayer's KV check passes
         (``Σ blocks(m + 1) ≤ M`` is both conditions), so the greedy takes every item: all stay in KV
         form and decode, in running order. Nothing arrives during the copies, so nobody starts waiting."""
@@ -394,8 +395,9 @@ class AptServeScheduler(Scheduler):
 
         When even the smallest waiting prefill fits ``capacity`` in neither form (its KV size, or with the hybrid
         cache its hidden size, which is never larger), no waiting request has an item (`feasible_items`) and none fits
-        in queue order either, so the greedy and FCFS alike select nobody: answered without reading the queue. On azure-conv aptserve-kv meets this in about a
-        quarter of its iterations (the memory held by decoding requests)."""
+        in queue order either, so the greedy and FCFS alike select nobody: answered without reading the queue. On
+        azure-conv aptserve-kv meets this in about a quarter of its iterations (the memory held by decoding
+        requests)."""
         least = self.waiting.least_prefill_tokens()
         if least is None:
             return Selection({}, 0.0, 0)

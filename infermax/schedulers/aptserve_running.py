@@ -188,10 +188,6 @@ def cache_sizes(m: np.ndarray, hidden: np.ndarray, block: int) -> np.ndarray:
     return np.where(hidden, block * -(-kv_blocks // 2), kv_blocks * block)
 
 
-# `_least_dense_dropped` sorts only the items at most as dense as the TAIL-th least dense one (ties included).
-TAIL = 16
-
-
 def greedy_masks(c: CandidateArrays, capacity: int, token_cap: int,
                  double_check: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """``greedy_select(candidates, capacity, admit, double_check)`` where ``admit`` allows at most
@@ -241,14 +237,9 @@ def greedy_masks(c: CandidateArrays, capacity: int, token_cap: int,
 
 def _least_dense_dropped(c: CandidateArrays, capacity: int, token_cap: int,
                          double_check: bool) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """`greedy_masks` from the least dense end, where that decides it: no hidden option, values >= 0, every request
-    fitting alone, the token budget taking them all, and more than ``capacity`` together. The greedy then takes the
-    items in density order until the first that does not fit, so it drops a suffix of that order: the fewest least
-    dense items whose sizes reach the overflow. Only the items at most as dense as the `TAIL`-th least dense are
-    sorted (by density, ties in reverse candidate order, which is the full order read backwards). The single-item
-    check compares the blocked item's value with the taken items' sum only when a sum in any order settles it
-    (values >= 0: every order's float sum lies within (n + 1)·2⁻⁵² of the exact one). None where it does not
-    apply, the sorted tail is too short or the check is that close: the full sort decides.
+    """`greedy_masks` from the least dense end (`least_dense_suffix`) where its conditions hold: no hidden option,
+    values >= 0, every request fitting alone, the token budget taking them all, and more than ``capacity`` together.
+    None where they do not, or where the suffix cannot decide: the full sort then does.
 
     Why: aptserve-kv's decode iterations that evict (a quarter of them on azure-conv) drop one or two of ~400
     running requests; sorting all of them was most of the decode greedy's time."""
@@ -259,50 +250,28 @@ def _least_dense_dropped(c: CandidateArrays, capacity: int, token_cap: int,
     total = int(kv_s.sum())
     if total <= capacity or int(kv_s.max()) > capacity or int(kv_s.min()) < 1 or float(kv_v.min()) < 0:
         return None
-    key = -(kv_v / kv_s) + 0.0  # feasible_items' θ; ascending key = the greedy's order (−0.0 as 0.0)
-    if count > TAIL:
-        tail = np.flatnonzero(key >= np.partition(key, count - TAIL)[count - TAIL])
-    else:
-        tail = np.arange(count)
-    tail = tail[np.lexsort((-tail, -key[tail]))]  # the least dense first; equal ones, the later candidate first
-    freed = np.cumsum(kv_s[tail])
-    last = int(np.searchsorted(freed, total - capacity, side="left"))
-    if last == len(tail):
+    drop = least_dense_suffix(kv_v / kv_s, kv_v, kv_s, total, capacity, double_check, TAIL)
+    if drop is None:
         return None
-    selected = np.ones(count, bool)
-    selected[tail[:last + 1]] = False
-    used = total - int(freed[last])
-    if double_check:
-        blocked = int(tail[last])  # the first item in density order that does not fit
-        taken = kv_v[selected]
-        value = float(taken.sum()) if len(taken) else 0.0
-        margin = (len(taken) + 1) * 2.0 ** -52 * value
-        single = float(kv_v[blocked])
-        if value - margin <= single <= value + margin and len(taken):
-            return None
-        if single > value:
-            selected = np.zeros(count, bool)
-            selected[blocked] = True
-            used = int(kv_s[blocked])
-    return selected, np.zeros(count, bool), used
+    selected = np.zeros(count, bool)
+    if drop.single is not None:
+        selected[drop.single] = True
+    else:
+        selected[:] = True
+        selected[drop.rows] = False
+    return selected, np.zeros(count, bool), drop.used
 
 
 def pending_tail_drop(m: np.ndarray, ref: np.ndarray, now_s: float, capacity: int, block: int,
-                      double_check: bool, tail: int = TAIL) -> list[int] | None:
+                      double_check: bool, tail: int | None = None) -> list[int] | None:
     """`greedy_masks` for the adaptive KV-only greedy without SLO targets, from the running requests' columns: every
     candidate's value is its pending time ``now − ref`` and its size ``blocks(m + 1)``, with no hidden option and no
-    demotion. Returns the rows the greedy drops, ascending (``[]``: everybody fits ``capacity``), or None where
-    `greedy_masks` must decide: a request too big to fit alone, a negative value, a tail too short or too close to the
-    rest, a single request that beats (or nearly ties) the greedy set, or nobody kept.
+    demotion (`least_dense_suffix` decides it). Returns the rows the greedy drops, ascending (``[]``: everybody fits
+    ``capacity``; every row but one where that single request beats the greedy set), or None where `greedy_masks`
+    must decide: a request too big to fit alone, a negative value, or a suffix that cannot decide.
 
-    The greedy drops a suffix of the density order (`_least_dense_dropped`); here the ``tail`` least dense are found
-    with one partition and ordered in plain Python (by density, then the later candidate first), and the drop is
-    kept only when its densest item is strictly less dense than every row outside the tail, so the full order would
-    drop the same rows. The single-request check compares the blocked item's value with the kept values' sum, taken
-    as the whole sum less the dropped ones; a margin of every summation order's rounding covers the difference.
-
-    Why: a decode iteration that preempts (a quarter of aptserve-kv's on azure-conv) builds every candidate's arrays
-    and sorts its tail in about forty numpy calls; this takes about fifteen."""
+    Why: a decode iteration that preempts (a quarter of aptserve-kv's on azure-conv) built every candidate's arrays
+    for `greedy_masks` in about forty numpy calls; this takes about fifteen."""
     size = blocks(m + 1, block)
     count = len(size)
     total = int(size.sum())
@@ -313,32 +282,84 @@ def pending_tail_drop(m: np.ndarray, ref: np.ndarray, now_s: float, capacity: in
     p = now_s - ref
     if float(p.min()) < 0:
         return None
-    theta = p / size  # feasible_items' density: the value (1.0 · p) over the KV size
+    # feasible_items' density: the value (1.0 · p, which is p) over the KV size
+    drop = least_dense_suffix(p / size, p, size, total, capacity, double_check, TAIL if tail is None else tail)
+    if drop is None:
+        return None
+    if drop.single is not None:
+        return [row for row in range(count) if row != drop.single]
+    return drop.rows
+
+
+class SuffixDrop(NamedTuple):
+    """What `least_dense_suffix` decided: the rows dropped (ascending) and the memory the kept ones use; or, where
+    the best single request beats the greedy set, that request's row (``single``; every other row is dropped)."""
+
+    rows: list[int]
+    used: int
+    single: int | None = None
+
+
+# `least_dense_suffix` first orders only the TAIL least dense rows.
+TAIL = 16
+SORT_IN_PYTHON = 64  # rows up to this many are ordered with Python's sort, more with numpy's
+
+
+def least_dense_suffix(theta: np.ndarray, value: np.ndarray, size: np.ndarray, total: int, capacity: int,
+                       double_check: bool, tail: int = TAIL) -> SuffixDrop | None:
+    """The greedy's decision over one KV item per row (density ``theta = value / size``, values >= 0, each size in
+    1..``capacity``, ``total`` = Σ size > ``capacity``, a token budget that takes every row), found from the least
+    dense end; None where that end cannot decide it.
+
+    The greedy takes the items in density order (descending; equal ones in row order) until the first that does not
+    fit, so it drops a suffix of that order: the fewest least dense rows whose sizes reach the overflow ``total −
+    capacity``. Only the ``tail`` least dense rows (one partition) are ordered, least dense first and, among equal
+    ones, the later row first (the full order read backwards). When the overflow is reached inside them at a row
+    strictly less dense than every row outside, the full order drops the same rows. When that row ties with the
+    boundary, every row as dense as the boundary joins the tail and it is ordered again; when the tail is too short:
+    None. The single-request check compares the blocked row's value with the kept rows' sum, taken as the whole sum
+    less the dropped values; a margin of every summation order's rounding covers the difference from the greedy's own
+    sum, and where the two are that close: None."""
+    count = len(size)
     if count > tail:
         part = np.argpartition(theta, tail)
         rows, boundary = part[:tail], float(theta[part[tail]])  # every row outside `rows` is at least that dense
     else:
         rows, boundary = np.arange(count), math.inf
-    th, sz, pl, rl = theta[rows].tolist(), size[rows].tolist(), p[rows].tolist(), rows.tolist()
-    order = sorted(range(len(rl)), key=lambda k: (th[k], -rl[k]))  # least dense first; ties: the later candidate
-    need, freed = total - capacity, 0
+    cut = _cut(rows, theta, size, value, total - capacity)
+    if cut is not None and not cut[3] < boundary:  # a tie with the boundary: every row as dense joins the tail
+        cut = _cut(np.flatnonzero(theta <= boundary), theta, size, value, total - capacity)
+    if cut is None or len(cut[0]) == count:  # the tail is too short; or nobody kept (a guard: every row fits alone)
+        return None
+    dropped, freed, value_sum, _, blocked_value, blocked_size = cut
+    if double_check:
+        whole = float(value.sum())
+        kept = whole - value_sum
+        margin = 2 * (count + 8) * 2.0 ** -52 * whole
+        if blocked_value > kept + margin:  # the blocked row alone is worth more
+            return SuffixDrop([], blocked_size, single=dropped[-1])
+        if not blocked_value < kept - margin and whole > 0:  # a near tie: the greedy's own sum decides
+            return None  # (every value 0: the sums are exact, 0 against 0, and the greedy keeps its set)
+    return SuffixDrop(sorted(dropped), total - freed)
+
+
+def _cut(rows: np.ndarray, theta: np.ndarray, size: np.ndarray, value: np.ndarray, need: int
+         ) -> tuple[list[int], int, float, float, float, int] | None:
+    """``rows`` ordered least dense first (equal ones: the later row first) and cut after the first whose sizes reach
+    ``need``: (the rows cut, least dense first, so the last is the blocked one; their sizes' sum; their values' sum;
+    the blocked row's density, value and size), or None when all of them do not reach it."""
+    th, sz, vl, rl = theta[rows].tolist(), size[rows].tolist(), value[rows].tolist(), rows.tolist()
+    if len(rl) <= SORT_IN_PYTHON:
+        order = sorted(range(len(rl)), key=lambda k: (th[k], -rl[k]))
+    else:
+        order = np.lexsort((-rows, theta[rows])).tolist()
+    freed = 0
     for last, k in enumerate(order):
         freed += sz[k]
         if freed >= need:
-            break
-    else:
-        return None
-    blocked = order[last]
-    if not th[blocked] < boundary or last + 1 == count:
-        return None
-    dropped = order[:last + 1]
-    if double_check:
-        whole = float(p.sum())
-        kept = whole - sum(pl[k] for k in dropped)
-        margin = 2 * (count + 8) * 2.0 ** -52 * whole
-        if not pl[blocked] < kept - margin:  # the single request wins or nearly ties: `greedy_masks` decides
-            return None
-    return sorted(rl[k] for k in dropped)
+            cut = order[:last + 1]
+            return [rl[j] for j in cut], freed, sum([vl[j] for j in cut]), th[k], vl[k], sz[k]
+    return None
 
 
 def greedy_forms(c: CandidateArrays, capacity: int, token_cap: int, double_check: bool) -> tuple[dict, int]:
