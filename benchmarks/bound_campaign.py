@@ -10,11 +10,11 @@ own, for the value the search reported.
 Why: the per-request bounds (queued, pairwise, crowding, work in progress, state path) bind only on instances with
 queues, mixed lengths and memory pressure, which the tests' tiny draws rarely have; a bound above a schedule there
 is a wrong proof, the worst error this project can ship. What is drawn (per run, from ``Random(seed·1,000,003 +
-run)``): 4-300 requests; prompts and outputs from uniform, lognormal or the Azure conversation trace's own pairs;
-offline, Poisson or bursty (gamma, shape 0.2) arrivals at a rate drawn around the instance's own service rate; block
-size 1 or 16; C, P, M (from the largest request's peak up to all of them), Rmax; the default A100 Llama-2-7B model
-(piecewise), its linear fit, the H100 Llama-2-7B linear fit (a prefill term that can be negative) or the A100
-Llama-2-70B TP4 model; the A100 host link for swaps.
+run)``): 4-300 requests; prompts and outputs from uniform, lognormal, the Azure conversation trace's own pairs, 2-3
+classes or one (I, O) for all; offline, Poisson or bursty (gamma, shape 0.2) arrivals at a rate drawn around the
+instance's own service rate; block size 1 or 16; C, P, M (from the largest request's peak up to all of them), Rmax;
+the default A100 Llama-2-7B model (piecewise), its linear fit, the H100 Llama-2-7B linear fit (a prefill term that
+can be negative) or the A100 Llama-2-70B TP4 model; the A100 host link for swaps.
 
 Per run it prints one line: the instance, how many schedulers ran (and were refused: a prompt over ``min(C, P)``
 for a scheduler that does not chunk, say), the tightest ratio best ÷ bound per objective, and the seconds; a
@@ -55,7 +55,9 @@ MODELS = [("a100", "llama-2-7b", 1, "auto"), ("a100", "llama-2-7b", 1, "linear")
 
 
 def _lengths(rng: random.Random, n: int, azure: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    kind = rng.choice(["uniform", "lognormal", "azure", "mix"])
+    kind = rng.choice(["uniform", "lognormal", "azure", "mix", "identical"])
+    if kind == "identical":  # the state-path bound's case (with offline arrivals)
+        return [(rng.choice([1, 16, 64, 512]), rng.choice([1, 4, 32, 128]))] * n
     if kind == "uniform":
         hi_i, hi_o = rng.choice([16, 64, 512, 2048]), rng.choice([4, 32, 256])
         return [(rng.randint(1, hi_i), rng.randint(1, hi_o)) for _ in range(n)]
