@@ -44,6 +44,8 @@ def test_head_arrays_follow_adds_and_removes(ops):
             expected[s.input_tokens] = min(expected.get(s.input_tokens, np.inf), s.req.arrival_s)
         assert heads == expected
         assert sorted(q._slot.values()) == list(range(n))
+        if n:  # (the heap of KV sizes, with its stale entries, against the columns)
+            assert q._largest_kv() == float(q._head_kv[:n].max())
         assert len(q) == len(live)
         assert q.least_prefill_tokens() == min((s.input_tokens for s in live.values()), default=None)
 
@@ -79,6 +81,10 @@ def test_demoted_buckets_hold_exactly_the_late_requests(ops):
             expected[keys[rid]] = min(expected.get(keys[rid], np.inf), s.req.arrival_s)
         assert heads == expected
         assert [bool(d) for d in q._head_demoted[:n]] == [int(t) < 0 for t in q._head_tokens[:n]]
+        # what the head bounds take instead of reading the columns: the count of demoted slots, the largest KV size
+        assert q._demoted_slots == int(q._head_demoted[:n].sum())
+        if n:
+            assert q._largest_kv() == float(q._head_kv[:n].max())
         # the fewest prefill tokens waiting, demoted or not (the scheduler's test for "nobody fits")
         assert q.least_prefill_tokens() == min((s.input_tokens for s in live.values()), default=None)
 

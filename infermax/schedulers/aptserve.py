@@ -768,14 +768,14 @@ class _DensityBound:
         return None if b is None else b * self.decay
 
     def heads_array(self, kv: np.ndarray, hidden: np.ndarray, refs: np.ndarray, now_s: float,
-                    demoted: np.ndarray | None = None) -> np.ndarray:
+                    demoted: np.ndarray | None = None, kv_max: float | None = None) -> np.ndarray:
         """``__call__`` for many requests at once (their KV and hidden sizes, pending since ``refs``, demoted or
-        not); −inf for None. The same float operations elementwise. When every KV option fits ``capacity`` (the
-        usual case), the KV density is at least ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and
-        the masks change nothing and are skipped."""
+        not: None = none is); −inf for None. The same float operations elementwise. When every KV option fits
+        ``capacity`` (``kv_max``, the largest KV size, when the caller keeps it), the KV density is at least
+        ``2·DEMOTED_DENSITY`` > 0, so the hidden density's clamp at 0 and the masks change nothing and are skipped."""
         p = now_s - refs
         hidden_below_0 = None  # only the hidden form fits, with a value below 0: no item, unless decayed by 0
-        if len(kv) and kv.max() <= self.capacity:
+        if len(kv) and (kv.max() if kv_max is None else kv_max) <= self.capacity:
             out = p / kv
             np.maximum(out, 2 * DEMOTED_DENSITY, out=out)
             if self.hybrid:

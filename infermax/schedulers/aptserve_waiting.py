@@ -99,6 +99,8 @@ class WaitingQueue:
         self._head_kv = np.zeros(64)  # sizes(_head_tokens[i]), as floats
         self._head_hidden = np.zeros(64)
         self._head_demoted = np.zeros(64, dtype=bool)  # slot i is a bucket of demoted requests (key ~tokens)
+        self._demoted_slots = 0  # how many slots hold demoted buckets (none: the bounds skip the demoted column)
+        self._kv_heap: list[tuple[float, int]] = []  # (−KV size, key) of the open slots, stale ones popped when read
         self._slo_refs: dict[float, list[float]] = {}
         self._undemoted: dict[float, list[tuple[float, int, int]]] = {}  # target -> heap of (ref, pos, id), lazy
         self._demoted_at = -np.inf  # the latest ``now`` at which the late requests were moved to demoted buckets
@@ -265,16 +267,30 @@ class WaitingQueue:
         self._slot[key] = i
         self._head_tokens[i], self._head_demoted[i] = key, key < 0
         self._head_kv[i], self._head_hidden[i] = self._sizes(key if key >= 0 else ~key)
+        self._demoted_slots += key < 0
+        heapq.heappush(self._kv_heap, (-float(self._head_kv[i]), key))
 
     def _close_slot(self, key: int) -> None:
         """The last slot moves into the emptied one."""
         i, last = self._slot.pop(key), len(self._slot)
+        self._demoted_slots -= key < 0
         if i != last:
             moved = int(self._head_tokens[last])
             self._slot[moved] = i
             self._head_tokens[i], self._head_refs[i] = moved, self._head_refs[last]
             self._head_kv[i], self._head_hidden[i] = self._head_kv[last], self._head_hidden[last]
             self._head_demoted[i] = self._head_demoted[last]
+
+    def _largest_kv(self) -> float:
+        """The largest KV size of an open slot's bucket (the heap's top once closed slots are popped; a key closed
+        and opened again is pushed again, and its sizes do not change)."""
+        heap, slot = self._kv_heap, self._slot
+        while heap[0][1] not in slot:
+            heapq.heappop(heap)
+        if len(heap) > 2 * len(slot) + 64:  # many keys pushed more than once: keep one entry per open slot
+            heap[:] = [(-float(self._head_kv[i]), key) for key, i in slot.items()]
+            heapq.heapify(heap)
+        return -heap[0][0]
 
     # -- the aggregates -----------------------------------------------------------------------------
     def least_prefill_tokens(self) -> int | None:
@@ -330,7 +346,7 @@ class WaitingQueue:
         n = len(self._slot)
         if n > NUMPY_HEADS:
             bounds = bound.heads_array(self._head_kv[:n], self._head_hidden[:n], self._head_refs[:n], now_s,
-                                       self._head_demoted[:n])
+                                       self._head_demoted[:n] if self._demoted_slots else None, self._largest_kv())
             heads = _descending(bounds, self._head_tokens[:n])
         else:  # a few buckets: numpy's per-call cost would exceed the loop's
             found = [(-b, low) for low, bucket in buckets.items() for b in (bound(low, now_s - bucket[0][0]),)
