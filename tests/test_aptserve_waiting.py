@@ -50,6 +50,20 @@ def test_head_arrays_follow_adds_and_removes(ops):
         assert q.least_prefill_tokens() == min((s.input_tokens for s in live.values()), default=None)
 
 
+def test_kv_heap_stays_small_while_buckets_open_and_close():
+    """A bucket opened and closed again and again (a prefill size that arrives and is admitted) leaves stale heap
+    entries behind; the heap is rebuilt from the open slots, and its top is still the largest open KV size."""
+    q = WaitingQueue()
+    q.append(RequestState(Request(0, 0.0, 7, 3)))
+    for k in range(1, 400):
+        s = RequestState(Request(k, float(k), 50 + k % 3, 3))
+        q.append(s)
+        assert len(q._kv_heap) <= 2 * len(q._slot) + 64
+        assert q._largest_kv() == 50 + k % 3
+        assert q.remove(k) is s
+    assert q._largest_kv() == 7
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "add", "remove", "demote"]), st.integers(1, 6), st.integers(0, 20),
                           st.sampled_from([None, 0.5, 3.0])), min_size=1, max_size=120))

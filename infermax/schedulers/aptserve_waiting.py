@@ -268,7 +268,11 @@ class WaitingQueue:
         self._head_tokens[i], self._head_demoted[i] = key, key < 0
         self._head_kv[i], self._head_hidden[i] = self._sizes(key if key >= 0 else ~key)
         self._demoted_slots += key < 0
-        heapq.heappush(self._kv_heap, (-float(self._head_kv[i]), key))
+        heap = self._kv_heap
+        heapq.heappush(heap, (-float(self._head_kv[i]), key))
+        if len(heap) > 2 * len(self._slot) + 64:  # stale entries of closed slots: keep one entry per open slot
+            heap[:] = [(-float(self._head_kv[j]), k) for k, j in self._slot.items()]
+            heapq.heapify(heap)
 
     def _close_slot(self, key: int) -> None:
         """The last slot moves into the emptied one."""
@@ -282,14 +286,12 @@ class WaitingQueue:
             self._head_demoted[i] = self._head_demoted[last]
 
     def _largest_kv(self) -> float:
-        """The largest KV size of an open slot's bucket (the heap's top once closed slots are popped; a key closed
-        and opened again is pushed again, and its sizes do not change)."""
+        """The largest KV size of an open slot's bucket: the heap's top once closed slots' entries are popped (a key
+        closed and opened again is pushed again, with the same sizes; `_open_slot` keeps the heap below twice the
+        open slots plus 64 entries)."""
         heap, slot = self._kv_heap, self._slot
         while heap[0][1] not in slot:
             heapq.heappop(heap)
-        if len(heap) > 2 * len(slot) + 64:  # many keys pushed more than once: keep one entry per open slot
-            heap[:] = [(-float(self._head_kv[i]), key) for key, i in slot.items()]
-            heapq.heapify(heap)
         return -heap[0][0]
 
     # -- the aggregates -----------------------------------------------------------------------------
