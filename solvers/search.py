@@ -461,7 +461,7 @@ def _first_token_family(requests, limits: Limits, objective: Objective, policies
     if online:  # and decodes deferred until every request has arrived: no prompt waits behind them; first
         # with one prompt per batch, cut at the arrival of a shorter one (lookahead)
         srpt = [_first_token(limits, hybrid, P, srpt=True, defer=True, lookahead=True, cost_model=cost_model)
-                for P in (None, budget // 2)] + [
+                for P in (None, budget // 2) if P != 0] + [
             _first_token(limits, hybrid, P, srpt=True, defer=True) for P in (budget // 2, budget // 4) if P != 0] + srpt
     # batches capped just under the model's cheapest token-count steps (`cheap_batch_tokens`), with decodes
     # deferred when requests arrive over time (azure-conv's first 2,000, default model: 0.1334 s against

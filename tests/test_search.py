@@ -976,3 +976,15 @@ def test_work_ranked_without_decode_room_skips_decodes():
         sched, lim = _work_ranked(limits, _algorithm1_policy("rank-i-ef"), work, 2, decode_room=room).build()
         skipped.append(_decode_gaps(simulate(reqs, sched, lim, cost).schedule))
     assert skipped[0] > 0 and skipped[1] == 0
+
+
+@pytest.mark.parametrize("objective", [Objective(ttft=1), Objective(latency=1), Objective(makespan=1)])
+def test_search_with_a_one_token_budget_and_arrivals_over_time(objective):
+    """C = 1 with requests arriving over time: the first-token family's lookahead candidates halved the one-token
+    budget to a prefill budget of 0, which `Limits` refuses, so `infermax optimize --I 1 --O 1 --B 13 --C 1 --M 1
+    --arrival poisson --objective ttft` answered "error: P must be >= 1, got 0" (found by benchmarks/bound_campaign.py,
+    seed 8, run 94). Every candidate now has a budget of at least one token, and the search returns a schedule."""
+    reqs = [Request(i, 0.05 * i, 1, 1) for i in range(13)]
+    found = search(reqs, Limits(C=1, M=1), COST, objective, time_limit_s=20)
+    assert found.schedule is not None and math.isfinite(found.value_s)
+    assert all("error" not in c or "P must be" not in c["error"] for c in found.candidates)
