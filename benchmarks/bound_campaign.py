@@ -16,9 +16,12 @@ instance's own service rate; block size 1 or 16; C, P, M (from the largest reque
 the default A100 Llama-2-7B model (piecewise), its linear fit, the H100 Llama-2-7B linear fit (a prefill term that
 can be negative) or the A100 Llama-2-70B TP4 model; the A100 host link for swaps.
 
-Per run it prints one line: the instance, how many schedulers ran (and were refused: a prompt over ``min(C, P)``
-for a scheduler that does not chunk, say), the tightest ratio best ÷ bound per objective, and the seconds; a
-``VIOLATION`` line (and the instance as JSON under ``--out``) when a bound exceeds a schedule. Writes nothing else.
+Per run it prints one line: the instance, how many schedulers ran and how many refused it, by exception (a prompt
+over ``min(C, P)`` for a scheduler that does not chunk, the hybrid Apt-Serve on a grouped-query model, an Apt-Serve
+refill that cannot fit), the tightest ratio best ÷ bound per objective, and the seconds; a ``VIOLATION`` line (and
+the instance as JSON under ``--out``) when a bound exceeds a schedule. The last lines list every distinct refusal
+message of a plain ``ValueError`` seen (the other refusals have their own classes), so that an input check a bug
+trips, which a blanket count would hide among the refusals, can be read there. Writes nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -113,11 +117,10 @@ def run(inst: dict, swap: SwapCost, search_s: float, sim_timeout_s: float) -> di
     cost = inst["cost"]
     bounders: dict = {}
     best: dict[str, float] = {name: math.inf for name in OBJECTIVES}
-    bounds: dict[str, float] = {}
-    violations, ran, refused, timed_out = [], 0, 0, 0
+    violations, ran, refused, timed_out, messages = [], 0, Counter(), 0, set()
 
     def bounds_for(lim: Limits, hidden: bool) -> dict[str, float]:
-        key = (lim.C, lim.P, lim.M, lim.Rmax, lim.block_size, hidden)
+        key = (lim, hidden)
         if key not in bounders:
             b = LowerBounder(reqs, lim, cost, hidden_cache=hidden)
             bounders[key] = {name: b.of(obj).value_s for name, obj in OBJECTIVES.items()}
@@ -134,8 +137,10 @@ def run(inst: dict, swap: SwapCost, search_s: float, sim_timeout_s: float) -> di
         except SimulationTimeout:
             timed_out += 1
             continue
-        except (InfeasibleRequestError, SchedulerError, ValueError):
-            refused += 1
+        except (InfeasibleRequestError, SchedulerError, ValueError) as e:
+            refused[type(e).__name__] += 1
+            if type(e) is ValueError:
+                messages.add(str(e)[:120])
             continue
         ran += 1
         hidden = bool(result.batches["hidden_seqs"].sum())
@@ -160,7 +165,7 @@ def run(inst: dict, swap: SwapCost, search_s: float, sim_timeout_s: float) -> di
                                        "value_s": found.value_s})
     ratios = {n: (best[n] / bounds[n] if bounds[n] > 0 and best[n] < math.inf else None) for n in OBJECTIVES}
     return {"violations": violations, "ran": ran, "refused": refused, "timed_out": timed_out, "ratios": ratios,
-            "bounds": bounds}
+            "bounds": bounds, "value_errors": messages}
 
 
 def main() -> None:
@@ -174,7 +179,7 @@ def main() -> None:
     a = ap.parse_args()
     azure = [(r.prompt_tokens, r.output_tokens) for r in load_trace("azure-conv")]
     swap = SwapCost.for_system("a100", "llama-2-7b", 1)
-    flagged = 0
+    flagged, value_errors = 0, set()
     for k in range(a.first, a.first + a.runs):
         rng = random.Random(a.seed * 1_000_003 + k)
         inst = draw(rng, azure)
@@ -183,13 +188,15 @@ def main() -> None:
             out = run(inst, swap, a.search_s, a.sim_timeout_s)
         except Exception as e:  # a crash in the bound or the search is a finding too
             print(f"CRASH run {k}: {type(e).__name__}: {e}", flush=True)
-            out = {"violations": [{"who": "crash", "error": f"{type(e).__name__}: {e}"}], "ran": 0, "refused": 0,
-                   "timed_out": 0, "ratios": {}}
+            out = {"violations": [{"who": "crash", "error": f"{type(e).__name__}: {e}"}], "ran": 0,
+                   "refused": Counter(), "timed_out": 0, "ratios": {}, "value_errors": set()}
         C, P, M, Rmax, block = inst["limits"]
         desc = (f"run {k}: n={len(inst['requests'])} {inst['arrivals']} {'/'.join(map(str, inst['model']))} "
                 f"C={C} P={P} M={M} Rmax={Rmax} b={block}")
         ratios = " ".join(f"{n}={r:.3f}" for n, r in out["ratios"].items() if r is not None)
-        print(f"{desc} ran={out['ran']} refused={out['refused']} timeout={out['timed_out']} best/bound: {ratios} "
+        refused = ",".join(f"{kind}x{count}" for kind, count in sorted(out["refused"].items())) or "0"
+        value_errors |= out["value_errors"]
+        print(f"{desc} ran={out['ran']} refused={refused} timeout={out['timed_out']} best/bound: {ratios} "
               f"{time.perf_counter() - t0:.1f}s", flush=True)
         for v in out["violations"]:
             flagged += 1
@@ -198,6 +205,8 @@ def main() -> None:
             a.out.mkdir(parents=True, exist_ok=True)
             record = {key: inst[key] for key in ("requests", "limits", "model", "arrivals")}
             (a.out / f"seed{a.seed}_run{k}.json").write_text(json.dumps({**record, **out}, indent=1, default=str))
+    for message in sorted(value_errors):
+        print(f"refused with ValueError: {message}", flush=True)
     print(f"done: {a.runs} runs, {flagged} violations", flush=True)
     sys.exit(1 if flagged else 0)
 
