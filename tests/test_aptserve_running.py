@@ -6,6 +6,8 @@ running totals (memory held, Σ of pending-time references) match the request st
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -344,14 +346,36 @@ def test_running_totals_match_the_states(numpy_running, run):
         aptserve_running.NUMPY_RUNNING = saved
 
 
-def test_running_columns_are_checked(monkeypatch):
-    # The property test above really compares columns (here built at the first decode iteration that preempts).
+@pytest.mark.parametrize("few_rows", [aptserve_running.FEW_ROWS, 0])
+def test_running_columns_are_checked(monkeypatch, few_rows):
+    # The property test above really compares columns (here built at the first decode iteration that preempts);
+    # few_rows 0: every drop takes the filtering pass instead of deleting in place.
     import random
 
     monkeypatch.setattr(aptserve_running, "NUMPY_RUNNING", 0)
+    monkeypatch.setattr(aptserve_running, "FEW_ROWS", few_rows)
     rng = random.Random(0)
     reqs = [Request(i, float(rng.randrange(0, 40)), rng.randrange(1, 200), rng.randrange(1, 40)) for i in range(200)]
     limits = Limits(C=512, M=2000)
     scheduler = CheckedTotals(limits, AffineCost(0.01, 0.0005), AptServeOptions(hybrid=False))
     simulate(reqs, scheduler, limits, AffineCost(0.01, 0.0005))
     assert scheduler.columns_checked > 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 10**6), unique=True, max_size=40), st.data())
+def test_running_columns_delete_rows_in_order(ids, data):
+    """`RunningColumns.rows` finds the rows of any ids (some absent), ascending, and `delete` removes exactly those,
+    the others keeping their order and values, whether a few (slice shifts) or many (one gather) go."""
+    states = [SimpleNamespace(id=rid, m=rid % 97, hidden=rid % 3 == 0, last_token_s=rid / 7.0) for rid in ids]
+    columns = aptserve_running.RunningColumns(capacity=4)
+    columns.append(states)
+    gone = set(data.draw(st.lists(st.sampled_from(ids), unique=True))) if ids else set()
+    gone |= set(data.draw(st.lists(st.integers(-5, -1), max_size=2)))  # ids no row has
+    rows = columns.rows(gone)
+    assert rows == [i for i, s in enumerate(states) if s.id in gone]
+    columns.delete(rows)
+    kept = [s for s in states if s.id not in gone]
+    view, fresh = columns.view(kept), aptserve_running.RunningArrays.of(kept)
+    for name in ("ids", "m", "ref", "hidden"):
+        assert getattr(view, name).tolist() == getattr(fresh, name).tolist(), name

@@ -24,6 +24,7 @@ import numpy as np
 from .aptserve_waiting import ref_s
 
 NUMPY_RUNNING = 24  # fewer running requests than this: the plain loop is cheaper than numpy's per-call cost
+FEW_ROWS = 8  # rows found or removed one at a time up to this many (`RunningColumns.rows`, `.delete`)
 
 KV, HIDDEN, UPGRADE = 0, 1, 2
 
@@ -122,27 +123,37 @@ class RunningColumns:
     def __len__(self) -> int:
         return self._n
 
-    def without(self, ids: set[int]) -> np.ndarray:
-        """One flag per row, in order: its id is not in ``ids`` (a comparison per id: usually one or two, where
-        ``np.isin``'s set-up costs more)."""
+    def rows(self, ids: set[int]) -> list[int]:
+        """The rows whose id is in ``ids``, ascending (a comparison per id: usually one or two, where ``np.isin``'s
+        set-up costs more)."""
         column = self._ids[:self._n]
-        if len(ids) > 8:
-            return ~np.isin(column, np.fromiter(ids, np.int64, len(ids)))
-        flags = np.ones(self._n, bool)
-        for rid in ids:
-            flags &= column != rid
-        return flags
+        if len(ids) > FEW_ROWS:
+            return np.flatnonzero(np.isin(column, np.fromiter(ids, np.int64, len(ids)))).tolist()
+        found = [i for rid in ids for i in np.flatnonzero(column == rid).tolist()]
+        found.sort()
+        return found
 
-    def keep(self, mask: np.ndarray) -> None:
-        """Keep the rows where ``mask`` (a boolean array, one flag per row, in order) is true."""
-        n = self._n
-        idx = np.flatnonzero(mask)
-        k = len(idx)
-        if k == n:
+    def delete(self, rows: list[int]) -> None:
+        """Remove ``rows`` (ascending), the others keeping their order: a few rows by shifting the stretches between
+        them down (slice copies), more by one gather."""
+        if not rows:
             return
-        for col in (self._ids, self._m, self._ref, self._hidden):
-            col[:k] = col[idx]
-        self._n = k
+        n, k = self._n, len(rows)
+        columns = (self._ids, self._m, self._ref, self._hidden)
+        if k > FEW_ROWS:
+            keep = np.ones(n, bool)
+            keep[rows] = False
+            idx = np.flatnonzero(keep)
+            for col in columns:
+                col[:n - k] = col[idx]
+        else:
+            ends = [*rows[1:], n]
+            for col in columns:
+                to = rows[0]
+                for row, end in zip(rows, ends):
+                    col[to:to + end - row - 1] = col[row + 1:end]
+                    to += end - row - 1
+        self._n = n - k
 
     def decoded(self, tokens: int = 1) -> None:
         """Every row decoded ``tokens`` tokens, the last at the next plan's clock."""
