@@ -158,6 +158,8 @@ class AptServeScheduler(Scheduler):
         self._decode_items: list[tuple[int, int]] = []  # (id, 1) of each running request, same order
         self._hidden_running = 0  # running requests holding a hidden-form cache
         self._planned: tuple | None = None  # (batch, KV in use after it or None) of the last decode iteration
+        # (batch, KV its kept requests hold after it) where the least dense end decided a decode iteration
+        self._kept_used: tuple | None = None
         self._ref_at_clock = False  # every running request's last token is at the next plan's clock
         # Decoders' state is read only after `sync_states` or through `cached_tokens`, and the greedy over many
         # running requests reads the kept columns instead (`_running_columns`), so the engine's lazy decode cohort
@@ -273,7 +275,9 @@ class AptServeScheduler(Scheduler):
             self.sync_states()
             batch = self._decode_batch(self._select_running_pinned(now_s, n), pinned=True)
         if batch.items and batch.items[0][0] in self._running_ids:  # a decode iteration (never mixed with
-            self._planned = (batch, None)  # prefills): it admits nobody
+            kept = self._kept_used  # prefills): it admits nobody
+            self._planned = (batch, kept[1] if kept is not None and kept[0] is batch else None)
+        self._kept_used = None
         return batch
 
     def _running_columns(self) -> "aptserve_running.RunningColumns":
@@ -483,13 +487,16 @@ class AptServeScheduler(Scheduler):
         lim, opt = self.limits, self.options
         count = len(arrays.ids)
         if opt.adaptive and not opt.hybrid and not self._running_with_slo and count <= lim.C:
-            dropped = aptserve_running.pending_tail_drop(arrays.m, arrays.ref, now_s, lim.M, lim.block_size,
-                                                         opt.double_check)
-            if dropped is not None:
+            found = aptserve_running.pending_tail_drop(arrays.m, arrays.ref, now_s, lim.M, lim.block_size,
+                                                       opt.double_check)
+            if found is not None:
+                dropped, used = found
                 items = list(self._decode_items)
                 for row in reversed(dropped):
                     del items[row]
-                return ScheduledBatch(items=items, evict=arrays.ids[dropped].tolist() if dropped else [])
+                batch = ScheduledBatch(items=items, evict=arrays.ids[dropped].tolist() if dropped else [])
+                self._kept_used = (batch, used)
+                return batch
         if count <= lim.C and int(aptserve_running.blocks(arrays.m + 1, lim.block_size).sum()) <= lim.M:
             selected, as_hidden = np.ones(count, bool), np.zeros(count, bool)  # everybody in KV (_select_running)
         elif self.options.adaptive:
@@ -633,7 +640,7 @@ class AptServeScheduler(Scheduler):
         planned, self._planned = self._planned, None
         with_slo, running_ids = self._running_with_slo, self._running_ids
         decoded = planned is not None and planned[0] is batch  # a planned decode iteration admits nobody
-        decode_all = decoded and planned[1] is not None
+        used_known = decoded and planned[1] is not None
         evict = batch.evict
         if decoded:
             admitted = []
@@ -674,7 +681,7 @@ class AptServeScheduler(Scheduler):
                 self._columns = None
             elif decoded:  # every running request was an item (the others were preempted)
                 columns.decoded()
-        if decode_all:  # what it planned, less what the finished requests held (blocks(I + O − 1) each)
+        if used_known:  # what it planned, less what the finished requests held (blocks(I + O − 1) each)
             blocks = self.limits.blocks
             self._used_total = planned[1] - sum(blocks(s.req.peak_kv_tokens) for s in finished) if self.running else 0
             self._ref_at_clock = bool(self.running)

@@ -283,12 +283,13 @@ def _least_dense_dropped(c: CandidateArrays, capacity: int, token_cap: int,
 
 
 def pending_tail_drop(m: np.ndarray, ref: np.ndarray, now_s: float, capacity: int, block: int,
-                      double_check: bool, tail: int | None = None) -> list[int] | None:
+                      double_check: bool, tail: int | None = None) -> tuple[list[int], int] | None:
     """`greedy_masks` for the adaptive KV-only greedy without SLO targets, from the running requests' columns: every
     candidate's value is its pending time ``now − ref`` and its size ``blocks(m + 1)``, with no hidden option and no
     demotion (`least_dense_suffix` decides it). Returns the rows the greedy drops, ascending (``[]``: everybody fits
-    ``capacity``; every row but one where that single request beats the greedy set), or None where `greedy_masks`
-    must decide: a request too big to fit alone, a negative value, or a suffix that cannot decide.
+    ``capacity``; every row but one where that single request beats the greedy set), with the memory the kept rows
+    then hold (Σ their sizes); or None where `greedy_masks` must decide: a request too big to fit alone, a negative
+    value, or a suffix that cannot decide.
 
     Why: a decode iteration that preempts (a quarter of aptserve-kv's on azure-conv) built every candidate's arrays
     for `greedy_masks` in about forty numpy calls; this takes about fifteen."""
@@ -296,7 +297,7 @@ def pending_tail_drop(m: np.ndarray, ref: np.ndarray, now_s: float, capacity: in
     count = len(size)
     total = int(size.sum())
     if total <= capacity:
-        return []
+        return [], total
     if count == 0 or int(size.max()) > capacity:
         return None
     p = now_s - ref
@@ -307,8 +308,8 @@ def pending_tail_drop(m: np.ndarray, ref: np.ndarray, now_s: float, capacity: in
     if drop is None:
         return None
     if drop.single is not None:
-        return [row for row in range(count) if row != drop.single]
-    return drop.rows
+        return [row for row in range(count) if row != drop.single], drop.used
+    return drop.rows, drop.used
 
 
 class SuffixDrop(NamedTuple):
