@@ -127,9 +127,9 @@ class RunningColumns:
     def rows(self, ids: set[int]) -> list[int]:
         """The rows whose id is in ``ids``, ascending (a comparison per id: usually one or two, where ``np.isin``'s
         set-up costs more)."""
-        column = self._ids[:self._n]
         if not self._n:
             return []
+        column = self._ids[:self._n]
         if len(ids) > FEW_ROWS:
             return np.flatnonzero(np.isin(column, np.fromiter(ids, np.int64, len(ids)))).tolist()
         found = []
