@@ -645,12 +645,12 @@ class LowerBounder:
                 best = max(best, float(V[:, n].min()))
         return best * (1 - LP_SAFETY_RTOL)
 
-    def _classes(self, first_token_only: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Distinct (I, O) classes (O = 1 for first tokens) and each request's class. Above 400 classes a
-        request takes the point of a geometric (I, O) grid at most as demanding in both I and O (every
+    def _classes(self, first_token_only: bool, coarse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct (I, O) classes (O = 1 for first tokens) and each request's class. Above 400 classes (or
+        ``coarse``) a request takes the point of a geometric (I, O) grid at most as demanding in both I and O (every
         per-request bound used is monotone in the demand)."""
         keys = np.array([(r.prompt_tokens, 1 if first_token_only else r.output_tokens) for r in self.requests])
-        if len(np.unique(keys, axis=0)) > 400:
+        if coarse or len(np.unique(keys, axis=0)) > 400:
             gi = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 0].max(), 24).astype(int)]))
             go = np.unique(np.concatenate([[1], np.geomspace(1, keys[:, 1].max(), 16).astype(int)]))
             keys = np.stack([gi[np.searchsorted(gi, keys[:, 0], side="right") - 1],
@@ -662,8 +662,21 @@ class LowerBounder:
         work (monotonicity: a batch is at least as long as its items from this request alone), computed once
         per distinct (I, O) (`_classes`)."""
         classes, which = self._classes(first_token_only)
-        busy = np.array([self.busy_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total())
-                         for i, o in classes])
+
+        def alone(i, o) -> float:
+            return self.busy_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total())
+
+        if self.deadline_s is not None and len(classes) > 1:
+            # Under a deadline, one LP per class (each about 20 ms) must not outlast it: when the first one's time
+            # says the rest would, the classes are rounded down to the grid (valid, possibly weaker).
+            start = time.perf_counter()
+            alone(*classes[0])
+            if start + (time.perf_counter() - start) * len(classes) > self.deadline_s:
+                grid, grid_which = self._classes(first_token_only, coarse=True)
+                if len(grid) < len(classes):
+                    self.cut_by_deadline.append("exact (I, O) classes of the per-request solo times")
+                    classes, which = grid, grid_which
+        busy = np.array([alone(i, o) for i, o in classes])
         return busy[np.ravel(which)]
 
     def _marginal_work_s(self, first_token_only: bool, marginal: tuple) -> np.ndarray:

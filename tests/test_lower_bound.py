@@ -628,3 +628,25 @@ def test_the_bound_names_the_ingredient_that_set_it(case):
     how = lower_bound_report(reqs, limits, COST, Objective(latency=1, ttft=1)).method
     latency_by, ttft_by = bounder.latency_sum_s().parts["set_by"], bounder.mean_ttft_s().parts["set_by"]
     assert f"set by latency: {latency_by}; ttft: {ttft_by} (" in how
+
+
+def test_solo_times_under_a_spent_deadline_take_the_coarse_grid():
+    """Mean TTFT under a deadline already passed: the per-request solo times (one LP per distinct prompt size) are
+    rounded down to the coarse (I, O) grid instead of solving 120 LPs, which is noted, and the bound stays valid:
+    at most the exact-class bound (each request rounded to a point no more demanding) and at most every registered
+    scheduler's mean TTFT. (`infermax optimize` with 200 prompts uniform in 16..1,024 and --time-limit 1 spent 3.2 s
+    on these LPs, 2026-12-01.)"""
+    import time
+
+    reqs = [Request(i, 0.05 * i, 16 + 8 * i, 1 + i % 5) for i in range(120)]
+    limits = Limits(C=2048, M=40_000)
+    exact = LowerBounder(reqs, limits, COST)
+    spent = LowerBounder(reqs, limits, COST, deadline_s=time.perf_counter() - 1.0)
+    exact_lb, spent_lb = exact.mean_ttft_s().value_s, spent.mean_ttft_s().value_s
+    assert "exact (I, O) classes of the per-request solo times" in spent.cut_by_deadline
+    assert "exact (I, O) classes of the per-request solo times" not in exact.cut_by_deadline
+    assert len(spent._busy_cache) < 40 < 120 <= len(exact._busy_cache)
+    assert 0 < spent_lb <= exact_lb
+    for name in SCHEDULERS:
+        ttft = simulate(reqs, name, limits, COST).summary["mean_ttft_s"]
+        assert spent_lb <= ttft * (1 + 1e-9), name
