@@ -656,7 +656,7 @@ class AptServeScheduler(Scheduler):
             with_slo.difference_update(gone)
             running_ids.difference_update(gone)
         if evict:
-            evicted = [self._by_id[rid] for rid in batch.evict]
+            evicted = [self._by_id[rid] for rid in evict]
             self.waiting.extendleft_in_order(evicted)
             for s in evicted:
                 self._note_size(s)
@@ -708,7 +708,9 @@ class AptServeScheduler(Scheduler):
             for i in reversed(rows):
                 del running[i], items[i]
         else:
-            flags = [s.id not in out for s in running]
+            flags = [True] * len(running)
+            for i in rows:
+                flags[i] = False
             self.running = list(compress(running, flags))
             self._decode_items = list(compress(self._decode_items, flags))
         self._hidden_running = sum(1 for s in self.running if s.hidden) if self._hidden_running else 0
