@@ -660,24 +660,40 @@ class LowerBounder:
     def _solo_s(self, first_token_only: bool) -> np.ndarray:
         """Per request: a lower bound on (its finish or first-token time) − arrival, the busy time of its own
         work (monotonicity: a batch is at least as long as its items from this request alone), computed once
-        per distinct (I, O) (`_classes`)."""
+        per distinct (I, O) (`_classes`).
+
+        Under a deadline, one LP per class (each about 20 ms) must not outlast it: after each class, when the mean
+        time per class so far says the rest would, the requests of the classes not yet solved take the coarse
+        grid's point below them instead (valid, possibly weaker), if that needs fewer LPs. The mean counts every
+        class solved so far, so a first class found in the cache (no LP) cannot hide the cost of the rest."""
         classes, which = self._classes(first_token_only)
+        which = np.ravel(which)
 
         def alone(i, o) -> float:
             return self.busy_s(DemandArrays.of([Request(0, 0.0, int(i), int(o))], self.limits).total())
 
-        if self.deadline_s is not None and len(classes) > 1:
-            # Under a deadline, one LP per class (each about 20 ms) must not outlast it: when the first one's time
-            # says the rest would, the classes are rounded down to the grid (valid, possibly weaker).
-            start = time.perf_counter()
-            alone(*classes[0])
-            if start + (time.perf_counter() - start) * len(classes) > self.deadline_s:
-                grid, grid_which = self._classes(first_token_only, coarse=True)
-                if len(grid) < len(classes):
+        if self.deadline_s is None or len(classes) <= 1:
+            return np.array([alone(i, o) for i, o in classes])[which]
+        busy = np.empty(len(classes))
+        grid = None
+        start = time.perf_counter()
+        for k, (i, o) in enumerate(classes):
+            busy[k] = alone(i, o)
+            rest = len(classes) - k - 1
+            now = time.perf_counter()
+            if rest and now + (now - start) / (k + 1) * rest > self.deadline_s:
+                if grid is None:
+                    grid, grid_which = self._classes(first_token_only, coarse=True)
+                    grid_which = np.ravel(grid_which)
+                unsolved = which > k
+                needed = np.unique(grid_which[unsolved])
+                if len(needed) < rest:
                     self.cut_by_deadline.append("exact (I, O) classes of the per-request solo times")
-                    classes, which = grid, grid_which
-        busy = np.array([alone(i, o) for i, o in classes])
-        return busy[np.ravel(which)]
+                    grid_busy = np.full(len(grid), np.nan)
+                    for g in needed:
+                        grid_busy[g] = alone(*grid[g])
+                    return np.where(unsolved, grid_busy[grid_which], busy[np.minimum(which, k)])
+        return busy[which]
 
     def _marginal_work_s(self, first_token_only: bool, marginal: tuple) -> np.ndarray:
         """Per request: a lower bound on the intercept-free time of its own items (the busy LP of the request

@@ -650,3 +650,24 @@ def test_solo_times_under_a_spent_deadline_take_the_coarse_grid():
     for name in SCHEDULERS:
         ttft = simulate(reqs, name, limits, COST).summary["mean_ttft_s"]
         assert spent_lb <= ttft * (1 + 1e-9), name
+
+
+def test_solo_times_under_a_near_deadline_are_not_fooled_by_a_cached_first_class():
+    """The switch to the coarse grid is decided from the time the classes have taken so far, after each class: a
+    first class already in the cache (no LP, a few microseconds) once made 120 LPs look free. Here it is cached, the
+    deadline is 50 ms away and the other 119 classes each need an LP, so the grid is taken after a few of them; the
+    requests of the classes solved exactly keep their exact times, the rest take the grid's (no larger)."""
+    import time
+
+    reqs = [Request(i, 0.05 * i, 16 + 8 * i, 1 + i % 5) for i in range(120)]
+    limits = Limits(C=2048, M=40_000)
+    exact = LowerBounder(reqs, limits, COST)._solo_s(True)
+    near = LowerBounder(reqs, limits, COST)
+    near.busy_s(DemandArrays.of([Request(0, 0.0, 16, 1)], limits).total())  # the first class, (16, 1), cached
+    near.deadline_s = time.perf_counter() + 0.05
+    solo = near._solo_s(True)
+    assert "exact (I, O) classes of the per-request solo times" in near.cut_by_deadline
+    assert len(near._busy_cache) < 60
+    assert solo[0] == exact[0]  # solved exactly (the cached class)
+    assert np.all(solo > 0) and np.all(solo <= exact * (1 + 1e-12))
+    assert np.any(solo < exact * (1 - 1e-6))  # some requests took the grid's weaker point
