@@ -413,3 +413,15 @@ def test_running_columns_delete_rows_in_order(ids, data):
     view, fresh = columns.view(kept), aptserve_running.RunningArrays.of(kept)
     for name in ("ids", "m", "ref", "hidden"):
         assert getattr(view, name).tolist() == getattr(fresh, name).tolist(), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.booleans()), max_size=40), st.sampled_from([1, 2, 3, 16]),
+       st.booleans())
+def test_cache_sizes_is_cache_tokens_elementwise(rows, block, all_hidden):
+    """`cache_sizes` (its shift form at block size 1, its hidden=None form) against the replayer's `cache_tokens`."""
+    lim = Limits(C=1, M=1, block_size=block)
+    m = np.array([r[0] for r in rows], np.int64)
+    hidden = None if all_hidden else np.array([r[1] for r in rows], bool)
+    want = [cache_tokens(lim, int(x), True if all_hidden else h) for x, h in rows]
+    assert aptserve_running.cache_sizes(m, hidden, block).tolist() == want

@@ -506,7 +506,7 @@ class AptServeScheduler(Scheduler):
             kv_tokens = arrays.m + 1
             selected, as_hidden = aptserve_running.fcfs_masks(
                 aptserve_running.blocks(kv_tokens, lim.block_size),
-                aptserve_running.cache_sizes(kv_tokens, np.ones(count, bool), lim.block_size),
+                aptserve_running.cache_sizes(kv_tokens, None, lim.block_size),
                 np.full(count, self.options.hybrid), lim.M, lim.C)
         self._last_arrays_selection = (selected, as_hidden)
         keeps = selected & (as_hidden == arrays.hidden)
@@ -534,7 +534,7 @@ class AptServeScheduler(Scheduler):
         b = lim.block_size
         kv_blocks = kv_tokens if b == 1 else -(-kv_tokens // b)
         kv_size = kv_tokens if b == 1 else kv_blocks * b
-        hidden_size = b * -(-kv_blocks // 2)
+        hidden_size = (kv_tokens + 1) >> 1 if b == 1 else b * -(-kv_blocks // 2)  # `cache_sizes`
         violator = None
         if self._running_with_slo:
             slo = np.fromiter([math.nan if x is None else x for s in states
