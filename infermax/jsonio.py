@@ -23,13 +23,16 @@ def not_utf8_message(path: str | Path, exc: UnicodeDecodeError) -> str:
 
 
 def read_json(path: str | Path) -> Any:
-    """Parse a JSON file (`read_utf8`); a syntax error becomes a ValueError naming the file."""
+    """Parse a JSON file (`read_utf8`); a syntax error, or arrays and objects nested deeper than Python's parser
+    recurses (about a thousand levels; no InferMax file nests beyond six), becomes a ValueError naming the file."""
     path = Path(path)
     text = read_utf8(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise ValueError(f"{path}: not an InferMax file (JSON nested too deeply to read)") from None
 
 
 def nan_to_null(d: dict) -> dict:

@@ -764,7 +764,7 @@ class Replayer:
 def recorded_swap_cost(schedule: Schedule) -> SwapCost | None:
     """The swap cost model the schedule's ``meta["swap_cost"]`` records (the engine records the one it simulated
     with), or None."""
-    return SwapCost(**schedule.meta["swap_cost"]) if "swap_cost" in schedule.meta else None
+    return SwapCost.from_dict(schedule.meta["swap_cost"]) if "swap_cost" in schedule.meta else None
 
 
 def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = None,

@@ -101,6 +101,13 @@ class Schedule:
             meta = data.get("meta", {})
             if not isinstance(meta, dict):
                 raise TypeError(f"meta must be an object, got {type(meta).__name__}")
+            if "swap_cost" in meta:  # the replayer times swaps with it (`replay.recorded_swap_cost`)
+                from .costmodel.swap import SwapCost
+
+                try:
+                    SwapCost.from_dict(meta["swap_cost"])
+                except ValueError as exc:
+                    raise ValueError(f"meta.swap_cost: {exc}") from None
             seen: set[int] = set()
             for r in requests:
                 if r.id in seen:

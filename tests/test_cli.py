@@ -75,7 +75,18 @@ def test_validate_rejects_a_tampered_schedule(tmp_path):
     (lambda d: d["meta"].update(config=[1]), "meta.config must be an object"),
     (lambda d: d["requests"].append(list(d["requests"][0])), "duplicate request id 0"),
     (lambda d: d.update(format=None), "not an InferMax schedule"),
-], ids=["meta", "config", "duplicate-id", "format"])
+    # (2026-12-01, a second fuzz of `validate`: each of these ended in a traceback)
+    (lambda d: d["meta"]["config"].update(model=[]), "meta.config.model must be a string or null, got []"),
+    (lambda d: d["meta"]["config"].update(costmodel_path=0), "meta.config.costmodel_path must be a string or null"),
+    (lambda d: d["meta"]["config"].update(costmodel_path="/"), "meta.config.costmodel_path '/': is a directory"),
+    (lambda d: d["meta"]["config"].update(tp=True), "meta.config.tp must be an integer >= 1 or null, got True"),
+    (lambda d: d["meta"].update(swap_cost="0"), "meta.swap_cost: swap cost must be an object with per_token_s"),
+    (lambda d: d["meta"]["swap_cost"].pop("per_token_s"), "meta.swap_cost: swap cost must be an object"),
+    (lambda d: d["meta"]["swap_cost"].update(extra=1), "meta.swap_cost: swap cost must be an object"),
+    (lambda d: d["meta"]["swap_cost"].update(per_token_s="0"), "swap cost must be finite non-negative numbers"),
+    (lambda d: d["meta"]["swap_cost"].update(fixed_s=-1.0), "swap cost must be finite non-negative numbers"),
+], ids=["meta", "config", "duplicate-id", "format", "model-list", "path-int", "path-dir", "tp-bool", "swap-str",
+        "swap-missing", "swap-extra", "swap-token-str", "swap-negative"])
 def test_validate_refuses_a_malformed_schedule_without_a_traceback(tmp_path, tamper, message):
     # Found by fuzzing `validate` with mutated schedule files: each of these ended in a Python traceback (TypeError,
     # AttributeError, or the replayer's ValueError for a duplicate id).
@@ -112,6 +123,9 @@ def test_validate_refuses_json_that_is_not_an_object(tmp_path):
     path.write_text("[1, 2]")
     res = invoke("validate", str(path))
     assert res.exit_code == 2 and "not an InferMax schedule" in res.output
+    path.write_text("[" * 5000 + "]" * 5000)  # deeper than Python's JSON parser recurses: a RecursionError
+    res = invoke("validate", str(path))
+    assert res.exit_code == 2 and "JSON nested too deeply to read" in res.output
 
 
 def test_trace_replay_with_time_scaling():

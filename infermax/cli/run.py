@@ -51,6 +51,28 @@ def simulate(
 _COST_KEYS = ("model", "gpu", "tp", "cost_model", "costmodel_path")
 
 
+def _recorded_cost_fields(config: dict, schedule: Path) -> dict:
+    """The cost-model fields a schedule's ``meta.config`` records, type-checked: a hand-edited schedule with, say, a
+    list for its model is refused with a message (found by a fuzz of `validate`, 2026-12-01)."""
+    recorded = {}
+    for key in _COST_KEYS:
+        if key not in config:
+            continue
+        value = config[key]
+        if key == "tp":
+            ok, want = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1), \
+                "an integer >= 1"
+        else:
+            ok, want = value is None or isinstance(value, str), "a string"
+        if not ok:
+            raise ValueError(f"{schedule}: malformed schedule: meta.config.{key} must be {want} or null, got {value!r}")
+        if key == "costmodel_path" and value is not None and not Path(value).is_file():
+            raise ValueError(f"{schedule}: meta.config.costmodel_path {value!r}: "
+                             + ("is a directory, not a file" if Path(value).is_dir() else "no such file"))
+        recorded[key] = value
+    return recorded
+
+
 @app.command()
 def validate(
     schedule: Path = typer.Argument(..., help="Schedule JSON (as written by `simulate --out`)."),
@@ -78,8 +100,7 @@ def validate(
         if not isinstance(config, dict):
             raise ValueError(f"{schedule}: malformed schedule: meta.config must be an object, got "
                              f"{type(config).__name__}")
-        recorded = {k: v for k, v in config.items() if k in _COST_KEYS}
-        cost = RunConfig(**(given or recorded)).cost()  # RunConfig's defaults fill what neither names
+        cost = RunConfig(**(given or _recorded_cost_fields(config, schedule))).cost()  # RunConfig's defaults fill what neither names
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     was = sched.meta.get("cost_model")

@@ -13,6 +13,7 @@ batched copy launch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 DEFAULT_LINK_EFFICIENCY = 0.8
@@ -27,8 +28,21 @@ class SwapCost:
     fixed_s: float = DEFAULT_FIXED_S
 
     def __post_init__(self) -> None:
-        if not self.per_token_s >= 0 or not self.fixed_s >= 0:
-            raise ValueError(f"swap cost must be non-negative, got per_token_s={self.per_token_s}, fixed_s={self.fixed_s}")
+        def number(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        if not (number(self.per_token_s) and number(self.fixed_s)) or not self.per_token_s >= 0 \
+                or not self.fixed_s >= 0 or not math.isfinite(self.per_token_s) or not math.isfinite(self.fixed_s):
+            raise ValueError(f"swap cost must be finite non-negative numbers, got per_token_s={self.per_token_s!r}, "
+                             f"fixed_s={self.fixed_s!r}")
+
+    @classmethod
+    def from_dict(cls, d) -> "SwapCost":
+        """From `to_dict`'s form, as a schedule's ``meta["swap_cost"]`` records it; anything else (a hand-edited
+        schedule) raises a ValueError saying what is wrong."""
+        if not isinstance(d, dict) or "per_token_s" not in d or not set(d) <= {"per_token_s", "fixed_s"}:
+            raise ValueError(f"swap cost must be an object with per_token_s (and fixed_s), got {d!r}")
+        return cls(**d)
 
     def time_s(self, tokens: int) -> float:
         """Seconds to copy ``tokens`` tokens' KV in one direction (0 for none)."""
