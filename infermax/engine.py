@@ -11,6 +11,7 @@ batches, +2 us/batch on tiny ones), so SimPy buys nothing here but a dependency.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
@@ -20,7 +21,7 @@ from .costmodel.base import CostModel
 from .costmodel.swap import SwapCost
 from .limits import Limits
 from .metrics import SimResult
-from .replay import Replayer, ScheduleViolation
+from .replay import Replayer, ScheduleViolation, check_clock_finite
 from .request import Request
 from .schedulers import NoProgressError, Scheduler, SchedulerError, make_scheduler
 
@@ -176,6 +177,8 @@ def simulate(
                             raise _timeout(scheduler, rp, rp.clock_s)
                 generated += generated * copies
             now = rp.clock_s
+            if not now < math.inf:  # (a comparison per loop iteration; fast-forwarded copies only add to it)
+                check_clock_finite(rp)
             batches_without_token = 0 if generated else batches_without_token + 1
             if batches_without_token > total_tokens:
                 raise NoProgressError(

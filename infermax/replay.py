@@ -8,6 +8,7 @@ with the same code.
 
 from __future__ import annotations
 
+import math
 from heapq import heappop, heappush
 from typing import Iterable
 
@@ -761,6 +762,23 @@ class Replayer:
                 f"{s.generated}/{s.req.output_tokens} tokens")
 
 
+class BatchTimeOverflow(ValueError):
+    """A batch time the cost model gave is not finite (a coefficient too large to be a measurement, as in a
+    hand-edited cost-model file: 1e308 s per token is finite, two tokens are not)."""
+
+
+def check_clock_finite(rp: "Replayer") -> None:
+    """Raise `BatchTimeOverflow` when the replayer's clock is no longer finite: a batch time, or the sum of them,
+    overflowed (every batch time is a sum of non-negative terms, so it reaches infinity rather than NaN, and the
+    clock keeps it from then on)."""
+    if not rp.clock_s < math.inf:
+        j, duration_s = next((row[0], row[2]) for row in rp.batch_rows if not row[3] < math.inf)  # its end
+        raise BatchTimeOverflow(
+            f"cost model {getattr(rp.cost_model, 'name', type(rp.cost_model).__name__)!r}: batch {j} takes "
+            f"{duration_s:.4g} s and ends past the largest float; batch times this large are not a GPU's (is a "
+            f"coefficient or intercept far too large?)")
+
+
 def recorded_swap_cost(schedule: Schedule) -> SwapCost | None:
     """The swap cost model the schedule's ``meta["swap_cost"]`` records (the engine records the one it simulated
     with), or None."""
@@ -780,5 +798,6 @@ def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = No
     rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost, lazy_decoders=True)
     for batch in schedule.batches:
         rp.apply(batch)
+    check_clock_finite(rp)
     rp.check_complete()
     return SimResult.from_replayer(rp, meta={**schedule.meta, "replayed": True})

@@ -223,3 +223,37 @@ def test_help_prints_each_paragraph_of_a_command_docstring_on_one_line():
         for paragraph in inspect.cleandoc(callback.__doc__).split("\n\n"):
             text = " ".join(paragraph.split())
             assert any(text in line for line in lines), (path, text)
+
+
+@pytest.mark.parametrize("family, place", [("linear", "per_token"), ("piecewise", "intercept")])
+def test_batch_times_that_overflow_are_refused(tmp_path, family, place):
+    """A hand-edited cost model with a coefficient of 1e308 s is finite, so it loads; its batch times (or their sum,
+    the clock) overflow to infinity, and `simulate` and `validate` printed null metrics with exit code 0 (found by a
+    fuzz of cost-model files, 2026-12-01). Now both stop at the first batch that ends past the largest float. A model
+    one hundred times its real size still runs: only an overflow is refused."""
+    import math
+
+    from infermax.costmodel import profile_folder
+
+    doc = json.loads((profile_folder("a100", "llama-2-7b", 1) / f"infermax_{family}.json").read_text())
+    if family == "linear":
+        doc["per_layer_ms"]["non_attention"]["per_token"] = 1e308
+    else:
+        doc["terms"][0]["pieces"][0]["intercept_s"] = 1e308
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    args = ["--I", "16", "--O", "4", "--B", "4", "--json", "--no-progress"]
+    res = runner.invoke(app, ["simulate", *args, "--cost-model-file", str(bad)])
+    assert res.exit_code == 2 and "ends past the largest float" in res.output and "Traceback" not in res.output
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["simulate", *args, "--out", str(out)]).exit_code == 0
+    res = runner.invoke(app, ["validate", str(out / "schedule.json"), "--json", "--cost-model-file", str(bad)])
+    assert res.exit_code == 2 and "ends past the largest float" in res.output and "Traceback" not in res.output
+    if family == "linear":
+        doc["per_layer_ms"]["non_attention"]["per_token"] *= 1e-308 * 100 * 0.002  # about 100x the fitted value
+    else:
+        doc["terms"][0]["pieces"][0]["intercept_s"] = 100 * 0.00914
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["simulate", *args, "--cost-model-file", str(big)])
+    assert res.exit_code == 0 and math.isfinite(json.loads(res.output)["makespan_s"]), res.output

@@ -90,7 +90,7 @@ def validate(
 
     The batches are timed by the cost model the schedule records (`simulate --out` writes it) unless one is given."""
     from ..config import RunConfig
-    from ..replay import ScheduleViolation, replay
+    from ..replay import BatchTimeOverflow, ScheduleViolation, replay
     from ..schedule import Schedule
 
     try:
@@ -110,5 +110,7 @@ def validate(
         result = replay(sched, cost)
     except ScheduleViolation as exc:
         fail(f"invalid schedule: {exc}", code=1)
+    except BatchTimeOverflow as exc:
+        fail(str(exc))
     report(result, out, as_json, f"valid: {len(sched.batches)} batches, {len(sched.requests)} requests "
            f"(replay of {schedule})")
