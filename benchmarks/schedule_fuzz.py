@@ -1,9 +1,11 @@
-"""Mutated Schedule files through `infermax validate`, each in its own process, checked for what a user must never
-see: a traceback, or an exit code other than 0 (valid) / 1 (a rule broken: `ScheduleViolation`) / 2 (refused
-input). Prints one line per run (``ok``, exit code, run, the last line of stderr) and a ``PROBLEM`` line with the
-error's tail for a flagged one, whose file is kept as ``bad<run>.json`` in the output folder.
+"""Mutated Schedule files through `infermax validate` (or mutated cost-model files through `simulate` and `optimize`,
+``--target costmodel``), each in its own process, checked for what a user must never see: a traceback, an exit code
+other than 0 (valid) / 1 (a rule broken: `ScheduleViolation`) / 2 (refused input), or a `simulate` summary with a
+null metric. Prints one line per run (``ok``, exit code, run, the last line of stderr) and a ``PROBLEM`` line with
+the error's tail for a flagged one, whose file is kept as ``bad<run>.json`` in the output folder.
 
     python benchmarks/schedule_fuzz.py --seed 3 --runs 150 --out /tmp/schedule_fuzz
+    python benchmarks/schedule_fuzz.py --target costmodel --seed 3 --runs 100 --out /tmp/costmodel_fuzz
 
 The base schedules are simulated first, one per kind of batch field: vLLM (items only), hybrid Apt-Serve under a
 small M (evictions, hidden forms), BROS on the first 60 azure-conv requests at M = 6,000 (swaps out and in, start
@@ -12,7 +14,9 @@ three values at random places (top-level fields, limits, requests, four random b
 its config) by null, negative, fractional, huge, infinite or NaN numbers, strings, booleans, lists or objects,
 deletes a key, or appends an element. On 2026-12-01 its first 920 runs found six tracebacks (a list for meta.config's
 model, a number or a folder for its cost-model path, a malformed meta.swap_cost, JSON nested 5,000 deep); after the
-fix (3ad5de4) they are refused with exit code 2. Writes only into ``--out``.
+fix (3ad5de4) they are refused with exit code 2. The cost-model target starts from the A100 Llama-2-7B linear and
+piecewise fits; on 2026-12-01 it found a coefficient of 1e308 s accepted with null metrics (now refused: batch times
+that overflow, 1a60680), and 260 runs after the fix flagged nothing. Writes only into ``--out``.
 """
 
 from __future__ import annotations
@@ -96,17 +100,31 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--out", type=Path, required=True, help="folder for the base schedules and the flagged files")
+    ap.add_argument("--target", choices=["schedule", "costmodel"], default="schedule")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(a.seed)
-    bases = [json.loads(p.read_text()) for p in base_schedules(a.out)]
+    if a.target == "schedule":
+        bases = [json.loads(p.read_text()) for p in base_schedules(a.out)]
+    else:
+        from infermax.costmodel import profile_folder
+
+        folder = profile_folder("a100", "llama-2-7b", 1)
+        bases = [json.loads((folder / f"infermax_{kind}.json").read_text()) for kind in ("linear", "piecewise")]
     cli = [sys.executable, "-c", "from infermax.cli import app; app()"]
     flagged = 0
     for run in range(a.runs):
         path = a.out / f"run{run}.json"
         path.write_text(json.dumps(mutate(rng, rng.choice(bases))))
-        p = subprocess.run(cli + ["validate", str(path), "--json"], capture_output=True, text=True, timeout=300)
-        bad = "Traceback" in p.stderr or "Traceback" in p.stdout or p.returncode not in EXIT_CODES
+        if a.target == "schedule":
+            command = ["validate", str(path), "--json"]
+        else:
+            command = rng.choice([["simulate", "--I", "64", "--O", "8", "--B", "8", "--json", "--no-progress"],
+                                  ["optimize", "--I", "16", "--O", "4", "--B", "3", "--time-limit", "5", "--json"]])
+            command += ["--cost-model-file", str(path)]
+        p = subprocess.run(cli + command, capture_output=True, text=True, timeout=300)
+        bad = "Traceback" in p.stderr or "Traceback" in p.stdout or p.returncode not in EXIT_CODES or (
+            command[0] == "simulate" and p.returncode == 0 and "null" in p.stdout)
         last = (p.stderr.strip().splitlines() or [""])[-1][:200]
         print(("PROBLEM " if bad else "ok ") + f"{p.returncode} {run} {last}", flush=True)
         if bad:
