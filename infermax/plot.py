@@ -186,15 +186,43 @@ PLOT_KEYS = {"lines": ("kind", "file", "metrics", "x", "col", "hue", "where", "t
              "heatmap": ("kind", "file", "metric", "x", "y", "facet", "where", "title", "annotate")}
 
 
-def check_options(options: dict) -> str:
-    """Validate one plot description's keys; returns its kind."""
+def check_options(options: dict, complete: bool = True) -> str:
+    """Validate one plot description's keys and their types; returns its kind. ``complete``: its required key too
+    (``metrics`` for lines, ``metric`` for a heatmap)."""
     kind = options.get("kind", "lines")
     if kind not in KINDS:
         raise ValueError(f"plot kind must be one of {', '.join(KINDS)}, got {kind!r}")
     unknown = sorted(set(options) - set(PLOT_KEYS[kind]))
     if unknown:
         raise ValueError(f"unknown {kind} plot key(s) {', '.join(unknown)}; known: {', '.join(PLOT_KEYS[kind])}")
+    _check_option_types(options)
+    needed = "metrics" if kind == "lines" else "metric"
+    if complete and needed not in options:
+        raise ValueError(f"a {kind} plot needs '{needed}'")
     return kind
+
+
+def _check_option_types(options: dict) -> None:
+    """Each plot key's type (a spec's ``[[plot]]`` table is hand-written: a list for ``hue`` or a number among the
+    ``metrics`` ended in a TypeError inside pandas, found by a fuzz of sweep specs, 2026-12-01)."""
+    for key in ("x", "y", "metric", "col", "hue", "facet", "title"):
+        value = options.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"'{key}' must be a string (a column name{'' if key != 'title' else ' or a title'}), "
+                             f"got {value!r}")
+    for key in ("x", "y", "metric"):
+        if key in options and options[key] is None:
+            raise ValueError(f"'{key}' must be a column name, got None")
+    metrics = options.get("metrics")
+    if metrics is not None and (not isinstance(metrics, (list, tuple)) or not metrics
+                                or not all(isinstance(m, str) for m in metrics)):
+        raise ValueError(f"'metrics' must be a non-empty list of column names, got {metrics!r}")
+    where = options.get("where")
+    if where is not None and (not isinstance(where, dict) or not all(
+            isinstance(v, (str, int, float, bool)) or v is None for v in where.values())):
+        raise ValueError(f"'where' must be a table of column = value, got {where!r}")
+    if "annotate" in options and not isinstance(options["annotate"], bool):
+        raise ValueError(f"'annotate' must be true or false, got {options['annotate']!r}")
 
 
 def check_figure_file(file) -> str:

@@ -73,6 +73,16 @@ def test_points_are_the_product_of_the_axes_in_order(tmp_path):
     ("[[plot]]\nfile = 'sub/../../escape.png'", "plot 0: 'file' must be a relative path inside"),
     ("[[plot]]\nfile = 'fig.jpg'", "plot 0: 'file' 'fig.jpg': figure format must be one of .png, .svg, .pdf"),
     ("name = 'a/b'", "'name' must be a non-empty string without '/'"),
+    # (2026-12-01, a fuzz of sweep specs: each of these was a traceback)
+    ("[base]\nO = 1000000000000000000000000000000", "base.O = 1000000000000000000000000000000 is outside the 64-bit"),
+    ("[[plot]]\nfile = 'f.png'", "plot 0: a lines plot needs 'metrics'"),
+    ("[[plot]]\nkind = 'heatmap'\nfile = 'f.png'", "plot 0: a heatmap plot needs 'metric'"),
+    ("[[plot]]\nfile = 'f.png'\nmetrics = ['tps']\nx = {}", "plot 0: 'x' must be a string (a column name), got {}"),
+    ("[[plot]]\nfile = 'f.png'\nmetrics = ['tps']\nhue = [1]", "plot 0: 'hue' must be a string"),
+    ("[[plot]]\nfile = 'f.png'\nmetrics = ['tps', true]", "plot 0: 'metrics' must be a non-empty list of column"),
+    ("[[plot]]\nfile = 'f.png'\nmetrics = 'tps'", "plot 0: 'metrics' must be a non-empty list of column"),
+    ("[[plot]]\nfile = 'f.png'\nmetrics = ['tps']\nwhere = 3", "plot 0: 'where' must be a table"),
+    ("[[plot]]\nkind = 'heatmap'\nfile = 'f.png'\nmetric = 'tps'\nannotate = 1", "'annotate' must be true or"),
 ])
 def test_bad_specs_name_the_problem(tmp_path, text, message):
     with pytest.raises(SpecError) as info:

@@ -134,8 +134,9 @@ def parse_spec(doc: dict, source: str | Path | None = None) -> SweepSpec:
 
     for i, options in enumerate(plots):
         try:
-            check_options(options)
+            check_options(options, complete=False)
             check_figure_file(options.get("file"))
+            check_options(options)
         except ValueError as exc:
             raise bad(f"plot {i}: {exc}") from None
     name = doc.get("name", Path(source).stem if source is not None else "sweep")
@@ -166,4 +167,7 @@ def _typed(bad, key: str, value: Any, types: tuple[type, ...]) -> Any:
     if not ok:
         names = " or ".join(t.__name__ for t in types if t is not type(None))
         raise bad(f"{key} must be {names}, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+        # (the results table stores integers in 64 bits: pyarrow's OverflowError, found by a fuzz of specs)
+        raise bad(f"{key} = {value} is outside the 64-bit integer range of a results table")
     return float(value) if float in types and int not in types else value
