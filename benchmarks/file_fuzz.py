@@ -1,22 +1,27 @@
-"""Mutated Schedule files through `infermax validate` (or mutated cost-model files through `simulate` and `optimize`,
-``--target costmodel``), each in its own process, checked for what a user must never see: a traceback, an exit code
-other than 0 (valid) / 1 (a rule broken: `ScheduleViolation`) / 2 (refused input), or a `simulate` summary with a
-null metric. Prints one line per run (``ok``, exit code, run, the last line of stderr) and a ``PROBLEM`` line with
-the error's tail for a flagged one, whose file is kept as ``bad<run>.json`` in the output folder.
+"""Mutated input files through the commands that read them, each in its own process, checked for what a user must
+never see: a traceback, an exit code other than 0 / 1 (`validate`: a rule broken) / 2 (refused input), or a
+`simulate` summary with a null metric. Targets: Schedule files through `infermax validate` (``schedule``), cost-model
+files through `simulate` and `optimize` (``costmodel``), sweep specs through `infermax sweep`, with and without
+``--dry-run`` (``spec``). Prints one line per run (``ok``, exit code, run, the last line of stderr) and a ``PROBLEM``
+line with the error's tail for a flagged one, whose file is kept as ``bad<run>.<ext>`` in the output folder.
 
-    python benchmarks/schedule_fuzz.py --seed 3 --runs 150 --out /tmp/schedule_fuzz
-    python benchmarks/schedule_fuzz.py --target costmodel --seed 3 --runs 100 --out /tmp/costmodel_fuzz
+    python benchmarks/file_fuzz.py --seed 3 --runs 150 --out /tmp/schedule_fuzz
+    python benchmarks/file_fuzz.py --target costmodel --seed 3 --runs 100 --out /tmp/costmodel_fuzz
+    python benchmarks/file_fuzz.py --target spec --seed 3 --runs 100 --out /tmp/spec_fuzz
 
 The base schedules are simulated first, one per kind of batch field: vLLM (items only), hybrid Apt-Serve under a
 small M (evictions, hidden forms), BROS on the first 60 azure-conv requests at M = 6,000 (swaps out and in, start
-times), vLLM V1 with prefix caching on a multi-turn workload (cache hits, request objects). A mutation replaces one to
-three values at random places (top-level fields, limits, requests, four random batches and their fields, meta and
-its config) by null, negative, fractional, huge, infinite or NaN numbers, strings, booleans, lists or objects,
-deletes a key, or appends an element. On 2026-12-01 its first 920 runs found six tracebacks (a list for meta.config's
-model, a number or a folder for its cost-model path, a malformed meta.swap_cost, JSON nested 5,000 deep); after the
-fix (3ad5de4) they are refused with exit code 2. The cost-model target starts from the A100 Llama-2-7B linear and
-piecewise fits; on 2026-12-01 it found a coefficient of 1e308 s accepted with null metrics (now refused: batch times
-that overflow, 1a60680), and 260 runs after the fix flagged nothing. Writes only into ``--out``.
+times), vLLM V1 with prefix caching on a multi-turn workload (cache hits, request objects). The cost models are the
+A100 Llama-2-7B linear and piecewise fits; the spec is a four-point sweep with one plot. A mutation replaces one to
+three values at random places (top-level fields, every key of a table, four random elements of each list) by null,
+negative, fractional, huge, infinite or NaN numbers, strings, booleans, lists or tables, deletes a key, or appends
+an element (a spec is written back as TOML, which has no null: those are left out).
+
+Found on 2026-12-01 (each a traceback or a silent wrong output, each fixed with a test): in 920 schedules, a list for
+meta.config's model, a number or a folder for its cost-model path, a malformed meta.swap_cost, JSON nested 5,000 deep
+(3ad5de4); in cost models, a coefficient of 1e308 s accepted with null metrics (1a60680); in 200 sweep specs, an
+integer beyond 64 bits and plot keys of the wrong type or missing (b914017). After the fixes: 150 schedules, 260 cost
+models and 80 specs flagged nothing. Writes only into ``--out``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +67,44 @@ def base_schedules(folder: Path) -> list[Path]:
                           "vllm-v1", "--no-progress", "--out", str(out)], check=True, capture_output=True)
     paths.append(out / "schedule.json")
     return paths
+
+
+SPEC = {"name": "fz", "description": "fuzz",
+        "base": {"B": 4, "O": 4, "C": 512, "M": 2000, "cost_model": "linear"},
+        "axes": {"scheduler": ["vllm", "sarathi"], "I": [4, 8]},
+        "plot": [{"kind": "lines", "file": "f.png", "metrics": ["makespan_s", "tps"], "x": "I", "hue": "scheduler",
+                  "title": "t"}]}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v if x is not None) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    return '""'
+
+
+def to_toml(doc: dict) -> str:
+    """A spec as TOML: scalars and arrays first, then tables, then arrays of tables (nulls left out)."""
+    def is_tables(v) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    lines = [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in doc.items()
+             if v is not None and not isinstance(v, dict) and not is_tables(v)]
+    for k, v in doc.items():
+        for table, header in ([(v, f"[{json.dumps(k)}]")] if isinstance(v, dict) else
+                              [(t, f"[[{json.dumps(k)}]]") for t in v] if is_tables(v) else []):
+            lines.append(header)
+            lines += [f"{json.dumps(a)} = {_toml_value(b)}" for a, b in table.items() if b is not None]
+    return "\n".join(lines) + "\n"
 
 
 def _places(rng: random.Random, obj, prefix=()):
@@ -100,12 +145,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--out", type=Path, required=True, help="folder for the base schedules and the flagged files")
-    ap.add_argument("--target", choices=["schedule", "costmodel"], default="schedule")
+    ap.add_argument("--target", choices=["schedule", "costmodel", "spec"], default="schedule")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(a.seed)
     if a.target == "schedule":
         bases = [json.loads(p.read_text()) for p in base_schedules(a.out)]
+    elif a.target == "spec":
+        bases = [SPEC]
     else:
         from infermax.costmodel import profile_folder
 
@@ -114,10 +161,15 @@ def main() -> None:
     cli = [sys.executable, "-c", "from infermax.cli import app; app()"]
     flagged = 0
     for run in range(a.runs):
-        path = a.out / f"run{run}.json"
-        path.write_text(json.dumps(mutate(rng, rng.choice(bases))))
+        path = a.out / f"run{run}.{'toml' if a.target == 'spec' else 'json'}"
+        doc = mutate(rng, rng.choice(bases))
+        path.write_text(to_toml(doc) if a.target == "spec" else json.dumps(doc))
+        results = a.out / f"results{run}"
         if a.target == "schedule":
             command = ["validate", str(path), "--json"]
+        elif a.target == "spec":
+            command = ["sweep", str(path), "--out", str(results), "--no-progress", "-j", "1"]
+            command += rng.choice([[], ["--dry-run"]])
         else:
             command = rng.choice([["simulate", "--I", "64", "--O", "8", "--B", "8", "--json", "--no-progress"],
                                   ["optimize", "--I", "16", "--O", "4", "--B", "3", "--time-limit", "5", "--json"]])
@@ -127,9 +179,10 @@ def main() -> None:
             command[0] == "simulate" and p.returncode == 0 and "null" in p.stdout)
         last = (p.stderr.strip().splitlines() or [""])[-1][:200]
         print(("PROBLEM " if bad else "ok ") + f"{p.returncode} {run} {last}", flush=True)
+        shutil.rmtree(results, ignore_errors=True)
         if bad:
             flagged += 1
-            path.rename(a.out / f"bad{run}.json")
+            path.rename(a.out / f"bad{run}{path.suffix}")
             print(p.stderr[-1500:], flush=True)
         else:
             path.unlink()
