@@ -17,11 +17,12 @@ three values at random places (top-level fields, every key of a table, four rand
 negative, fractional, huge, infinite or NaN numbers, strings, booleans, lists or tables, deletes a key, or appends
 an element (a spec is written back as TOML, which has no null: those are left out).
 
-Found on 2026-12-01 (each a traceback or a silent wrong output, each fixed with a test): in 920 schedules, a list for
-meta.config's model, a number or a folder for its cost-model path, a malformed meta.swap_cost, JSON nested 5,000 deep
-(3ad5de4); in cost models, a coefficient of 1e308 s accepted with null metrics (1a60680); in 200 sweep specs, an
-integer beyond 64 bits and plot keys of the wrong type or missing (b914017). After the fixes: 150 schedules, 260 cost
-models and 80 specs flagged nothing. Writes only into ``--out``.
+Found on 2026-12-01 (each a traceback or a silent wrong output, each fixed with a test): in the first 320 schedules,
+six tracebacks (a list for meta.config's model, a number for its cost-model path, four malformed meta.swap_cost), and
+by hand around them a folder for that path and JSON nested 5,000 deep (3ad5de4); by hand while fuzzing cost models, a
+coefficient of 1e308 s accepted with null metrics and exit code 0 (1a60680; the fuzz checks null metrics since); in
+200 sweep specs, five (an integer beyond 64 bits, plot keys of the wrong type or missing: b914017). After the fixes:
+150 schedules, 260 cost models and 80 specs flagged nothing. Writes only into ``--out``.
 """
 
 from __future__ import annotations
