@@ -479,6 +479,40 @@ def test_a_measurements_file_that_is_not_a_csv_is_refused_by_name(tmp_path):
         assert str(path) in str(e.value)
 
 
+@pytest.mark.parametrize("operator, column, value, message", [
+    ("mlp_up_proj", "num_tokens", "-5", "num_tokens must be a non-negative integer, got -5"),
+    ("mlp_up_proj", "num_tokens", "1.5", "num_tokens must be a non-negative integer, got 1.5"),
+    ("attn_decode", "kv_cache_size", "-100", "kv_cache_size must be a non-negative integer, got -100"),
+    ("attn_decode", "batch_size", "2.5", "batch_size must be a non-negative integer, got 2.5"),
+    ("mlp_up_proj", "tp", "x", "tp must be an integer >= 1, got 'x'"),
+    ("mlp_up_proj", "tp", "2", "tp 2, but line 2 has tp 1; a profile holds one TP degree"),
+    ("mlp_up_proj", "operator", "mlp_up_projX", "unknown operator 'mlp_up_projX'; known: emb, input_layernorm"),
+    ("mlp_up_proj", "median_ms", "-1", "median_ms must be a non-negative number, got -1.0"),
+])
+def test_a_measurement_row_with_a_bad_shape_or_operator_is_refused_with_its_line(tmp_path, operator, column, value,
+                                                                                message):
+    """Probing `infermax fit` with hand-edited tables (2026-12-01): a negative or fractional count, a row of another TP
+    degree and an unknown operator were fitted or dropped without a word (and a bad time was shown as
+    np.float64(-1.0)). Each is refused with its line. An all-reduce's fractional token count stays valid."""
+    import csv
+
+    from infermax.costmodel.measurements import read_measurements
+
+    rows = list(csv.DictReader((PROFILE / "measurements.csv").open()))
+    i = next(k for k, r in enumerate(rows) if r["operator"] == operator)
+    rows[i][column] = value
+    path = tmp_path / "measurements.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(ValueError) as e:
+        read_measurements(path)
+    assert f"{path}: line {i + 2}: {message}" in str(e.value)
+    reduce = read_measurements(profile_folder("a100", "llama-2-7b", 2) / "measurements.csv")
+    assert (reduce.num_tokens[reduce.operator == "all_reduce"] % 1 != 0).any()
+
+
 def test_a_profile_folder_without_its_profile_json_is_refused_by_name(tmp_path):
     """`infermax fit` on a folder holding measurements.csv alone said "[Errno 2] No such file or directory: .../profile.json"
     (after copying the CSV to --out); now it says what is missing and what writes it, before anything is copied. A

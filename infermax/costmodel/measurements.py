@@ -176,6 +176,43 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
     bad = np.flatnonzero(~(np.isfinite(median) & (median >= 0)))
     if len(bad):
         raise ValueError(f"{path}: line {bad[0] + 2}: median_ms must be a non-negative number, "
-                         f"got {table['median_ms'][bad[0]]!r}")
+                         f"got {_cell(table, 'median_ms', bad[0])}")
     table["median_ms"] = median
+    _check_rows(table, path)
     return table
+
+
+KNOWN_OPS = ("emb", *NON_ATTENTION_OPS, *ATTENTION_OPS, "attn_decode_kv_save", "lm_head", "all_reduce", "swap_in",
+             "swap_out")
+
+
+def _cell(table: pd.DataFrame, column: str, row: int) -> str:
+    value = table[column].iloc[row]
+    return repr(value.item() if hasattr(value, "item") else value)
+
+
+def _check_rows(table: pd.DataFrame, path) -> None:
+    """The rows' operators and shapes (a hand-edited or foreign table: an unknown operator, a negative or fractional
+    count, or a row of another TP degree was fitted or dropped without a word, found by probing `infermax fit`
+    on 2026-12-01). Counts are non-negative integers; ``num_tokens`` of an all-reduce is the message size over
+    ``2·hidden``, a fraction. One TP degree per table, as one profile folder holds one."""
+    ops = table["operator"].astype(str).to_numpy()
+    unknown = np.flatnonzero(~np.isin(ops, KNOWN_OPS))
+    if len(unknown):
+        raise ValueError(f"{path}: line {unknown[0] + 2}: unknown operator {ops[unknown[0]]!r}; known: "
+                         f"{', '.join(KNOWN_OPS)}")
+    for column in ("num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size", "tp"):
+        values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+        whole = np.isfinite(values) & (values >= (1 if column == "tp" else 0))
+        if column == "num_tokens":
+            whole &= (values == np.round(values)) | (ops == "all_reduce")
+        else:
+            whole &= values == np.round(values)
+        bad = np.flatnonzero(~whole)
+        if len(bad):
+            kind = "an integer >= 1" if column == "tp" else "a non-negative integer"
+            raise ValueError(f"{path}: line {bad[0] + 2}: {column} must be {kind}, got {_cell(table, column, bad[0])}")
+        if column == "tp" and len(set(values)) > 1:
+            other = int(np.flatnonzero(values != values[0])[0])
+            raise ValueError(f"{path}: line {other + 2}: tp {int(values[other])}, but line 2 has tp {int(values[0])}; "
+                             f"a profile holds one TP degree (tp<N>/measurements.csv)")
