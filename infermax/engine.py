@@ -204,6 +204,10 @@ def _checked_setup(requests: Sequence[Request], scheduler: str | Scheduler, limi
     ``M``, a run whose tables would not fit this machine's memory, prefix caching for a scheduler without it."""
     if not requests:
         raise ValueError("the workload has no requests")
+    not_requests = [r for r in requests if not isinstance(r, Request)]
+    if not_requests:
+        raise TypeError(f"requests must be infermax.request.Request objects, got {type(not_requests[0]).__name__} "
+                        f"{not_requests[0]!r:.80} (infermax.workload builds them: fixed, sampled, load_trace)")
     if cost_model is None:
         from .costmodel import load_cost_model
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -56,8 +57,8 @@ class Request:
             raise ValueError(f"request {self.id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
             raise ValueError(f"request {self.id}: output_tokens must be >= 1, got {self.output_tokens}")
-        if not self.arrival_s >= 0:
-            raise ValueError(f"request {self.id}: arrival_s must be >= 0, got {self.arrival_s}")
+        if not 0 <= self.arrival_s < math.inf:
+            raise ValueError(f"request {self.id}: arrival_s must be a finite number >= 0, got {self.arrival_s}")
         if self.predicted_output_tokens is not None and self.predicted_output_tokens < 1:
             raise ValueError(
                 f"request {self.id}: predicted_output_tokens must be >= 1, got {self.predicted_output_tokens}")

@@ -160,3 +160,17 @@ def test_the_collector_is_restored_after_a_run_and_after_a_failed_one(affine, mo
         assert collected == [1, 1, 1, 1]  # the young generations, every second iteration of the first run
     finally:
         gc.enable()
+
+
+def test_what_a_notebook_passes_by_mistake_is_refused_with_a_message(affine):
+    """Found by probing the Python API (2026-12-01): an infinite arrival time passed Request's ``>= 0`` check and the
+    run ended in an overflow error about the cost model; a list of tuples (an arrival table read by hand) ended in
+    an AttributeError deep in the engine."""
+    with pytest.raises(ValueError, match="arrival_s must be a finite number >= 0, got inf"):
+        Request(0, float("inf"), 4, 2)
+    with pytest.raises(ValueError, match="arrival_s must be a finite number >= 0, got nan"):
+        Request(0, float("nan"), 4, 2)
+    with pytest.raises(TypeError, match=r"requests must be infermax.request.Request objects, got tuple \(0, 0.0, 4, 2\)"):
+        simulate([Request(1, 0.0, 4, 2), (0, 0.0, 4, 2)], "vllm", Limits(M=100), affine)
+    late = simulate([Request(0, 1e9, 4, 2)], "vllm", Limits(M=100), affine)  # a late but finite arrival runs
+    assert late.requests.finish_s.iloc[0] > 1e9
