@@ -210,9 +210,6 @@ def _check_option_types(options: dict) -> None:
         if value is not None and not isinstance(value, str):
             raise ValueError(f"'{key}' must be a string (a column name{'' if key != 'title' else ' or a title'}), "
                              f"got {value!r}")
-    for key in ("x", "y", "metric"):
-        if key in options and options[key] is None:
-            raise ValueError(f"'{key}' must be a column name, got None")
     metrics = options.get("metrics")
     if metrics is not None and (not isinstance(metrics, (list, tuple)) or not metrics
                                 or not all(isinstance(m, str) for m in metrics)):

@@ -100,7 +100,8 @@ def validate(
         if not isinstance(config, dict):
             raise ValueError(f"{schedule}: malformed schedule: meta.config must be an object, got "
                              f"{type(config).__name__}")
-        cost = RunConfig(**(given or _recorded_cost_fields(config, schedule))).cost()  # RunConfig's defaults fill what neither names
+        # RunConfig's defaults fill what neither names
+        cost = RunConfig(**(given or _recorded_cost_fields(config, schedule))).cost()
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     was = sched.meta.get("cost_model")

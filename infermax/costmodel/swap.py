@@ -28,11 +28,8 @@ class SwapCost:
     fixed_s: float = DEFAULT_FIXED_S
 
     def __post_init__(self) -> None:
-        def number(x) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-        if not (number(self.per_token_s) and number(self.fixed_s)) or not self.per_token_s >= 0 \
-                or not self.fixed_s >= 0 or not math.isfinite(self.per_token_s) or not math.isfinite(self.fixed_s):
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf
+                   for x in (self.per_token_s, self.fixed_s)):
             raise ValueError(f"swap cost must be finite non-negative numbers, got per_token_s={self.per_token_s!r}, "
                              f"fixed_s={self.fixed_s!r}")
 
