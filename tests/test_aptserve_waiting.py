@@ -300,3 +300,16 @@ def test_bulk_front_insert_equals_one_by_one(ops, ordered):
                     single.append(s)
             live += [s.id for s in states]
         assert _queue_state(bulk) == _queue_state(single)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(-1e7, 1e7) | st.sampled_from([0.0, -0.0, 5e-324]), min_size=1, max_size=6))
+def test_fixed_point_times_are_exact_on_repeated_calls(xs):
+    """`fixed` (``x · 2^_FIXED_BITS`` as an int; it remembers its last argument, which a plan asks for twice) equals
+    the exact product on every call, repeats and signed zeros included."""
+    from fractions import Fraction
+
+    from infermax.schedulers.aptserve_waiting import _FIXED_BITS, fixed
+
+    for x in xs + xs[::-1] + xs:
+        assert fixed(x) == Fraction(x) * 2 ** _FIXED_BITS

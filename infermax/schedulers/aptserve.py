@@ -360,6 +360,8 @@ class AptServeScheduler(Scheduler):
     def _raise_if_too_big(self) -> None:
         """A waiting request whose whole prefill exceeds ``min(C, P)`` can never run (the first in
         queue order is named, as a scan of the queue would find it)."""
+        if not self._too_big:  # (every plan asks)
+            return
         waiting = [s for s in self._too_big if s.id in self._by_id and not s.finished and s.m == 0
                    and s not in self.running]
         self._too_big = []
@@ -557,6 +559,8 @@ class AptServeScheduler(Scheduler):
     def _prefill_batch(self, chosen: Selection) -> ScheduledBatch:
         """Whole prefills (waiting requests hold no cache: ``input_tokens`` = prompt + generated)."""
         items = [(rid, self._by_id[rid].input_tokens) for rid in chosen.forms]
+        if not self.options.hybrid:  # (the KV-only greedy offers no hidden form)
+            return ScheduledBatch(items=items)
         return ScheduledBatch(items=items, hidden=frozenset(k for k, f in chosen.forms.items() if f == "hidden"))
 
     def _unrefillable(self, rids) -> list[RequestState]:
@@ -804,20 +808,23 @@ class _DensityBound:
         p = now_s - refs
         hidden_below_0 = None  # only the hidden form fits, with a value below 0: no item, unless decayed by 0
         if len(kv) and (kv.max() if kv_max is None else kv_max) <= self.capacity:
-            out = p / kv
+            out = p / kv if self.hybrid else np.divide(p, kv, out=p)
             np.maximum(out, 2 * DEMOTED_DENSITY, out=out)
             if self.hybrid:
                 h = self.n_rho * kv
                 np.subtract(p, h, out=h)
                 h /= hidden
                 np.maximum(out, h, out=out)
+        elif not self.hybrid:  # as the branch below computes it, in place: no temporaries but the mask
+            out = np.divide(p, kv, out=p)
+            np.maximum(out, 2 * DEMOTED_DENSITY, out=out)
+            np.putmask(out, kv > self.capacity, -np.inf)
         else:
             out = np.where(kv <= self.capacity, np.maximum(p / kv, 2 * DEMOTED_DENSITY), -np.inf)
-            if self.hybrid:
-                h = (p - self.n_rho * kv) / hidden
-                fits = hidden <= self.capacity
-                hidden_below_0 = fits & (out == -np.inf) & (h < 0)
-                out = np.where(fits, np.maximum(out, np.maximum(h, 0.0)), out)
+            h = (p - self.n_rho * kv) / hidden
+            fits = hidden <= self.capacity
+            hidden_below_0 = fits & (out == -np.inf) & (h < 0)
+            out = np.where(fits, np.maximum(out, np.maximum(h, 0.0)), out)
         out *= 1 + BOUND_SLACK
         low = None  # the demoted requests' bounds, from the clamped ones (decayed by 0, a value below 0 is offered)
         if demoted is not None and demoted.any():

@@ -11,7 +11,6 @@ scheduler (``aptserve.py``) builds the candidates; ``aptserve_waiting.py`` feeds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, NamedTuple, Sequence
 
 
@@ -27,9 +26,9 @@ class Candidate(NamedTuple):
     hidden_size: int = 0
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The greedy's decision: ``forms[key]`` is ``"kv"`` or ``"hidden"`` for selected requests."""
+class Selection(NamedTuple):
+    """The greedy's decision: ``forms[key]`` is ``"kv"`` or ``"hidden"`` for selected requests. (A named tuple, as
+    `Candidate`: one is built per plan.)"""
 
     forms: dict
     value: float
