@@ -23,7 +23,8 @@ by hand around them a folder for that path and JSON nested 5,000 deep (3ad5de4);
 coefficient of 1e308 s accepted with null metrics and exit code 0 (1a60680; the fuzz checks null metrics since); in
 200 sweep specs, five (an integer beyond 64 bits, plot keys of the wrong type or missing: b914017). After the fixes:
 260 schedules (seeds 4, 8, 11), 320 cost models (seeds 5, 10, and 220 runs of the ad-hoc script this grew from)
-and 140 specs (seeds 7, 9) flagged nothing; the finds before the fixes came from that script (the same mutations,
+and 140 specs (seeds 7, 9) flagged nothing, nor did 240 more at 22d305f on 2026-12-02 (schedules seed 12, 100 runs;
+cost models seed 13, 80; specs seed 14, 60); the finds before the fixes came from that script (the same mutations,
 another random stream, one base schedule).
 Writes only into ``--out``.
 """
