@@ -7,7 +7,8 @@
 - ``heatmap``: a metric over two axes (``x`` by ``y``), one panel per ``facet`` value: Fig. 6.
 
 Both select rows with ``where`` (``{"B": 1024}``) and refuse a table in which a plotted cell would
-mix several rows (another column varies): the error names the columns to fix with ``where``.
+mix several rows (another column varies): the error names the columns to fix with ``where``. A metric must hold
+numbers (missing values are drawn as undefined); a heatmap with nothing defined is refused.
 The module draws with pyplot's current backend (inline in a notebook); the CLI selects Agg.
 """
 
@@ -56,8 +57,21 @@ def _check_unique(table: pd.DataFrame, keys: list[str]) -> None:
         ignore = set(keys) | {"point_id", "status", "error"}
         varying = [c for c in table.columns if c not in ignore and table[c].astype(str).nunique() > 1
                    and c in _config_columns(table)]
+        if not varying:  # the same point twice (a table that concatenates repeated runs)
+            raise ValueError(f"several rows per ({', '.join(keys)}) with the same configuration (repeated runs?); "
+                             f"keep one row per point")
         raise ValueError(f"several rows per ({', '.join(keys)}); other varying column(s): "
-                         f"{', '.join(varying) or '?'}; select one value with where")
+                         f"{', '.join(varying)}; select one value with where")
+
+
+def _check_numeric(table: pd.DataFrame, metrics: Sequence[str]) -> None:
+    """A metric's present values must be numbers (a missing one is drawn as undefined); a column of strings (the
+    scheduler's name, say) is refused here instead of failing inside matplotlib."""
+    for metric in metrics:
+        values = table[metric]
+        bad = values[values.notna() & pd.to_numeric(values, errors="coerce").isna()]
+        if len(bad):
+            raise ValueError(f"metric {metric!r} holds values that are not numbers (e.g. {bad.iloc[0]!r})")
 
 
 def _config_columns(table: pd.DataFrame) -> list[str]:
@@ -96,6 +110,7 @@ def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | 
     data = select(table, where)
     keys = [c for c in (col, hue, x) if c]
     _check_unique(data, keys)
+    _check_numeric(data, metrics)
     cols = _sorted_values(data[col]) if col else [None]
     hues = list(dict.fromkeys(data[hue])) if hue else [None]
     ncols = min(len(cols), wrap)
@@ -128,8 +143,9 @@ def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | 
             ax.tick_params(labelsize=FONT["ticks"])
     if title:
         fig.suptitle(title, fontsize=FONT["title"] + 1)
-    if hue:
-        handles, labels = next(ax for ax in axes.flat if ax.get_lines()).get_legend_handles_labels()
+    drawn = next((ax for ax in axes.flat if ax.get_lines()), None)
+    if hue and drawn is not None:  # (none drawn: every panel says its metric is undefined)
+        handles, labels = drawn.get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(hues), 6), fontsize=FONT["legend"],
                    frameon=False)
     return fig
@@ -141,9 +157,12 @@ def heatmap(table: pd.DataFrame, metric: str, x: str = "I", y: str = "O", facet:
     _check_columns(table, [x, y, metric] + ([facet] if facet else []))
     data = select(table, where)
     _check_unique(data, [c for c in (facet, x, y) if c])
+    _check_numeric(data, [metric])
     facets = list(dict.fromkeys(data[facet])) if facet else [None]
     xs, ys = _sorted_values(data[x]), _sorted_values(data[y])
     values = pd.to_numeric(data[metric], errors="coerce")
+    if values.isna().all():
+        raise ValueError(f"metric {metric!r} is undefined at every selected point: nothing to colour")
     vmin, vmax = np.nanmin(values), np.nanmax(values)
     fig, axes = plt.subplots(1, len(facets), figsize=(0.45 * len(xs) * len(facets) + 1.5, 0.4 * len(ys) + 1.4),
                              squeeze=False)

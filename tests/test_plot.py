@@ -126,3 +126,33 @@ def test_wrap_is_a_plot_key_and_checked(fig5_like):
     plot.plt.close(fig)
     with pytest.raises(ValueError, match="wrap must be an integer >= 1"):
         plot.lines(fig5_like, ["makespan_s"], wrap=0)
+
+
+# Found by probing `infermax plot` by hand (2026-12-02): a metric undefined at every point (TPOT where every O is 1)
+# ended in a StopIteration traceback looking for a line to take the legend from; a column of strings as the metric
+# ended inside matplotlib; repeated identical rows were reported as varying in column '?'.
+def test_a_metric_undefined_everywhere_draws_its_panels_without_a_legend(fig5_like):
+    only_o1 = fig5_like[fig5_like["O"] == 1]
+    fig = plot.lines(only_o1, ["mean_tpot_s"], x="I", col="O", hue="scheduler")
+    assert [t.get_text() for t in fig.axes[0].texts] == ["undefined (O = 1)"] and not fig.legends
+    plot.plt.close(fig)
+    with pytest.raises(ValueError, match="'mean_tpot_s' is undefined at every selected point"):
+        plot.heatmap(only_o1, "mean_tpot_s", x="I", y="O")
+
+
+def test_a_metric_that_is_not_numeric_is_refused(table, tmp_path):
+    with pytest.raises(ValueError, match=r"metric 'scheduler' holds values that are not numbers \(e.g. 'vllm'\)"):
+        plot.lines(table, ["scheduler"], where={"B": 32})
+    with pytest.raises(ValueError, match="metric 'scheduler' holds values that are not numbers"):
+        plot.heatmap(table, "scheduler", where={"B": 32})
+    path = tmp_path / "results.parquet"
+    table.to_parquet(path)
+    result = runner.invoke(app, ["plot", str(path), "-m", "scheduler", "--where", "B=32", "--out",
+                                 str(tmp_path / "f.png")])
+    assert result.exit_code == 2 and "not numbers" in result.output
+
+
+def test_repeated_rows_are_named_as_such(table):
+    twice = pd.concat([table, table])
+    with pytest.raises(ValueError, match=r"with the same configuration \(repeated runs\?\); keep one row per point"):
+        plot.lines(twice, ["tps"], where={"B": 32})
