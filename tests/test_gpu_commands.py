@@ -46,3 +46,25 @@ def test_no_pytorch_means_an_error_naming_the_install(name, tmp_path, schedule_f
     result = runner.invoke(app, commands(tmp_path, schedule_file)[name] + ["--device", "cpu"])
     assert result.exit_code == 2, result.output
     assert "PyTorch is not installed" in result.output and "infermax[gpu]" in result.output
+
+
+@pytest.mark.parametrize("name", ["profile", "gpu-replay"])
+def test_an_output_folder_that_cannot_be_one_is_refused_before_the_run(name, tmp_path, schedule_file):
+    """A file where the output folder (or, for `profile`, its tp<N> folder) would go: refused at once with exit
+    code 2 (found by probing, 2026-12-02: `profile --out /dev/null` profiled, then ended in a NotADirectoryError
+    traceback, and `gpu-replay --out FILE` would fail only after executing the whole schedule)."""
+    blocker = tmp_path / "taken"
+    blocker.write_text("")
+    if name == "profile":  # (tiny: were the check to go, the test would fail in seconds, not profile for minutes)
+        args = ["profile", "--out", str(blocker / "model"), "--tiny", "--grid", "tiny", "--no-progress"]
+    else:
+        args = commands(tmp_path, schedule_file)[name] + ["--tiny", "--out", str(blocker)]
+    result = runner.invoke(app, args + ["--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.replace("│", " ").split())  # (typer's error box wraps a long path anywhere)
+    assert "exists and is not a directory" in message and ("--out" in message or "'--out'" in message)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "tp1").write_text("")  # profile's own tp<N> folder taken by a file
+    result = runner.invoke(app, ["profile", "--out", str(tmp_path / "p"), "--tiny", "--grid", "tiny", "--device", "cpu",
+                                 "--no-progress"])
+    assert result.exit_code == 2 and "tp1 exists and is not a directory" in result.output

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -50,6 +51,28 @@ def out_dir(value: Optional[Path]) -> Optional[Path]:
             value.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise typer.BadParameter(f"cannot create directory {value}: {exc.strerror or exc}") from None
+    return value
+
+
+def unwritable_dir_reason(path: Path) -> Optional[str]:
+    """Why ``path`` cannot become a folder to write into, or None; nothing is created. For the commands whose output
+    comes after long work on a GPU (`profile`, `gpu-replay`): a file in the way, found only at the end, lost the run,
+    and these commands leave no folder behind when they stop early."""
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} exists and is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write in {existing}"
+    return None
+
+
+def writable_dir(value: Optional[Path]) -> Optional[Path]:
+    """Option callback: `unwritable_dir_reason` as the option's error, before any work."""
+    reason = None if value is None else unwritable_dir_reason(value)
+    if reason is not None:
+        raise typer.BadParameter(f"{value}: {reason}")
     return value
 
 

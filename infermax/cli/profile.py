@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .common import CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, ProgressOpt, TpOpt, app, at_least, console, fail, flag
+from .common import (CostModelKindOpt, CostModelPathOpt, GpuOpt, ModelOpt, ProgressOpt, TpOpt, app, at_least, console, fail,
+                     flag, unwritable_dir_reason, writable_dir)
 
 EXEC_PANEL = "Execution"  # where and how the model runs (profile and gpu-replay alike)
 DeviceOpt = typer.Option(None, help="cuda, cuda:N or cpu (default: cuda; without a GPU the command stops unless "
@@ -42,6 +43,9 @@ def profile(
     progress: ProgressOpt = True,
 ) -> None:
     """Time every operator of one TP shard of MODEL at its real shapes; write a profile `infermax fit` reads."""
+    reason = unwritable_dir_reason(out / f"tp{tp}") if isinstance(tp, int) and tp >= 1 else None
+    if reason is not None:  # checked before the run, which can take hours on a GPU
+        fail(f"--out {out}: {reason}")
     try:
         from ..profiling.runner import profile as run_profile
 
@@ -62,7 +66,8 @@ def gpu_replay(
         None, help="Batches run once untimed before the timed run (default: the whole schedule, so that no timed "
                    "batch pays for a kernel plan built for a shape it is the first to meet).", callback=at_least(0),
         rich_help_panel=EXEC_PANEL),
-    out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here."),
+    out: Optional[Path] = typer.Option(None, help="Write batches.csv, requests.csv and summary.json here.",
+                                       callback=writable_dir),
     measured: Optional[Path] = typer.Option(
         None, help="Execute nothing: score the batch times an earlier `gpu-replay --out` of SCHEDULE measured "
                    "(that folder) against this cost model. Needs no GPU or PyTorch."),
