@@ -253,6 +253,18 @@ def test_cli_dry_run_and_errors(tmp_path):
     assert result.exit_code == 2 and "unknown backend 'slurm'" in result.output
 
 
+def test_backend_options_are_checked_before_any_point_or_store(tmp_path, monkeypatch):
+    """--address with the local backend (and the ray backend without Ray) are refused before the results store is
+    opened and the progress bar drawn (2026-12-02: both came after the bar's "0/N points" line)."""
+    spec = load_spec(write(tmp_path, SMALL))
+    with pytest.raises(ValueError, match="--address applies to the ray backend only"):
+        run_sweep(spec, tmp_path / "local", address="10.0.0.1:6379")
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails, whether or not it is installed
+    with pytest.raises(ValueError, match="the ray backend needs Ray"):
+        run_sweep(spec, tmp_path / "ray", backend="ray")
+    assert not (tmp_path / "local").exists() and not (tmp_path / "ray").exists()
+
+
 def test_cli_runs_and_draws_the_specs_figures(tmp_path):
     spec = write(tmp_path, SMALL + '\n[[plot]]\nkind = "lines"\nfile = "tps.svg"\nmetrics = ["tps"]\nx = "I"\ncol = "O"\n')
     result = runner.invoke(app, ["sweep", str(spec), "--no-progress", "--jobs", "1"])

@@ -49,6 +49,12 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, backend: str =
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if backend == "local" and address is not None:  # (these two before the progress bar is drawn)
+        raise ValueError("--address applies to the ray backend only")
+    if backend == "ray":
+        from .ray_backend import _ray
+
+        _ray()  # Ray importable, or a ValueError naming the install
     started = time.perf_counter()
     configs = spec.points()
     ids = [point_id(spec.kind, c) for c in configs]
@@ -87,8 +93,6 @@ def _check_inputs(kind: str, records, out_dir: Path) -> None:
 
 
 def _run_local(kind: str, configs: list[dict], jobs: int | None, address: str | None) -> Iterator[dict]:
-    if address is not None:
-        raise ValueError("--address applies to the ray backend only")
     jobs = min(jobs or os.cpu_count() or 1, max(len(configs), 1))
     if jobs == 1:
         for config in configs:
