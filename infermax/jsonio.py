@@ -16,6 +16,8 @@ def read_utf8(path: str | Path) -> str:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(not_utf8_message(path, exc)) from None
+    except IsADirectoryError:  # (`validate DIR` ended in this traceback)
+        raise ValueError(f"{path}: is a directory, not a file") from None
 
 
 def not_utf8_message(path: str | Path, exc: UnicodeDecodeError) -> str:

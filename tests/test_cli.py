@@ -126,6 +126,8 @@ def test_validate_refuses_json_that_is_not_an_object(tmp_path):
     path.write_text("[" * 5000 + "]" * 5000)  # deeper than Python's JSON parser recurses: a RecursionError
     res = invoke("validate", str(path))
     assert res.exit_code == 2 and "JSON nested too deeply to read" in res.output
+    res = invoke("validate", str(tmp_path))  # a folder where the file should be (was an IsADirectoryError traceback)
+    assert res.exit_code == 2 and "is a directory, not a file" in res.output
 
 
 def test_trace_replay_with_time_scaling():
