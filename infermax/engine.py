@@ -78,8 +78,21 @@ def _timeout(scheduler, rp, now_s: float) -> SimulationTimeout:
         f"{rp.unfinished:,} of {len(rp.states):,} requests unfinished at t={now_s:.6g}s")
 
 
+def check_requests(requests: Sequence[Request]) -> None:
+    """A workload must hold at least one request, each a `Request` (a list of tuples ended in an AttributeError deep
+    in the engine or the solvers)."""
+    if not requests:
+        raise ValueError("the workload has no requests")
+    not_requests = [r for r in requests if not isinstance(r, Request)]
+    if not_requests:
+        raise TypeError(f"requests must be infermax.request.Request objects, got {type(not_requests[0]).__name__} "
+                        f"{not_requests[0]!r:.80} (infermax.workload builds them: fixed, sampled, load_trace)")
+
+
 def check_fits(requests: Sequence[Request], limits: Limits) -> None:
-    """Every request must fit ``M`` at its last step (``I + O − 1`` KV tokens) under any schedule."""
+    """Every request must fit ``M`` at its last step (``I + O − 1`` KV tokens) under any schedule (after
+    `check_requests`)."""
+    check_requests(requests)
     for r in requests:
         need = limits.blocks(r.peak_kv_tokens)
         if need > limits.M:
@@ -202,12 +215,7 @@ def _checked_setup(requests: Sequence[Request], scheduler: str | Scheduler, limi
     """The scheduler (built from its name with the limits it implies), limits and cost model of a run, after the
     checks that refuse it before anything is simulated: no requests, a request that no schedule can finish in
     ``M``, a run whose tables would not fit this machine's memory, prefix caching for a scheduler without it."""
-    if not requests:
-        raise ValueError("the workload has no requests")
-    not_requests = [r for r in requests if not isinstance(r, Request)]
-    if not_requests:
-        raise TypeError(f"requests must be infermax.request.Request objects, got {type(not_requests[0]).__name__} "
-                        f"{not_requests[0]!r:.80} (infermax.workload builds them: fixed, sampled, load_trace)")
+    check_requests(requests)
     if cost_model is None:
         from .costmodel import load_cost_model
 

@@ -24,7 +24,7 @@ from .lower_bound import REFINE_RESERVE_S, lower_bound_report, refine_bound
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies, check_policies_feasible, policy_violations
-from .scale import (Deadline, certified_gap, estimate_milp, milp_refusal, refuse_prefix_caching,
+from .scale import (certified_gap, command_deadline, estimate_milp, milp_refusal, refuse_prefix_caching,
                     simulation_setup_refusal)
 
 BOUND_RTOL = 1e-6  # a bound must clear the target by this much to answer "no"
@@ -73,8 +73,10 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     ``time_limit_s`` (default: the solver options' limit) covers everything: the scheduler's own simulation,
     bound, search, model building and solving; ``started_s`` (``time.perf_counter()`` time, default now): when it
     began."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:  # (NaN fails too)
+        raise ValueError(f"margin must be a fraction in (0, 1), got {margin!r}")
     options = options or SolveOptions()
-    deadline = Deadline(time_limit_s if time_limit_s is not None else options.time_limit_s, started_s)
+    deadline = command_deadline(time_limit_s, options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
     check_policies_feasible(requests, limits, policies)

@@ -115,6 +115,21 @@ def simulation_setup_refusal(num_requests: int, time_left_s: float) -> str | Non
             f"{time_left_s:.1f} s left")
 
 
+DEFAULT_TIME_LIMIT_S = 60.0  # the command line's --time-limit default
+
+
+def command_deadline(time_limit_s: float | None, options_limit_s: float | None, started_s: float | None) -> "Deadline":
+    """The one `Deadline` of `analyse` or `better`: ``time_limit_s``, else the solver options' limit, else
+    `DEFAULT_TIME_LIMIT_S` (a Python call without either ended in a TypeError: everything these do is sized by the
+    time left); a limit that is not a finite number > 0 is a ValueError."""
+    limit_s = time_limit_s if time_limit_s is not None else options_limit_s
+    if limit_s is None:
+        limit_s = DEFAULT_TIME_LIMIT_S
+    if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)) or not 0 < limit_s < math.inf:
+        raise ValueError(f"the time limit must be a finite number of seconds > 0, got {limit_s!r}")
+    return Deadline(float(limit_s), started_s)
+
+
 class Deadline:
     """One time limit over a whole command: ``left()`` seconds remain. ``start_s`` (a ``time.perf_counter()``
     time; default: now): when the command began, so that building its workload counts too."""

@@ -4,6 +4,7 @@ JSON alone on stdout, and every reported schedule replays to its reported object
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ from infermax.engine import simulate
 from infermax.limits import Limits
 from infermax.replay import replay
 from infermax.request import Request
-from solvers import Objective, Policies, policy_violations
+from solvers import Objective, Policies, optimize, policy_violations
 from solvers.analyse import analyse
 from solvers.better import better
 from solvers.policy import check_policies_feasible
@@ -382,3 +383,32 @@ def test_better_answer_to_dict_leaves_the_schedule_alone():
     out = ans.to_dict()
     assert "schedule" not in out and out["found_s"] == 1.5 and out["lower_bound_method"] == "m"
     assert out["differences"] == {"batches": [1, 2]}
+
+
+def test_python_api_checks_its_inputs_and_defaults_the_time_limit():
+    """Found by probing the Python API (2026-12-02): `better` and `analyse` without a time limit ended in a TypeError
+    (the deadline was None); a margin of NaN in a ValueError about integers, one of 0 or 2 answered; a list of tuples
+    in an AttributeError inside the solvers. Now: the command line's 60 s by default, a finite limit > 0 required, a
+    margin in (0, 1), Request objects."""
+    from solvers.scale import DEFAULT_TIME_LIMIT_S, command_deadline
+
+    reqs = [Request(i, 0.0, 16, 2) for i in range(3)]
+    limits = Limits(C=64, M=200)
+    ans = better(reqs, limits, COST, "vllm", 0.05)  # no time limit given anywhere
+    assert ans.answer in ("yes", "no", "unknown")
+    assert command_deadline(None, None, None).limit_s == DEFAULT_TIME_LIMIT_S == 60.0
+    assert command_deadline(None, 7.0, None).limit_s == 7.0 and command_deadline(3.0, 7.0, None).limit_s == 3.0
+    for limit in (0, -1.0, math.nan, math.inf, "10", True):
+        with pytest.raises(ValueError, match="time limit must be a finite number of seconds > 0"):
+            better(reqs, limits, COST, "vllm", 0.05, time_limit_s=limit)
+        with pytest.raises(ValueError, match="time limit must be a finite number of seconds > 0"):
+            analyse(reqs, limits, COST, time_limit_s=limit)
+    for margin in (0, 0.0, 1, 2.0, -0.1, math.nan, "0.1", None):
+        with pytest.raises(ValueError, match=r"margin must be a fraction in \(0, 1\)"):
+            better(reqs, limits, COST, "vllm", margin, time_limit_s=5)
+    for call in (lambda rs: better(rs, limits, COST, "vllm", 0.05, time_limit_s=5),
+                 lambda rs: analyse(rs, limits, COST, time_limit_s=5), lambda rs: optimize(rs, limits, COST)):
+        with pytest.raises(TypeError, match="requests must be infermax.request.Request objects, got tuple"):
+            call([(0, 0.0, 16, 2)])
+        with pytest.raises(ValueError, match="the workload has no requests"):
+            call([])
