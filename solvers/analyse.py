@@ -113,8 +113,9 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
             cut: bool = True, started_s: float | None = None) -> Analysis:
     """Best schedule and lower bound for ``objective`` (see the module docstring). ``cut``: give the MILP the
     lower bound as an objective cut. ``warm_start``: a scheduler's name, `AUTO_WARM_START` (`default_warm_start`) or
-    None; the one run is in ``details["warm_start"]``. ``started_s`` (``time.perf_counter()`` time): when the time
-    limit began (default: now; the command line passes its own start, so that building the workload counts)."""
+    None; the one run is in ``details["warm_start"]``. ``time_limit_s``: default the solver options' limit, else
+    60 s (`command_deadline`). ``started_s`` (``time.perf_counter()`` time): when the time limit began (default: now;
+    the command line passes its own start, so that building the workload counts)."""
     options = options or SolveOptions()
     deadline = command_deadline(time_limit_s, options.time_limit_s, started_s)
     say = progress or (lambda msg: None)

@@ -70,9 +70,9 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     ``swap_cost`` times the scheduler's KV swaps (`simulate`; BROS swaps, and without it cannot be compared): a swap
     only lengthens a batch, so the bound, which charges swaps nothing, stays valid.
 
-    ``time_limit_s`` (default: the solver options' limit) covers everything: the scheduler's own simulation,
-    bound, search, model building and solving; ``started_s`` (``time.perf_counter()`` time, default now): when it
-    began."""
+    ``time_limit_s`` (default: the solver options' limit, else 60 s: `command_deadline`) covers everything: the
+    scheduler's own simulation, bound, search, model building and solving; ``started_s`` (``time.perf_counter()``
+    time, default now): when it began."""
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:  # (NaN fails too)
         raise ValueError(f"margin must be a fraction in (0, 1), got {margin!r}")
     options = options or SolveOptions()
