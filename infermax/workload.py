@@ -257,8 +257,8 @@ def read_trace(source: str | Path, limit: int | None = None) -> tuple[list[Reque
     Columns ``num_prefill_tokens`` and ``num_decode_tokens`` are required, ``arrived_at`` (seconds,
     ascending) is optional: many public length datasets, and Vidur's length traces, ship only the two
     token counts, so such a trace is a list of lengths (every request at 0.0 s) and the caller supplies
-    the arrival process (``with_arrivals``). Extra columns are ignored; ``limit`` keeps the first rows
-    only. Arrival times are shifted so that the first request arrives at 0.0 s. Malformed input raises
+    the arrival process (``with_arrivals``). Extra columns are ignored (a row with more values than the header has
+    columns is refused, as is a header naming a used column twice); ``limit`` keeps the first rows only. Arrival times are shifted so that the first request arrives at 0.0 s. Malformed input raises
     :class:`TraceFormatError` naming the file and the 1-based line.
     """
     if limit is not None:
@@ -280,6 +280,9 @@ def _read_rows(path: Path, reader, limit: int | None) -> tuple[list[Request], bo
                                f"{','.join(LENGTH_COLUMNS)} (and optionally arrived_at), found "
                                f"{','.join(header) or 'nothing'}")
     columns = TRACE_COLUMNS if "arrived_at" in header else LENGTH_COLUMNS
+    twice = [c for c in columns if header.count(c) > 1]
+    if twice:  # (which of the two to read is a guess)
+        raise TraceFormatError(f"{path}, line 1: column {twice[0]} appears more than once in the header")
     index = [header.index(c) for c in columns]
     rows: list[tuple[float, int, int]] = []
     for row in reader:
@@ -287,6 +290,9 @@ def _read_rows(path: Path, reader, limit: int | None) -> tuple[list[Request], bo
             break
         if not any(cell.strip() for cell in row):
             continue
+        if any(cell.strip() for cell in row[len(header):]):  # e.g. "1,024" unquoted: every value after it shifts
+            raise TraceFormatError(f"{path}, line {reader.line_num}: {len(row)} values for a header of {len(header)} "
+                                   f"columns (a comma inside a value, such as a thousands separator, needs quotes)")
         rows.append(_parse_trace_row(path, reader.line_num, row, columns, index, rows[-1][0] if rows else None))
     if not rows:
         raise TraceFormatError(f"{path}: trace has no requests")
@@ -314,6 +320,8 @@ def _parse_trace_row(path: Path, line: int, row: list[str], columns: Sequence[st
                 raise TraceFormatError(f"{where}: arrivals not sorted ascending ({value} after {previous_s})")
         elif not (value.is_integer() and value >= 1):
             raise TraceFormatError(f"{where}: token count must be an integer >= 1, got {row[k]!r}")
+        elif value > MAX_LENGTH_TOKENS:  # (read through a float: beyond 2^53 it would not even be the number written)
+            raise TraceFormatError(f"{where}: token counts above {MAX_LENGTH_TOKENS:,} are not supported, got {row[k]!r}")
         values[column] = value
     return values["arrived_at"], int(values["num_prefill_tokens"]), int(values["num_decode_tokens"])
 

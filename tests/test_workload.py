@@ -189,6 +189,22 @@ def test_json_and_spec_files_share_the_reading(tmp_path):
     assert load_spec(spec).name == "m"
 
 
+def test_a_row_with_more_values_than_the_header_is_refused(tmp_path):
+    """Found by probing (2026-12-02): an unquoted thousands separator ("1,024") shifted the row, which was read as a
+    1-token prompt with a 24-token output and its last value ignored; a header naming a column twice was read from
+    one of the two; a count of 10^23 tokens passed as the float nearest to it. Empty trailing values (a trailing
+    comma, as some exports write) are still accepted."""
+    lengths = "num_prefill_tokens,num_decode_tokens\n"
+    with pytest.raises(TraceFormatError, match="line 3: 3 values for a header of 2 columns .*thousands separator"):
+        load_trace(_write(tmp_path, lengths + "10,5\n1,024,5\n"))
+    with pytest.raises(TraceFormatError, match="line 1: column num_decode_tokens appears more than once"):
+        load_trace(_write(tmp_path, "num_prefill_tokens,num_decode_tokens,num_decode_tokens\n10,5,6\n"))
+    with pytest.raises(TraceFormatError, match="line 2, column num_prefill_tokens: token counts above 2,147,483,647"):
+        load_trace(_write(tmp_path, lengths + "99999999999999999999999,5\n"))
+    assert load_trace(_write(tmp_path, lengths + "10,5,\n20,3,,\n")) == [Request(0, 0.0, 10, 5), Request(1, 0.0, 20, 3)]
+    assert load_trace(_write(tmp_path, "a,num_prefill_tokens,a,num_decode_tokens\nx,10,y,5\n")) == [Request(0, 0.0, 10, 5)]
+
+
 def test_trace_header_and_empty_errors(tmp_path):
     with pytest.raises(TraceFormatError, match="line 1.*num_decode_tokens"):
         load_trace(_write(tmp_path, "arrived_at,num_prefill_tokens\n0,5\n"))
