@@ -258,8 +258,9 @@ def read_trace(source: str | Path, limit: int | None = None) -> tuple[list[Reque
     ascending) is optional: many public length datasets, and Vidur's length traces, ship only the two
     token counts, so such a trace is a list of lengths (every request at 0.0 s) and the caller supplies
     the arrival process (``with_arrivals``). Extra columns are ignored (a row with more values than the header has
-    columns is refused, as is a header naming a used column twice); ``limit`` keeps the first rows only. Arrival times are shifted so that the first request arrives at 0.0 s. Malformed input raises
-    :class:`TraceFormatError` naming the file and the 1-based line.
+    columns is refused, as is a header naming a used column twice); ``limit`` keeps the first rows only. Arrival
+    times are shifted so that the first request arrives at 0.0 s. Malformed input raises :class:`TraceFormatError`
+    naming the file and the 1-based line.
     """
     if limit is not None:
         limit = _check_int("limit", limit)
