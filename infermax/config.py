@@ -171,8 +171,9 @@ class RunConfig:
         arrival = arrival or "offline"
         if arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs a trace")
+        # (time_scale given as set: with another process, or out of range, it is an error, as rate and cv are)
         requests = workload.with_arrivals(requests, arrival, rate_per_s=self.rate, cv=self.cv,
-                                          time_scale=self.time_scale if arrival == "trace" else 1.0, seed=self.seed)
+                                          time_scale=self.time_scale, seed=self.seed)
         return self._with_targets(requests)
 
     def _with_targets(self, requests: list[Request]) -> list[Request]:

@@ -130,6 +130,19 @@ def test_validate_refuses_json_that_is_not_an_object(tmp_path):
     assert res.exit_code == 2 and "is a directory, not a file" in res.output
 
 
+def test_time_scale_without_trace_arrivals_is_refused():
+    """`--time-scale` scales a trace's own arrival times; with a fixed or Poisson workload it was ignored silently,
+    out-of-range values included (0, NaN), though `with_arrivals` refuses what a process does not use. Found by
+    probing by hand (2026-12-02)."""
+    res = invoke("simulate", "--I", "8", "--O", "2", "--B", "2", "--time-scale", "0.5")
+    assert res.exit_code == 2 and "time_scale only applies to arrival process 'trace', not 'offline'" in res.output
+    res = invoke("simulate", "--I", "8", "--O", "2", "--B", "2", "--arrival", "poisson", "--rate", "2",
+                 "--time-scale", "2")
+    assert res.exit_code == 2 and "not 'poisson'" in res.output
+    res = invoke("simulate", "--I", "8", "--O", "2", "--B", "2", "--time-scale", "nan")
+    assert res.exit_code == 2 and "time_scale must be a positive finite number" in res.output
+
+
 def test_trace_replay_with_time_scaling():
     res = invoke("simulate", "--scheduler", "sarathi", "--trace", "azure-conv", "--trace-limit", "20",
                  "--time-scale", "0.5", "--json")
