@@ -115,6 +115,9 @@ def heterogeneous_mix(groups: Sequence[str] | str, num_requests: int, seed: int 
     if unknown:
         raise ValueError(f"unknown mix group(s) {unknown}; valid groups: {', '.join(MIX_GROUPS)}")
     n = _check_count(num_requests)
+    if n < len(names):  # (a group named but given no request would be absent from the workload without a word)
+        raise ValueError(f"{n} request(s) for the {len(names)} groups of mix {'+'.join(names)}: every group needs at "
+                         f"least one (B >= {len(names)})")
     sets = {"S": short, "L": long}
     for label, values in (("short", short), ("long", long)):
         if len(values) == 0:

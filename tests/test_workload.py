@@ -60,6 +60,10 @@ def test_mix_custom_sets_and_errors():
         heterogeneous_mix([], 10)
     with pytest.raises(ValueError, match="short"):
         heterogeneous_mix(["SISO"], 10, short=())
+    # fewer requests than groups: a named group got none (`--mix LILO+SILO --B 1` was one LILO request; 2026-12-02)
+    with pytest.raises(ValueError, match=r"1 request\(s\) for the 2 groups of mix LILO\+SILO: .*B >= 2"):
+        heterogeneous_mix("LILO+SILO", 1)
+    assert Counter(map(_group, heterogeneous_mix("LILO+SILO", 2))) == {"LILO": 1, "SILO": 1}
 
 
 @pytest.mark.parametrize("spec, lo, hi", [
