@@ -528,3 +528,34 @@ def test_a_profile_folder_without_its_profile_json_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=f"{tmp_path / 'measurements.csv'}: not a UTF-8 text file"):
         prepare(tmp_path, tmp_path / "out")  # (named where the user keeps it, not as the copy in out/)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_vidur_mlp_csv_is_checked_before_anything_is_written(tmp_path):
+    """Found by probing `infermax fit` by hand (2026-12-02): a header without rows ended in an IndexError traceback,
+    another CSV in a bare "error: 'n_head'", a TP degree of −5 in a folder `tp-5` written before the failure."""
+    from typer.testing import CliRunner
+
+    from infermax.cli import app
+
+    good = vidur_mlp_from_profile(PROFILE)
+    cases = {
+        "header only": (good.iloc[:0], "a header without rows"),
+        "other csv": (pd.DataFrame({"a": [1], "b": [2]}), "not a Vidur mlp.csv: no column(s) n_head, n_kv_head"),
+        "tp": (good.assign(num_tensor_parallel_workers=[1] * 2 + [-5] + [1] * (len(good) - 3)),
+               "row 3 after the header: num_tensor_parallel_workers must be an integer >= 1, got -5"),
+        "median": (good.astype({"time_stats.mlp_up_proj.median": object}).assign(
+            **{"time_stats.mlp_up_proj.median": ["x"] + list(good["time_stats.mlp_up_proj.median"][1:])}),
+            "row 1 after the header: time_stats.mlp_up_proj.median must be a finite time >= 0 (ms), got 'x'"),
+        "std": (good.astype({"time_stats.emb.std": object}).assign(
+            **{"time_stats.emb.std": [good["time_stats.emb.std"].iloc[0], "?"] + list(good["time_stats.emb.std"][2:])}),
+            "row 2 after the header: time_stats.emb.std must be a number, got '?'"),
+    }
+    for name, (frame, message) in cases.items():
+        vidur = tmp_path / name / "a100" / "Llama-2-7b-hf"
+        vidur.mkdir(parents=True)
+        frame.to_csv(vidur / "mlp.csv", index=False)
+        out = tmp_path / name / "out"
+        result = CliRunner().invoke(app, ["fit", str(vidur), "--model", "llama-2-7b", "--out", str(out), "--no-plots"],
+                                    env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), (name, result.output)
+        assert not out.exists(), name

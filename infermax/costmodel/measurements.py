@@ -82,12 +82,50 @@ def read_csv_file(path: str | Path, **options) -> pd.DataFrame:
         raise ValueError(f"{path}: not a readable CSV ({exc})") from None
 
 
+def read_vidur_mlp(path: str | Path) -> pd.DataFrame:
+    """A Vidur ``mlp.csv``, checked before anything is written from it: the model-shape columns, the TP degree and
+    ``num_tokens`` present and integers >= 1 in every row, each operator's median a finite time >= 0, its mean and
+    std numbers where given. (Found by probing `infermax fit` by hand, 2026-12-02: a header without rows ended in an
+    IndexError traceback, another CSV in a bare "error: 'n_head'", a TP degree of −5 in a folder ``tp-5``.)"""
+    table = read_csv_file(path)
+    counts = [*VIDUR_SHAPE_COLUMNS, "num_tensor_parallel_workers", "num_tokens"]
+    ops = ("emb",) + NON_ATTENTION_OPS
+    missing = [c for c in counts + [f"time_stats.{op}.median" for op in ops] if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: not a Vidur mlp.csv: no column(s) {', '.join(missing[:4])}"
+                         f"{f' and {len(missing) - 4} more' if len(missing) > 4 else ''}")
+    if table.empty:
+        raise ValueError(f"{path}: a header without rows")
+
+    def first_bad(column: str, ok) -> None:
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = ~ok(values) if column in counts or column.endswith(".median") else (
+            table[column].notna() & values.isna())  # a mean or std: empty, or a number
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            need = ("an integer >= 1" if column in counts else "a finite time >= 0 (ms)" if column.endswith(".median")
+                    else "a number")
+            value = table[column].iloc[i]
+            value = value.item() if isinstance(value, np.generic) else value  # (-5, not np.int64(-5))
+            raise ValueError(f"{path}, row {i + 1} after the header: {column} must be {need}, got {value!r}")
+
+    for column in counts:
+        first_bad(column, lambda v: v.notna() & np.isfinite(v) & (v >= 1) & (v % 1 == 0))
+    for op in ops:
+        first_bad(f"time_stats.{op}.median", lambda v: v.notna() & np.isfinite(v) & (v >= 0))
+        for stat in ("mean", "std"):
+            if f"time_stats.{op}.{stat}" in table.columns:
+                first_bad(f"time_stats.{op}.{stat}", None)
+    return table
+
+
 def import_vidur_mlp(path: str | Path, tp: int, provenance: Provenance) -> pd.DataFrame:
-    """Rows of a Vidur ``mlp.csv`` for one TP degree: every operator (and ``emb``) at every ``num_tokens``.
+    """Rows of a Vidur ``mlp.csv`` (`read_vidur_mlp`) for one TP degree: every operator (and ``emb``) at every
+    ``num_tokens``.
 
     Where ``num_tokens`` appears twice the first row is kept (Vidur's file repeats a few sizes).
     """
-    table = read_csv_file(path)
+    table = read_vidur_mlp(path)
     table = table[table["num_tensor_parallel_workers"] == tp].drop_duplicates("num_tokens")
     if table.empty:
         raise ValueError(f"{path}: no rows with num_tensor_parallel_workers == {tp}")
@@ -107,8 +145,8 @@ def vidur_tp_degrees(path: str | Path) -> list[int]:
 
 
 def vidur_model_shape(path: str | Path) -> dict:
-    """The model shape columns of a Vidur ``mlp.csv`` (first row)."""
-    row = read_csv_file(path, nrows=1).iloc[0]
+    """The model shape columns of a Vidur ``mlp.csv`` (`read_vidur_mlp`; first row)."""
+    row = read_vidur_mlp(path).iloc[0]
     return {c: int(row[c]) for c in VIDUR_SHAPE_COLUMNS}
 
 
