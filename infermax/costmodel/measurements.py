@@ -97,25 +97,24 @@ def read_vidur_mlp(path: str | Path) -> pd.DataFrame:
     if table.empty:
         raise ValueError(f"{path}: a header without rows")
 
-    def first_bad(column: str, ok) -> None:
-        values = pd.to_numeric(table[column], errors="coerce")
-        bad = ~ok(values) if column in counts or column.endswith(".median") else (
-            table[column].notna() & values.isna())  # a mean or std: empty, or a number
+    def refuse_first(column: str, bad: pd.Series, need: str) -> None:
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
-            need = ("an integer >= 1" if column in counts else "a finite time >= 0 (ms)" if column.endswith(".median")
-                    else "a number")
             value = table[column].iloc[i]
             value = value.item() if isinstance(value, np.generic) else value  # (-5, not np.int64(-5))
             raise ValueError(f"{path}, row {i + 1} after the header: {column} must be {need}, got {value!r}")
 
     for column in counts:
-        first_bad(column, lambda v: v.notna() & np.isfinite(v) & (v >= 1) & (v % 1 == 0))
+        values = pd.to_numeric(table[column], errors="coerce")  # (NaN where not a number: not finite)
+        refuse_first(column, ~(np.isfinite(values) & (values >= 1) & (values % 1 == 0)), "an integer >= 1")
     for op in ops:
-        first_bad(f"time_stats.{op}.median", lambda v: v.notna() & np.isfinite(v) & (v >= 0))
-        for stat in ("mean", "std"):
-            if f"time_stats.{op}.{stat}" in table.columns:
-                first_bad(f"time_stats.{op}.{stat}", None)
+        column = f"time_stats.{op}.median"
+        values = pd.to_numeric(table[column], errors="coerce")
+        refuse_first(column, ~(np.isfinite(values) & (values >= 0)), "a finite time >= 0 (ms)")
+        for column in (f"time_stats.{op}.mean", f"time_stats.{op}.std"):
+            if column in table.columns:  # empty, or a number
+                refuse_first(column, table[column].notna() & pd.to_numeric(table[column], errors="coerce").isna(),
+                             "a number")
     return table
 
 
