@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from infermax.engine import SimulationTimeout, check_fits, simulate
+from infermax.engine import SimulationTimeout, check_fits, check_requests, simulate
 from infermax.schedulers import InfeasibleRequestError, SchedulerError
 from infermax.schedule import Schedule
 
@@ -120,6 +120,7 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     deadline = command_deadline(time_limit_s, options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
     refuse_prefix_caching(limits)
+    check_requests(requests)
     check_fits(requests, limits)
     check_policies_feasible(requests, limits, policies)
     details: dict = {}

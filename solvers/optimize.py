@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import pulp
 
-from infermax.engine import check_fits
+from infermax.engine import check_fits, check_requests
 from infermax.limits import Limits
 from infermax.replay import ScheduleViolation, replay
 from infermax.request import Request
@@ -116,6 +116,7 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
     own limit is ``b`` + 2 s before that, for the hand-over and a margin."""
     options = options or SolveOptions()
     refuse_prefix_caching(limits)
+    check_requests(requests)
     check_fits(requests, limits)
     check_policies_feasible(requests, limits, policies)
     warm_info = None
