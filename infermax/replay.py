@@ -503,44 +503,52 @@ class Replayer:
             s.prefix_hit_tokens += n
 
     def _swap(self, j: int, batch: ScheduledBatch, evicted: set[int]) -> tuple[int, int]:
-        """Apply the batch's swap-outs then swap-ins; return the tokens moved each way. (Called for every batch of
-        a swapping scheduler such as BROS: the per-pair work is written out, with ``gpu_tokens`` inline.)"""
-        if (batch.swap_out or batch.swap_in) and self.swap_cost is None:
+        """Apply the batch's swap-outs then swap-ins (it has one or the other); return the tokens moved each way."""
+        if self.swap_cost is None:
             raise ScheduleViolation(j, None, "swap-cost", "the batch swaps KV but the replay has no swap cost model")
-        if batch.swap_out and batch.swap_in:
-            both = {rid for rid, _ in batch.swap_out}.intersection([rid for rid, _ in batch.swap_in])
+        out, into = batch.swap_out, batch.swap_in
+        if out and into:
+            both = {rid for rid, _ in out}.intersection([rid for rid, _ in into])
             if both:
                 raise ScheduleViolation(j, min(both), "swap-both", "swapped out and in in the same batch")
-        b = self.limits.block_size
-        moved = []
-        for direction, out, pairs in (("swap-out", True, batch.swap_out), ("swap-in", False, batch.swap_in)):
-            total, seen = 0, set()
-            for rid, n in pairs:
-                s = self._state(j, rid)
-                if rid in seen or rid in evicted:
-                    raise ScheduleViolation(j, rid, direction, "listed twice, or also evicted, in one batch")
-                seen.add(rid)
-                if s.hidden:
-                    raise ScheduleViolation(j, rid, direction, "a hidden-form cache cannot be swapped")
-                before = s.m - s.cpu_tokens
-                room = before if out else s.cpu_tokens
-                if not 1 <= n <= room:
-                    where = "on the GPU" if out else "in host memory"
-                    raise ScheduleViolation(j, rid, direction, f"moves {n} tokens; it has {room} {where}")
-                if out:
-                    self._plain.discard(rid)
-                    s.cpu_tokens += n
-                    s.swapped_out_tokens += n
-                    after = before - n
-                else:
-                    s.cpu_tokens -= n
-                    s.swapped_in_tokens += n
-                    after = before + n
-                self.kv_tokens += (after - before if b == 1 else -(-after // b) * b - -(-before // b) * b)
-                self.holders += (after > 0) - (before > 0)
-                total += n
-            moved.append(total)
-        return moved[0], moved[1]
+        return (self._move(j, out, True, evicted) if out else 0), (self._move(j, into, False, evicted) if into else 0)
+
+    def _move(self, j: int, pairs: list[tuple[int, int]], out: bool, evicted: set[int]) -> int:
+        """Check and apply one direction of a batch's swaps, (request, tokens) ``pairs``: each request once, not
+        evicted in the batch, in KV form, moving between 1 and the tokens it has on the side it leaves. Returns the
+        tokens moved. (Called for nearly every batch of a swapping scheduler such as BROS: the KV and holder sums
+        are kept in locals.)"""
+        states, b = self.states, self.limits.block_size
+        kv, holders, total, seen = self.kv_tokens, self.holders, 0, set()
+        for rid, n in pairs:
+            s = states.get(rid)
+            if s is None or s.finish_s is not None:
+                self._state(j, rid)  # raises the matching violation
+            if rid in seen or rid in evicted:
+                raise ScheduleViolation(j, rid, "swap-out" if out else "swap-in",
+                                        "listed twice, or also evicted, in one batch")
+            seen.add(rid)
+            if s.hidden:
+                raise ScheduleViolation(j, rid, "swap-out" if out else "swap-in", "a hidden-form cache cannot be swapped")
+            before = s.m - s.cpu_tokens
+            room = before if out else s.cpu_tokens
+            if not 1 <= n <= room:
+                raise ScheduleViolation(j, rid, "swap-out" if out else "swap-in",
+                                        f"moves {n} tokens; it has {room} {'on the GPU' if out else 'in host memory'}")
+            if out:
+                self._plain.discard(rid)
+                s.cpu_tokens += n
+                s.swapped_out_tokens += n
+                after = before - n
+            else:
+                s.cpu_tokens -= n
+                s.swapped_in_tokens += n
+                after = before + n
+            kv += after - before if b == 1 else -(-after // b) * b - -(-before // b) * b
+            holders += (after > 0) - (before > 0)
+            total += n
+        self.kv_tokens, self.holders = kv, holders
+        return total
 
     def repeat_full_decode(self, batch: ScheduledBatch, stop_at_s: float | None = None,
                            max_copies: int | None = None) -> int:

@@ -227,12 +227,11 @@ class BrosScheduler(Scheduler):
             else:
                 rt.pop(s.id)
                 orders.forget(s.id)
-        # Only the requests in the batch changed their slack reference or host tokens.
-        ran = {rid for rid, _ in batch.items}  # (a request swapped in is one of the items: `next_batch`)
+        # Only the requests in the batch changed their slack reference or host tokens. (A request swapped in is one
+        # of the items, `next_batch`; one swapped out is not, as the replayer checked: its host tokens would have
+        # to come back first.)
         gpu = self.mgr.gpu
         for rid, _ in batch.swap_out:
-            if rid in ran:
-                continue
             if rid in be:
                 self._unfile_be(rid)
                 self._file_be(be[rid])
@@ -245,8 +244,8 @@ class BrosScheduler(Scheduler):
                 orders.stop_holding(rid)
         # (After the swapped-out ones leave the holders: the re-filing then pops their stale entries from the back
         # of the holder orders, where this batch's victims were.)
-        self._file_rt([rt[rid] for rid in ran if rid in rt])
-        for rid in (ran if be else ()):
+        self._file_rt([rt[rid] for rid, _ in batch.items if rid in rt])
+        for rid, _ in (batch.items if be else ()):
             if rid in be:
                 self._unfile_be(rid)
                 self._file_be(be[rid])
@@ -261,19 +260,34 @@ class BrosScheduler(Scheduler):
         self._be_order.remove(self._be_key.pop(rid))
 
     def _file_rt(self, states) -> None:
-        """File RT requests under their current keys (`_rt_target_key`): the budget's candidates (a request filed
+        """File RT requests under their current keys (`_rt_filings`): the budget's candidates (a request filed
         is not yet found late), and the KV holders when they hold KV; their earlier keys go stale (`bros_orders`)."""
-        gpu, target_key = self.mgr.gpu, self._rt_target_key
-        self._orders.file([(*target_key(s), gpu[s.id] > 0) for s in states])
+        self._orders.file(self._rt_filings(states, self.mgr.gpu))
+
+    def _rt_filings(self, states, gpu: dict[int, int]) -> list[tuple[float, tuple[float, float, int], bool]]:
+        """Per RT request: its slack target T, its key in T's orders, (reference time, arrival, id), so that slack =
+        T − (now − reference time), and whether it holds KV. Before its first token T is its TTFT target and the
+        reference its arrival; after it, its TPOT target and its last token's time (the options' targets where the
+        request sets none); ``gpu``: request id → its GPU tokens. (One loop: every batch re-files the requests it ran.)"""
+        opts = self.options
+        ttft_default, tpot_default = opts.ttft_slo_s, opts.tpot_slo_s
+        filings = []
+        for s in states:
+            r, rid = s.req, s.id
+            if s.generated == 0:
+                target = r.ttft_slo_s
+                filings.append((ttft_default if target is None else target, (r.arrival_s, r.arrival_s, rid),
+                                gpu[rid] > 0))
+            else:
+                target = r.tpot_slo_s
+                filings.append((tpot_default if target is None else target, (s.last_token_s, r.arrival_s, rid),
+                                gpu[rid] > 0))
+        return filings
 
     def _rt_target_key(self, s: RequestState) -> tuple[float, tuple[float, float, int]]:
-        """An RT request's slack target T and its key in T's orders, (reference time, arrival, id): slack =
-        T − (now − reference time)."""
-        if s.generated == 0:
-            target = s.req.ttft_slo_s if s.req.ttft_slo_s is not None else self.options.ttft_slo_s
-            return target, (s.req.arrival_s, s.req.arrival_s, s.id)
-        target = s.req.tpot_slo_s if s.req.tpot_slo_s is not None else self.options.tpot_slo_s
-        return target, (s.last_token_s, s.req.arrival_s, s.id)
+        """An RT request's slack target T and its key in T's orders (`_rt_filings`)."""
+        target, key, _ = self._rt_filings((s,), {s.id: 0})[0]
+        return target, key
 
     # --- cost and priority ----------------------------------------------------------------------
 

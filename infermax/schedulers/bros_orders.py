@@ -39,15 +39,17 @@ from heapq import merge
 COMPACT_SLACK = 64  # stale entries a target's deques may hold beyond twice its requests before a rebuild
 
 
-def _append(by_target: dict[float, deque], target: float, keys: list) -> None:
-    """Add ``keys`` (ascending) to ``target``'s deque: appended when above its last entry, else in place."""
+def _append(by_target: dict[float, deque], target: float, keys: list) -> deque:
+    """Add ``keys`` (ascending) to ``target``'s deque: appended when above its last entry, else in place. Returns
+    the deque."""
     entries = by_target.get(target)
     if entries is None:
-        by_target[target] = deque(keys)
+        entries = by_target[target] = deque(keys)
     elif not entries or keys[0] > entries[-1]:
         entries.extend(keys)
     else:
-        by_target[target] = deque(sorted([*entries, *keys]))
+        entries = by_target[target] = deque(sorted([*entries, *keys]))
+    return entries
 
 
 class RtOrders:
@@ -76,11 +78,13 @@ class RtOrders:
         for target, key, holds in filed:
             rid = key[2]
             old = target_of.get(rid)
-            if rid in holder:
-                holding[old] -= 1
-                if old != target:
-                    left.add(old)
+            was_holder = rid in holder
             if old != target:
+                if was_holder:  # it leaves ``old``'s holders (and joins ``target``'s below if it holds KV)
+                    holding[old] -= 1
+                    left.add(old)
+                    del holder[rid]
+                    was_holder = False
                 if old is not None:
                     self._leave_target(old)
                 members[target] = members.get(target, 0) + 1
@@ -94,20 +98,26 @@ class RtOrders:
             lists[0].append(key)
             if holds:
                 holder[rid] = key
-                holding[target] = holding.get(target, 0) + 1
+                if not was_holder:
+                    holding[target] = holding.get(target, 0) + 1
                 lists[1].append(key)
-            elif rid in holder:
+            elif was_holder:
                 del holder[rid]
+                holding[target] -= 1
+        late = self.late
         for target, (keys, held_keys) in by_target.items():
             keys.sort()
-            _append(self.cand, target, keys)
+            cand = _append(self.cand, target, keys)
+            held = self.held.get(target)
             if held_keys:
                 held_keys.sort()
-                held = self.held.get(target)
                 while held and holder.get(held[-1][2]) is not held[-1]:  # stale back entries (dropped victims)
                     held.pop()
-                _append(self.held, target, held_keys)
-            self._compact(target)
+                held = _append(self.held, target, held_keys)
+            most = 2 * members[target] + COMPACT_SLACK  # `_compact`'s test, written out (once per target and batch)
+            if (len(cand) > most or len(late.get(target, ())) > most
+                    or held is not None and len(held) > 2 * holding.get(target, 0) + COMPACT_SLACK):
+                self._compact(target)
         for target in left.difference(by_target):
             if target in self.members:
                 self._compact(target)
