@@ -215,6 +215,7 @@ def _checked_setup(requests: Sequence[Request], scheduler: str | Scheduler, limi
     checks that refuse it before anything is simulated: no requests, a request that no schedule can finish in
     ``M``, a run whose tables would not fit this machine's memory, prefix caching for a scheduler without it."""
     check_requests(requests)
+    _check_arguments(scheduler, limits, cost_model)
     if cost_model is None:
         from .costmodel import load_cost_model
 
@@ -230,6 +231,20 @@ def _checked_setup(requests: Sequence[Request], scheduler: str | Scheduler, limi
         raise ValueError(f"scheduler '{scheduler.name}' does not support prefix caching; schedulers that do: "
                          f"{', '.join(caching_schedulers()) or 'none'}")
     return scheduler, limits, cost_model
+
+
+def _check_arguments(scheduler, limits, cost_model) -> None:
+    """The types of `simulate`'s scheduler, limits and cost model (a notebook's ``simulate(reqs, "vllm", {"C": 512})``
+    or ``cost_model="linear"`` ended in an AttributeError from inside the engine)."""
+    if not isinstance(scheduler, str) and not hasattr(scheduler, "next_batch"):
+        raise TypeError(f"scheduler must be a registered scheduler's name (see `infermax schedulers`) or a Scheduler, "
+                        f"got {type(scheduler).__name__} {scheduler!r:.60}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise TypeError(f"limits must be an infermax.limits.Limits (e.g. Limits(C=512, M=100_000)), got "
+                        f"{type(limits).__name__} {limits!r:.60}")
+    if cost_model is not None and not hasattr(cost_model, "batch_time_s"):
+        raise TypeError(f"cost_model must be a cost model (infermax.costmodel.load_cost_model builds one, e.g. "
+                        f"load_cost_model(kind='linear')), got {type(cost_model).__name__} {cost_model!r:.60}")
 
 
 def _replayer_for(scheduler: Scheduler, requests: Sequence[Request], limits: Limits, cost_model: CostModel,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from numbers import Integral
 
 
 # Largest block size accepted: the replayer keeps a count per offset in a block (a list that long).
@@ -30,17 +31,17 @@ class Limits:
     prefix_caching: bool = False
 
     def __post_init__(self) -> None:
-        _require_int("C", self.C, 1)
-        _require_int("M", self.M, 1)
-        _require_int("block_size", self.block_size, 1)
+        _require_int(self, "C", 1)
+        _require_int(self, "M", 1)
+        _require_int(self, "block_size", 1)
         if self.block_size > MAX_BLOCK_SIZE:  # the replayer keeps a count per offset in a block
             raise ValueError(f"block_size = {self.block_size} is above {MAX_BLOCK_SIZE:,} tokens (servers use 1-256)")
         if self.P is not None:
-            _require_int("P", self.P, 1)
+            _require_int(self, "P", 1)
             if self.P > self.C:
                 raise ValueError(f"P (prefill tokens per batch) = {self.P} must not exceed C = {self.C}")
         if self.Rmax is not None:
-            _require_int("Rmax", self.Rmax, 1)
+            _require_int(self, "Rmax", 1)
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be true or false, got {self.prefix_caching!r}")
 
@@ -62,8 +63,13 @@ class Limits:
         return out
 
 
-def _require_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _require_int(limits: Limits, name: str, minimum: int) -> None:
+    """Field ``name`` must be an integer >= ``minimum``; one from numpy or pandas (a results table's np.int64) is
+    stored as a plain int (it was refused as "C must be an integer, got np.int64(512)")."""
+    value = getattr(limits, name)
+    if isinstance(value, bool) or not isinstance(value, Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if type(value) is not int:
+        object.__setattr__(limits, name, int(value))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral
+from numbers import Integral, Real
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +48,25 @@ class Request:
     priority: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("id", "prompt_tokens", "output_tokens", "predicted_output_tokens"):
+        # Numbers from numpy or pandas (a DataFrame row's np.int64, an np.float32) are kept as plain Python numbers:
+        # a request holding an np.int64 simulated, but its Schedule could not be written (not JSON serialisable).
+        for name in ("id", "prompt_tokens", "output_tokens", "predicted_output_tokens", "closed_loop_group",
+                     "priority"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)):
-                # (4.5 tokens would be simulated as such; a schedule file's 1.5 became 1 before it was refused)
-                raise ValueError(f"request {self.id!r}: {name} must be an integer, got {value!r}")
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, Integral):
+                    # (4.5 tokens would be simulated as such; a schedule file's 1.5 became 1 before it was refused)
+                    what = " (or None)" if name == "priority" else ""
+                    raise ValueError(f"request {self.id!r}: {name} must be an integer{what}, got {value!r}")
+                if type(value) is not int:
+                    object.__setattr__(self, name, int(value))
+        for name in ("arrival_s", "ttft_slo_s", "tbt_slo_s", "tpot_slo_s"):
+            value = getattr(self, name)
+            if value is not None or name == "arrival_s":
+                if isinstance(value, bool) or not isinstance(value, Real):
+                    raise ValueError(f"request {self.id}: {name} must be a number, got {value!r}")
+                if type(value) is not float and type(value) is not int:
+                    object.__setattr__(self, name, float(value))
         if self.prompt_tokens < 1:
             raise ValueError(f"request {self.id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
@@ -62,12 +76,8 @@ class Request:
         if self.predicted_output_tokens is not None and self.predicted_output_tokens < 1:
             raise ValueError(
                 f"request {self.id}: predicted_output_tokens must be >= 1, got {self.predicted_output_tokens}")
-        if self.closed_loop_group is not None and (isinstance(self.closed_loop_group, bool)
-                                                   or not isinstance(self.closed_loop_group, int)
-                                                   or self.closed_loop_group < 0):
+        if self.closed_loop_group is not None and self.closed_loop_group < 0:
             raise ValueError(f"request {self.id}: closed_loop_group must be an integer >= 0, got {self.closed_loop_group!r}")
-        if self.priority is not None and (isinstance(self.priority, bool) or not isinstance(self.priority, int)):
-            raise ValueError(f"request {self.id}: priority must be an integer (or None), got {self.priority!r}")
         if self.content is not None:
             object.__setattr__(self, "content", _check_content(self.id, self.content, self.prompt_tokens))
         for name in ("ttft_slo_s", "tbt_slo_s", "tpot_slo_s"):

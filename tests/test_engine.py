@@ -174,3 +174,47 @@ def test_what_a_notebook_passes_by_mistake_is_refused_with_a_message(affine):
         simulate([Request(1, 0.0, 4, 2), (0, 0.0, 4, 2)], "vllm", Limits(M=100), affine)
     late = simulate([Request(0, 1e9, 4, 2)], "vllm", Limits(M=100), affine)  # a late but finite arrival runs
     assert late.requests.finish_s.iloc[0] > 1e9
+
+
+def test_numbers_from_numpy_are_accepted_and_stored_as_python_numbers(affine, tmp_path):
+    """Found by probing the Python API (2026-12-02): a request built from a DataFrame row (np.int64 token counts)
+    simulated, but its Schedule could not be saved ("Object of type int64 is not JSON serializable"); Limits refused
+    np.int64(512) as "C must be an integer"; load_cost_model(tp=np.int64(2)) worked only by formatting."""
+    import json
+
+    import numpy as np
+
+    from infermax.costmodel import load_cost_model
+
+    r = Request(np.int64(0), np.float32(0.5), np.int64(4), np.int32(3), ttft_slo_s=np.float32(2.0), priority=np.int8(1))
+    assert [type(getattr(r, f)) for f in ("id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_slo_s",
+                                          "priority")] == [int, float, int, int, float, int]
+    limits = Limits(C=np.int64(512), M=np.int64(1000), Rmax=np.int16(8), P=np.int64(256))
+    assert json.loads(json.dumps(limits.to_dict())) == {"C": 512, "P": 256, "M": 1000, "Rmax": 8, "block_size": 1}
+    result = simulate([r], "vllm", limits, affine)
+    result.schedule.save(tmp_path / "s.json")
+    assert json.loads((tmp_path / "s.json").read_text())["requests"]
+    assert load_cost_model(tp=np.int64(2)).name == load_cost_model(tp=2).name
+
+
+def test_simulate_and_load_cost_model_refuse_wrong_argument_types(affine):
+    """Found by probing the Python API (2026-12-02): each of these ended in an AttributeError or a TypeError from
+    inside the engine or pathlib ("unsupported operand type(s) for /: 'PosixPath' and 'NoneType'")."""
+    from infermax.costmodel import load_cost_model
+
+    reqs = [Request(0, 0.0, 4, 2)]
+    with pytest.raises(TypeError, match="scheduler must be a registered scheduler's name .* got int 5"):
+        simulate(reqs, 5, Limits(M=100), affine)
+    with pytest.raises(TypeError, match=r"limits must be an infermax.limits.Limits .* got dict \{'C': 5\}"):
+        simulate(reqs, "vllm", {"C": 5}, affine)
+    with pytest.raises(TypeError, match="cost_model must be a cost model .* got str 'linear'"):
+        simulate(reqs, "vllm", Limits(M=100), "linear")
+    with pytest.raises(ValueError, match="gpu must be a name .* got None"):
+        load_cost_model(gpu=None)
+    for tp in ("2", True, 0, 1.0):
+        with pytest.raises(ValueError, match="tp must be an integer >= 1"):
+            load_cost_model(tp=tp)
+    with pytest.raises(ValueError, match="arrival_s must be a number, got None"):
+        Request(0, None, 4, 2)
+    with pytest.raises(ValueError, match="ttft_slo_s must be a number, got '1'"):
+        Request(0, 0.0, 4, 2, ttft_slo_s="1")

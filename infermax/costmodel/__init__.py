@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from numbers import Integral
 from pathlib import Path
 
 import infermax
@@ -72,6 +73,7 @@ def load_cost_model(gpu: str = "a100", model: str = "llama-2-7b", tp: int = 1, p
         raise ValueError(f"unknown cost-model kind {kind!r}; choose one of {', '.join(COST_MODEL_KINDS)}")
     if path is not None:
         return _load_file(Path(path), kind)
+    tp = _check_combination(gpu, model, tp)
     if kind == "roofline":
         return roofline_model(gpu, model, tp)
     folder = profile_folder(gpu, model, tp)
@@ -82,6 +84,17 @@ def load_cost_model(gpu: str = "a100", model: str = "llama-2-7b", tp: int = 1, p
     if kind == "piecewise":
         return PiecewiseCostModel.from_json(folder / PIECEWISE_JSON)
     return LinearCostModel.from_json(folder / LINEAR_JSON)
+
+
+def _check_combination(gpu: object, model: object, tp: object) -> int:
+    """``gpu`` and ``model`` must be names and ``tp`` an integer >= 1 (returned as a plain int; numpy's are accepted):
+    ``gpu=None`` ended in a TypeError about path division, and ``tp="2"`` was read as TP 2 by accident."""
+    for name, value in (("gpu", gpu), ("model", model)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a name (see `infermax models`), got {value!r}")
+    if isinstance(tp, bool) or not isinstance(tp, Integral) or tp < 1:
+        raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
+    return int(tp)
 
 
 def _load_file(path: Path, kind: str) -> CostModel:
