@@ -22,7 +22,7 @@ from .lower_bound import REFINE_RESERVE_S, lower_bound_report, refine_bound
 from .objective import Objective
 from .optimize import OptimizeResult, choose_slots, optimize
 from .policy import Policies, check_policies_feasible, policy_violations
-from .scale import (Deadline, certified_gap, command_deadline, estimate_milp, milp_refusal, refuse_prefix_caching,
+from .scale import (Deadline, certified_gap, checked_arguments, command_deadline, estimate_milp, milp_refusal,
                     simulation_setup_refusal)
 
 # "optimal" when the incumbent is within this relative distance of a valid lower bound. It must exceed the lower
@@ -116,10 +116,10 @@ def analyse(requests, limits, cost_model, objective: Objective = Objective(makes
     None; the one run is in ``details["warm_start"]``. ``time_limit_s``: default the solver options' limit, else
     60 s (`command_deadline`). ``started_s`` (``time.perf_counter()`` time): when the time limit began (default: now;
     the command line passes its own start, so that building the workload counts)."""
+    objective = checked_arguments(limits, cost_model, objective, options)
     options = options or SolveOptions()
     deadline = command_deadline(time_limit_s, options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
-    refuse_prefix_caching(limits)
     check_requests(requests)
     check_fits(requests, limits)
     check_policies_feasible(requests, limits, policies)

@@ -11,6 +11,7 @@ evictions and swapping; Apt-Serve's hidden-form caches are outside it.
 from __future__ import annotations
 
 import math
+from numbers import Real
 from dataclasses import dataclass, field, fields, replace
 
 from infermax.engine import SimulationTimeout, simulate
@@ -24,7 +25,7 @@ from .lower_bound import REFINE_RESERVE_S, lower_bound_report, refine_bound
 from .objective import Objective
 from .optimize import optimize
 from .policy import Policies, check_policies_feasible, policy_violations
-from .scale import (certified_gap, command_deadline, estimate_milp, milp_refusal, refuse_prefix_caching,
+from .scale import (certified_gap, checked_arguments, command_deadline, estimate_milp, milp_refusal,
                     simulation_setup_refusal)
 
 BOUND_RTOL = 1e-6  # a bound must clear the target by this much to answer "no"
@@ -73,12 +74,13 @@ def better(requests, limits, cost_model, scheduler: str, margin: float, objectiv
     ``time_limit_s`` (default: the solver options' limit, else 60 s: `command_deadline`) covers everything: the
     scheduler's own simulation, bound, search, model building and solving; ``started_s`` (``time.perf_counter()``
     time, default now): when it began."""
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:  # (NaN fails too)
+    if isinstance(margin, bool) or not isinstance(margin, Real) or not 0 < margin < 1:  # (NaN fails too)
         raise ValueError(f"margin must be a fraction in (0, 1), got {margin!r}")
+    margin = float(margin)
+    objective = checked_arguments(limits, cost_model, objective, options)
     options = options or SolveOptions()
     deadline = command_deadline(time_limit_s, options.time_limit_s, started_s)
     say = progress or (lambda msg: None)
-    refuse_prefix_caching(limits)
     check_policies_feasible(requests, limits, policies)
     if too_big := simulation_setup_refusal(len(requests), deadline.left()):
         raise SimulationTimeout(f"{scheduler}'s own simulation, which sets the target, cannot finish within the time "

@@ -20,7 +20,7 @@ from .backends import SolveOptions, SolveOutcome, SolverFailed, quiet_stdout, re
 from .bounds import SlotBound, slot_bound
 from .formulation import TIME_UNIT, Formulation, Strengthening
 from .objective import Objective
-from .scale import Deadline, refuse_prefix_caching
+from .scale import Deadline, checked_arguments
 from .policy import Policies, check_policies_feasible
 
 REPLAY_RTOL = 1e-6
@@ -114,8 +114,8 @@ def optimize(requests: list[Request], limits: Limits, cost_model, objective: Obj
     reserve). So the solver's process is stopped, if it has not returned (HiGHS can overrun its own limit:
     `backends.solve`), when ``b`` + 1 s of the deadline are left, for the polish and the replay; and the solver's
     own limit is ``b`` + 2 s before that, for the hand-over and a margin."""
+    objective = checked_arguments(limits, cost_model, objective, options)
     options = options or SolveOptions()
-    refuse_prefix_caching(limits)
     check_requests(requests)
     check_fits(requests, limits)
     check_policies_feasible(requests, limits, policies)

@@ -149,6 +149,33 @@ class Deadline:
         return self.start + self.limit_s
 
 
+def checked_arguments(limits, cost_model, objective, options):
+    """The Python arguments of `optimize`, `analyse` and `better`, checked before any work (a dict of limits, a
+    cost model's name or an objective's text had ended in AttributeErrors deep inside): ``limits`` a `Limits`,
+    ``cost_model`` one with ``milp_terms`` (every fitted and roofline model has them), ``options`` a `SolveOptions`
+    or None, ``objective`` an `Objective` or its text (`Objective.parse`: ``"latency"``, ``"makespan=1,ttft=0.5"``),
+    returned as an `Objective`. Then `refuse_prefix_caching`."""
+    from infermax.limits import Limits
+
+    from .backends import SolveOptions
+    from .objective import Objective
+
+    if not isinstance(limits, Limits):
+        raise TypeError(f"limits must be an infermax.limits.Limits, got {type(limits).__name__} {limits!r:.60}")
+    if not hasattr(cost_model, "milp_terms"):
+        raise TypeError(f"cost_model must be a cost model with milp_terms (infermax.costmodel.load_cost_model builds "
+                        f"one), got {type(cost_model).__name__} {cost_model!r:.60}")
+    if options is not None and not isinstance(options, SolveOptions):
+        raise TypeError(f"options must be a solvers.SolveOptions or None, got {type(options).__name__} {options!r:.60}")
+    if isinstance(objective, str):
+        objective = Objective.parse(objective)
+    elif not isinstance(objective, Objective):
+        raise TypeError(f"objective must be a solvers.objective.Objective or its text (e.g. 'latency'), got "
+                        f"{type(objective).__name__} {objective!r:.60}")
+    refuse_prefix_caching(limits)
+    return objective
+
+
 def refuse_prefix_caching(limits) -> None:
     """The MILP, the lower bounds and the search model no prefix caching (a hit makes a prefill cheaper
     than any of them allows, so their bounds would not be bounds): refuse such an instance."""

@@ -412,3 +412,39 @@ def test_python_api_checks_its_inputs_and_defaults_the_time_limit():
             call([(0, 0.0, 16, 2)])
         with pytest.raises(ValueError, match="the workload has no requests"):
             call([])
+
+
+def test_python_api_refuses_wrong_argument_types_and_reads_an_objective_text():
+    """Found by probing the Python API (2026-12-02, later): limits as a dict, a cost model's name, options as a dict
+    and the text of an objective ended in AttributeErrors inside `optimize`, `analyse` and `better`; a margin of
+    np.float32(0.05) was refused. Now the types are checked first and an objective may be given as its text."""
+    import numpy as np
+
+    from solvers import SolveOptions
+
+    reqs = [Request(i, 0.0, 16, 2) for i in range(3)]
+    limits = Limits(C=64, M=200)
+    calls = {"better": lambda **kw: better(reqs, kw.get("limits", limits), kw.get("cost", COST), "vllm", 0.05,
+                                           objective=kw.get("objective", Objective(makespan=1)),
+                                           options=kw.get("options"), time_limit_s=5),
+             "analyse": lambda **kw: analyse(reqs, kw.get("limits", limits), kw.get("cost", COST),
+                                             objective=kw.get("objective", Objective(makespan=1)),
+                                             options=kw.get("options"), time_limit_s=5),
+             "optimize": lambda **kw: optimize(reqs, kw.get("limits", limits), kw.get("cost", COST),
+                                               objective=kw.get("objective", Objective(makespan=1)),
+                                               options=kw.get("options") or SolveOptions(time_limit_s=5))}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=r"limits must be an infermax.limits.Limits, got dict"):
+            call(limits={"C": 64})
+        with pytest.raises(TypeError, match="cost_model must be a cost model with milp_terms .* got str 'linear'"):
+            call(cost="linear")
+        with pytest.raises(TypeError, match="objective must be a solvers.objective.Objective or its text"):
+            call(objective=3)
+        with pytest.raises(ValueError, match="unknown objective component 'fast'"):
+            call(objective="fast")
+        if name != "optimize":
+            with pytest.raises(TypeError, match="options must be a solvers.SolveOptions or None, got dict"):
+                call(options={"time_limit_s": 5})
+    assert analyse(reqs, limits, COST, objective="makespan=1,ttft=0.5", time_limit_s=5).objective == \
+        Objective(makespan=1, ttft=0.5)
+    assert better(reqs, limits, COST, "vllm", np.float32(0.05), time_limit_s=5).answer in ("yes", "no", "unknown")
