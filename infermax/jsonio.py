@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,13 @@ def read_json(path: str | Path) -> Any:
 def nan_to_null(d: dict) -> dict:
     """A copy of a flat dict with NaN and infinite floats replaced by None (JSON has neither)."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def plain_number(value: object) -> int | float:
+    """``json.dumps``'s ``default``: a number from numpy or pandas (a Python-built schedule's np.int64 chunk sizes)
+    as the Python number it equals; anything else is refused as json refuses it."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, Real):
+        return float(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

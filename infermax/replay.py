@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from heapq import heappop, heappush
+from numbers import Integral
 from typing import Iterable
 
 from .costmodel.base import BatchFeatures, CostModel
@@ -316,6 +317,8 @@ class Replayer:
             arrival = s.req.arrival_s
             if arrival > start:
                 start = arrival
+            if type(c) is not int:
+                c = _whole_tokens(j, rid, c, "chunk")
             m0 = s.m
             icur = s.input_tokens
             if m0 < icur:
@@ -530,6 +533,8 @@ class Replayer:
             seen.add(rid)
             if s.hidden:
                 raise ScheduleViolation(j, rid, "swap-out" if out else "swap-in", "a hidden-form cache cannot be swapped")
+            if type(n) is not int:
+                n = _whole_tokens(j, rid, n, "swap-out" if out else "swap-in")
             before = s.m - s.cpu_tokens
             room = before if out else s.cpu_tokens
             if not 1 <= n <= room:
@@ -793,14 +798,35 @@ def recorded_swap_cost(schedule: Schedule) -> SwapCost | None:
     return SwapCost.from_dict(schedule.meta["swap_cost"]) if "swap_cost" in schedule.meta else None
 
 
+def _whole_tokens(j: int, rid: int, n: object, rule: str) -> int:
+    """A token count of a batch that is not a plain int (a Python-built schedule's): one from numpy, or a float that is
+    a whole number (as a schedule file's are read), as an int; anything else breaks ``rule``. (A chunk of 2.5
+    tokens had ended in a TypeError about list indices.)"""
+    if isinstance(n, Integral) and not isinstance(n, bool):
+        return int(n)
+    if isinstance(n, float) and n.is_integer():
+        return int(n)
+    raise ScheduleViolation(j, rid, rule, f"token counts must be whole numbers, got {n!r}")
+
+
 def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = None,
            swap_cost: SwapCost | None = None):
     """Validate a Schedule and recompute all metrics; returns a `SimResult`.
 
     ``swap_cost`` defaults to the one the schedule's ``meta["swap_cost"]`` records (the engine
     records the one it simulated with)."""
+    from .engine import check_requests
     from .metrics import SimResult
 
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be an infermax.schedule.Schedule (Schedule.load(path) reads a file), got "
+                        f"{type(schedule).__name__} {schedule!r:.60}")
+    check_requests(schedule.requests)
+    if not isinstance(limits or schedule.limits, Limits):
+        raise TypeError(f"limits must be an infermax.limits.Limits, got {type(limits or schedule.limits).__name__}")
+    if not hasattr(cost_model, "batch_time_s"):
+        raise TypeError(f"cost_model must be a cost model (infermax.costmodel.load_cost_model builds one), got "
+                        f"{type(cost_model).__name__} {cost_model!r:.60}")
     if swap_cost is None:
         swap_cost = recorded_swap_cost(schedule)
     rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost, lazy_decoders=True)

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .jsonio import read_json
+from .jsonio import plain_number, read_json
 from .limits import Limits
 from .request import Request
 
@@ -86,7 +86,7 @@ class Schedule:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(self.to_json(), separators=(",", ":")))
+        path.write_text(json.dumps(self.to_json(), separators=(",", ":"), default=plain_number))
         return path
 
     @classmethod

@@ -174,3 +174,37 @@ def test_request_token_counts_are_integers(tmp_path):
         else:
             with pytest.raises(ValueError, match="prompt_tokens must be an integer, got 4.5"):
                 Schedule.load(path)
+
+
+def test_a_python_built_schedule_is_judged_not_crashed_on(affine, tmp_path):
+    """Found by probing the Python API (2026-12-02): a schedule built in Python with a chunk of 2.5 tokens ended in a
+    TypeError about list indices inside the replayer; one with np.int64 chunks replayed but could not be saved (not
+    JSON serializable); a tuple for a request, a dict for the limits, a path for the schedule or a cost model's name
+    ended in AttributeErrors. Now: whole-number chunks and swaps of any number type replay as their integers (as a
+    file's integral floats are read), others are a violation of the chunk rule; the rest are refused by type."""
+    import numpy as np
+
+    reqs = [Request(0, 0.0, 4, 2)]
+
+    def batches(*chunks):
+        return [ScheduledBatch(items=[(0, c)]) for c in chunks]
+
+    with pytest.raises(ScheduleViolation, match=r"batch 0, request 0: \[chunk\] token counts must be whole numbers, "
+                                                r"got 2.5"):
+        replay(Schedule(reqs, Limits(M=100), batches(2.5, 1.5, 1)), affine)
+    with pytest.raises(ScheduleViolation, match=r"\[chunk\] token counts must be whole numbers, got True"):
+        replay(Schedule(reqs, Limits(M=100), batches(True, 3, 1)), affine)
+    plain = replay(Schedule(reqs, Limits(M=100), batches(2, 2, 1)), affine).summary
+    assert replay(Schedule(reqs, Limits(M=100), batches(2.0, np.int32(2), 1.0)), affine).summary == plain
+    built = Schedule(reqs, Limits(M=100), batches(np.int64(4), 1))
+    built.save(tmp_path / "s.json")
+    assert json.loads((tmp_path / "s.json").read_text())["batches"][0]["items"] == [[0, 4]]
+    assert replay(Schedule.load(tmp_path / "s.json"), affine).summary == replay(built, affine).summary
+    with pytest.raises(TypeError, match="requests must be infermax.request.Request objects, got tuple"):
+        replay(Schedule([(0, 0.0, 4, 2)], Limits(M=100), batches(4, 1)), affine)
+    with pytest.raises(TypeError, match="limits must be an infermax.limits.Limits, got dict"):
+        replay(Schedule(reqs, {"C": 4}, batches(4, 1)), affine)
+    with pytest.raises(TypeError, match=r"schedule must be an infermax.schedule.Schedule \(Schedule.load\(path\)"):
+        replay(str(tmp_path / "s.json"), affine)
+    with pytest.raises(TypeError, match="cost_model must be a cost model .* got str 'linear'"):
+        replay(built, "linear")
