@@ -23,6 +23,7 @@ from .limits import Limits
 from .metrics import SimResult
 from .replay import Replayer, ScheduleViolation, check_clock_finite
 from .request import Request
+from .schedule import ScheduledBatch, batch_shape_problem
 from .schedulers import NoProgressError, Scheduler, SchedulerError, make_scheduler
 
 
@@ -154,6 +155,8 @@ def simulate(
             if next_arrival > first:
                 scheduler.add_arrivals(arrivals[first:next_arrival])
             batch = scheduler.next_batch(now)
+            if type(batch) is not ScheduledBatch and not isinstance(batch, ScheduledBatch):
+                raise SchedulerError(f"scheduler '{scheduler.name}': {batch_shape_problem(batch)}")
             if not batch.items and (batch.evict or batch.swap_out or batch.swap_in):
                 # an idle step applies nothing: evictions or swaps planned with it would be silently lost
                 raise SchedulerError(f"scheduler '{scheduler.name}' planned evictions or swaps with an empty batch "
@@ -171,6 +174,11 @@ def simulate(
                 finished = rp.apply(batch)
             except ScheduleViolation as exc:
                 raise SchedulerError(f"scheduler '{scheduler.name}' planned an invalid batch: {exc}") from exc
+            except (TypeError, ValueError) as exc:  # a malformed batch (a custom scheduler's), or another error
+                problem = batch_shape_problem(batch)
+                if problem is None:
+                    raise
+                raise SchedulerError(f"scheduler '{scheduler.name}' planned a malformed batch: {problem}") from exc
             scheduler.batch_done(batch, finished)
             released = [rp.add_request(r) for r in loop.finished(finished, rp.clock_s)]
             if released:

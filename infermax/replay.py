@@ -17,7 +17,7 @@ from .costmodel.base import BatchFeatures, CostModel
 from .costmodel.swap import SwapCost
 from .limits import Limits
 from .request import Request
-from .schedule import Schedule, ScheduledBatch
+from .schedule import Schedule, ScheduledBatch, batch_shape_problem
 
 
 class ScheduleViolation(ValueError):
@@ -830,8 +830,17 @@ def replay(schedule: Schedule, cost_model: CostModel, limits: Limits | None = No
     if swap_cost is None:
         swap_cost = recorded_swap_cost(schedule)
     rp = Replayer(schedule.requests, limits or schedule.limits, cost_model, swap_cost, lazy_decoders=True)
-    for batch in schedule.batches:
-        rp.apply(batch)
+    for j, batch in enumerate(schedule.batches):
+        try:
+            rp.apply(batch)
+        except ScheduleViolation:
+            raise
+        except (AttributeError, TypeError, ValueError):  # a malformed batch (one built in Python), or another error
+            problem = batch_shape_problem(batch)
+            if problem is None:
+                raise
+            raise ScheduleViolation(j, None, "shape", problem.replace("next_batch must return", "each batch must be")
+                                    ) from None
     check_clock_finite(rp)
     rp.check_complete()
     return SimResult.from_replayer(rp, meta={**schedule.meta, "replayed": True})

@@ -66,6 +66,27 @@ class ScheduledBatch:
         return out
 
 
+def batch_shape_problem(batch: object) -> str | None:
+    """What is wrong with the shape of a batch a scheduler returned, or None: a `ScheduledBatch` whose items, swaps
+    and cache hits are (request id, tokens) pairs and whose evictions and hidden items are collections of ids. (The
+    engine asks only after a batch failed to apply with a TypeError or ValueError: a custom scheduler's list of
+    triples had ended in "too many values to unpack".)"""
+    if not isinstance(batch, ScheduledBatch):
+        return f"next_batch must return a ScheduledBatch, got {type(batch).__name__} {batch!r:.60}"
+    for name in ("items", "swap_out", "swap_in", "cache_hits"):
+        pairs = getattr(batch, name)
+        if not isinstance(pairs, (list, tuple)):
+            return f"its {name} must be a list of (request id, tokens) pairs, got {type(pairs).__name__} {pairs!r:.60}"
+        bad = next((p for p in pairs if not isinstance(p, (list, tuple)) or len(p) != 2), None)
+        if bad is not None:
+            return f"its {name} must be (request id, tokens) pairs, got {bad!r:.60}"
+    for name in ("evict", "hidden"):
+        ids = getattr(batch, name)
+        if not isinstance(ids, (list, tuple, set, frozenset)):
+            return f"its {name} must be a collection of request ids, got {type(ids).__name__} {ids!r:.60}"
+    return None
+
+
 @dataclass
 class Schedule:
     """An ordered list of batches for a set of requests under given limits."""

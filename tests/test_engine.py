@@ -218,3 +218,37 @@ def test_simulate_and_load_cost_model_refuse_wrong_argument_types(affine):
         Request(0, None, 4, 2)
     with pytest.raises(ValueError, match="ttft_slo_s must be a number, got '1'"):
         Request(0, 0.0, 4, 2, ttft_slo_s="1")
+
+
+def test_a_custom_scheduler_s_malformed_batch_is_named(affine):
+    """Found by probing a scheduler written in a notebook (2026-12-02): next_batch returning a list or None ended in
+    "'list' object has no attribute 'items'", items of triples in "too many values to unpack", a dict of items or an
+    int of evictions in "is not iterable". Now a SchedulerError names the scheduler and what is wrong."""
+    from infermax.workload import fixed
+
+    class Custom(Scheduler):
+        name = "custom"
+
+        def __init__(self, limits, plan):
+            super().__init__(limits)
+            self.plan = plan
+
+        def add_arrivals(self, arrived):
+            pass
+
+        def next_batch(self, now_s):
+            return self.plan()
+
+        def batch_done(self, batch, finished):
+            pass
+
+    limits = Limits(M=1000)
+    for plan, message in (
+            (lambda: [(0, 4)], r"scheduler 'custom': next_batch must return a ScheduledBatch, got list \[\(0, 4\)\]"),
+            (lambda: None, "next_batch must return a ScheduledBatch, got NoneType None"),
+            (lambda: ScheduledBatch(items=[(0, 4, 1)]),
+             r"planned a malformed batch: its items must be \(request id, tokens\) pairs, got \(0, 4, 1\)"),
+            (lambda: ScheduledBatch(items={0: 4}), "its items must be a list of .* got dict"),
+            (lambda: ScheduledBatch(items=[(0, 4)], evict=5), "its evict must be a collection of request ids, got int 5")):
+        with pytest.raises(SchedulerError, match=message):
+            simulate(fixed(4, 2, 1), Custom(limits, plan), limits, affine)

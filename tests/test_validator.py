@@ -208,3 +208,7 @@ def test_a_python_built_schedule_is_judged_not_crashed_on(affine, tmp_path):
         replay(str(tmp_path / "s.json"), affine)
     with pytest.raises(TypeError, match="cost_model must be a cost model .* got str 'linear'"):
         replay(built, "linear")
+    with pytest.raises(ScheduleViolation, match=r"batch 0: \[shape\] its items must be \(request id, tokens\) pairs"):
+        replay(Schedule(reqs, Limits(M=100), [ScheduledBatch(items=[(0, 4, 1)])]), affine)
+    with pytest.raises(ScheduleViolation, match=r"batch 0: \[shape\] each batch must be a ScheduledBatch, got list"):
+        replay(Schedule(reqs, Limits(M=100), [[(0, 4)]]), affine)
