@@ -15,6 +15,21 @@ from .request import Request
 DEFAULT_M = 100_000
 
 
+def plain_values(values: dict) -> dict:
+    """A configuration's values as plain JSON data: numbers from numpy or pandas as the Python numbers they equal, and
+    a NaN (how a results table holds a field that was unset) as None. So a row of a sweep's results table runs again
+    as the configuration it came from, under the same point id (its np.int64 values had ended in "Object of type
+    int64 is not JSON serializable", its NaN rate in "rate is not used by offline arrivals")."""
+    plain = {}
+    for key, value in values.items():
+        if type(value).__module__ == "numpy" and hasattr(value, "item"):  # a numpy scalar (np.int64, np.bool_, ...)
+            value = value.item()
+        if isinstance(value, float) and value != value:
+            value = None
+        plain[key] = value
+    return plain
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that determines a simulation's result (defaults: the README's first command).
@@ -95,11 +110,12 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
-        """Build from a mapping, rejecting unknown keys with the list of known ones."""
+        """Build from a mapping (`plain_values` first: a results table's row works), rejecting unknown keys with the
+        list of known ones."""
         unknown = sorted(set(values) - set(cls.field_names()))
         if unknown:
             raise ValueError(f"unknown configuration key(s) {', '.join(unknown)}; known: {', '.join(cls.field_names())}")
-        return cls(**values)
+        return cls(**plain_values(values))
 
     def to_dict(self) -> dict:
         return asdict(self)

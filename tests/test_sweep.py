@@ -124,6 +124,25 @@ def test_table_has_one_row_per_point_with_configuration_and_metrics(tmp_path):
     assert row.point_id == point_id("simulate", spec.points()[4])
 
 
+def test_a_results_row_runs_again_under_its_own_point_id(tmp_path):
+    """Found by probing the Python API (2026-12-02): a row of a results table handed back to `run_point` ended in
+    "Object of type int64 is not JSON serializable" (parquet gives numpy numbers), and an unset float field held as
+    NaN would be taken as given. Now a configuration's numpy scalars are read as Python values and NaN as unset."""
+    from infermax.sweep import run_point
+
+    spec = load_spec(write(tmp_path, SMALL))
+    table = pd.read_parquet(run_sweep(spec, tmp_path / "out", jobs=1).table)
+    table["rate"] = table["rate"].astype(float)  # (how a float column holds an unset value: NaN)
+    row = table.iloc[4]
+    config = {name: row[name] for name in RunConfig.field_names()}
+    assert type(config["I"]).__module__ == "numpy" and config["rate"] != config["rate"]
+    again = run_point("simulate", config)
+    assert again["id"] == row.point_id and again["result"]["status"] == "ok"
+    assert again["result"]["tps"] == row.tps and again["config"]["rate"] is None and type(again["config"]["I"]) is int
+    json.dumps(again)  # plain data
+    assert RunConfig.from_dict(config) == RunConfig.from_dict(spec.points()[4])
+
+
 def test_rejected_configurations_become_error_rows(tmp_path):
     # I + O - 1 = 101 KV tokens never fit M = 100: that point is an error row, the others run.
     spec = parse_spec({"base": {"B": 4, "O": 2, "M": 100, "cost_model": "linear"}, "axes": {"I": [10, 100]}})

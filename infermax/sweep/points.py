@@ -15,7 +15,7 @@ import typing
 from dataclasses import MISSING, dataclass, fields
 from typing import Callable
 
-from ..config import RunConfig
+from ..config import RunConfig, plain_values
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ def run_point(kind: str, config: dict) -> dict:
     """
     started = time.perf_counter()
     point_kind = get_kind(kind)
+    config = plain_values(config)  # (a results table's row: numpy numbers, NaN for unset fields)
     result = point_kind.run(config)
     return {"id": point_id(kind, config), "kind": kind, "config": config, "inputs": point_kind.inputs(config),
             "result": result, "wall_s": time.perf_counter() - started}
