@@ -47,6 +47,9 @@ def select(table: pd.DataFrame, where: dict | None) -> pd.DataFrame:
 
 
 def _check_columns(table: pd.DataFrame, columns: Sequence[str]) -> None:
+    if not isinstance(table, pd.DataFrame):  # (a path or a dict had ended in "has no attribute 'columns'")
+        raise TypeError(f"table must be a pandas DataFrame (pandas.read_parquet reads a sweep's results.parquet), got "
+                        f"{type(table).__name__} {table!r:.60}")
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise ValueError(f"no column(s) {', '.join(missing)} in the table; columns: {', '.join(table.columns)}")
@@ -100,8 +103,9 @@ FONT = {"title": 11, "label": 10, "ticks": 9, "legend": 10}
 
 def lines(table: pd.DataFrame, metrics: Sequence[str], x: str = "I", col: str | None = "O",
           hue: str | None = "scheduler", where: dict | None = None, title: str | None = None, wrap: int = WRAP):
-    """Metric vs ``x``: per metric, one panel per ``col`` value in rows of at most ``wrap`` panels, one line per ``hue``."""
-    metrics = list(metrics)
+    """Metric vs ``x``: per metric, one panel per ``col`` value in rows of at most ``wrap`` panels, one line per ``hue``.
+    ``metrics``: column names, or one name (``lines(table, "tps")`` had looked for columns "t", "p" and "s")."""
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     if not metrics:
         raise ValueError("give at least one metric")
     if isinstance(wrap, bool) or not isinstance(wrap, int) or wrap < 1:

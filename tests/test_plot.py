@@ -39,6 +39,21 @@ def test_lines_panel_per_metric_and_column_line_per_hue(table):
     plot.plt.close(fig)
 
 
+def test_one_metric_by_name_and_a_table_that_is_not_a_dataframe(table, tmp_path):
+    """Found by probing the Python API (2026-12-02): ``lines(table, "tps")`` looked for columns "t", "p" and "s", and a
+    path or dict in place of the table ended in "has no attribute 'columns'"."""
+    by_name = plot.lines(table, "tps", where={"B": 1024})
+    by_list = plot.lines(table, ["tps"], where={"B": 1024})
+    assert [list(line.get_ydata()) for ax in by_name.axes for line in ax.get_lines()] == \
+        [list(line.get_ydata()) for ax in by_list.axes for line in ax.get_lines()] != []
+    plot.plt.close(by_name)
+    plot.plt.close(by_list)
+    for not_a_table in (str(tmp_path / "results.parquet"), {"tps": [1]}):
+        for draw in (lambda: plot.lines(not_a_table, "tps"), lambda: plot.heatmap(not_a_table, "tps")):
+            with pytest.raises(TypeError, match="table must be a pandas DataFrame"):
+                draw()
+
+
 def test_heatmap_cells_hold_the_metric(table):
     fig = plot.heatmap(table, "tps", x="I", y="O", facet="scheduler", where={"B": 32})
     image = fig.axes[0].get_images()[0].get_array()
