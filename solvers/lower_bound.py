@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from infermax.costmodel.base import CostTerm
+from infermax.engine import check_requests
 from infermax.limits import Limits
 from infermax.request import Request
 
@@ -40,7 +41,7 @@ from .pairwise_bound import RequestClass, class_qp_bound, joint_qp_bound, lower_
 from .policy import Policies, check_policies_feasible
 from .queue_bound import INTERCEPT_SHARES, fine_classes, srpt_finish_times
 from .progress_bound import PhaseTerms, phase_terms, progress_sum
-from .scale import refuse_prefix_caching
+from .scale import checked_arguments, refuse_prefix_caching
 from .small_lp import LP_SAFETY_RTOL, MIP_TIME_LIMIT_S
 
 # The makespan's one MILP with every term priced per size bin (`_price_per_bin`) may take this long (--I 64 --O 4:
@@ -870,7 +871,10 @@ def lower_bound_report(requests, limits, cost_model, objective: Objective, polic
     binned MILP and the state-path MILP get at most a quarter of it each, and past half of it the optional
     ingredients are skipped (`LowerBounder`'s ``deadline_s``; the method string says which). Where the state path
     can still gain (cells wider than one request, or no value within its budget), the report says how to go on
-    (`refine_bound`)."""
+    (`refine_bound`). ``objective``: an `Objective` or its text; the arguments' types are checked first
+    (`checked_arguments`) and the requests (`check_requests`)."""
+    objective = checked_arguments(limits, cost_model, objective, None)
+    check_requests(requests)
     budget = PAIRWISE_TIME_LIMIT_S if time_left_s is None else min(PAIRWISE_TIME_LIMIT_S, 0.25 * max(time_left_s, 0.0))
     try:  # (the pairwise QPs run offline only, the queued bound's LPs online only: one budget serves both)
         mip = BINNED_MIP_TIME_LIMIT_S if time_left_s is None else min(BINNED_MIP_TIME_LIMIT_S,

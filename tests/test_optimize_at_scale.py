@@ -448,3 +448,11 @@ def test_python_api_refuses_wrong_argument_types_and_reads_an_objective_text():
     assert analyse(reqs, limits, COST, objective="makespan=1,ttft=0.5", time_limit_s=5).objective == \
         Objective(makespan=1, ttft=0.5)
     assert better(reqs, limits, COST, "vllm", np.float32(0.05), time_limit_s=5).answer in ("yes", "no", "unknown")
+    from solvers.lower_bound import lower_bound_report
+
+    assert lower_bound_report(reqs, limits, COST, "latency").value_s == \
+        lower_bound_report(reqs, limits, COST, Objective(latency=1)).value_s > 0
+    with pytest.raises(TypeError, match="limits must be an infermax.limits.Limits, got dict"):
+        lower_bound_report(reqs, {"C": 64}, COST, "latency")
+    with pytest.raises(TypeError, match="requests must be infermax.request.Request objects, got tuple"):
+        lower_bound_report([(0, 0.0, 16, 2)], limits, COST, "latency")
