@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .floatstats import mean, percentiles
-from .jsonio import nan_to_null
+from .jsonio import nan_to_null, plain_number
 from .schedule import Schedule
 
 if TYPE_CHECKING:
@@ -159,7 +159,8 @@ class SimResult:
         """Write summary.json, requests.parquet, batches.parquet and schedule.json to ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps({"summary": nan_to_null(self.summary), "meta": self.meta}, indent=2))
+        (out / "summary.json").write_text(json.dumps({"summary": nan_to_null(self.summary), "meta": self.meta}, indent=2,
+                                                     default=plain_number))  # (numpy numbers a caller put in meta)
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.batches.to_parquet(out / "batches.parquet", index=False)
         self.schedule.save(out / "schedule.json")

@@ -196,8 +196,10 @@ def test_a_python_built_schedule_is_judged_not_crashed_on(affine, tmp_path):
         replay(Schedule(reqs, Limits(M=100), batches(True, 3, 1)), affine)
     plain = replay(Schedule(reqs, Limits(M=100), batches(2, 2, 1)), affine).summary
     assert replay(Schedule(reqs, Limits(M=100), batches(2.0, np.int32(2), 1.0)), affine).summary == plain
-    built = Schedule(reqs, Limits(M=100), batches(np.int64(4), 1))
+    built = Schedule(reqs, Limits(M=100), batches(np.int64(4), 1), meta={"B": np.int64(1)})
     built.save(tmp_path / "s.json")
+    replay(built, affine).save(tmp_path / "run")  # (its summary.json holds the meta)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["meta"]["B"] == 1
     assert json.loads((tmp_path / "s.json").read_text())["batches"][0]["items"] == [[0, 4]]
     assert replay(Schedule.load(tmp_path / "s.json"), affine).summary == replay(built, affine).summary
     with pytest.raises(TypeError, match="requests must be infermax.request.Request objects, got tuple"):
