@@ -247,3 +247,22 @@ def test_cli_rejects_a_negative_cost_model_file(tmp_path, command):
     res = CliRunner().invoke(app, command + ["--cost-model-file", str(path)])
     assert res.exit_code == 2, res.output
     assert "neg.json" in res.output and "per_layer_ms.non_attention.per_token" in res.output
+
+
+def test_a_cost_model_file_s_kind_and_family_are_checked_by_value(tmp_path):
+    """Found by benchmarks/file_fuzz.py --target costmodel --seed 17 (2026-12-02): a file whose 'kind' held an object
+    ended in "TypeError: unhashable type: 'dict'"; a piecewise file without a family was said to have a bad kind."""
+    doc = json.loads(json.dumps(COEFFS))
+    for value in ({}, ["infermax-linear"], None):
+        doc["kind"] = value
+        path = tmp_path / "kind.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="key 'kind' must be 'infermax-linear' or 'infermax-piecewise'"):
+            load_cost_model(path=path)
+    piecewise = load_cost_model(kind="piecewise").doc
+    for family in (None, {}, "linear"):
+        doc = {**piecewise, "family": family}
+        path = tmp_path / "family.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="key 'family' must be one of piecewise, roofline"):
+            load_cost_model(path=path)

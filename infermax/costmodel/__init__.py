@@ -12,7 +12,7 @@ from .base import FEATURE_COLUMNS, AffinePiece, BatchFeatures, CostModel, CostTe
 from ..jsonio import read_json
 from .files import LINEAR_JSON, PIECEWISE_JSON
 from .linear import LinearCostModel
-from .piecewise import KIND as PIECEWISE_KIND, PiecewiseCostModel
+from .piecewise import FAMILIES as PIECEWISE_FAMILIES, KIND as PIECEWISE_KIND, PiecewiseCostModel
 from .roofline import roofline_model
 
 __all__ = ["AffinePiece", "BatchFeatures", "CostModel", "CostTerm", "terms_time_s", "FEATURE_COLUMNS", "LinearCostModel",
@@ -100,9 +100,14 @@ def _check_combination(gpu: object, model: object, tp: object) -> int:
 def _load_file(path: Path, kind: str) -> CostModel:
     doc = read_json(path)
     file_kind = doc.get("kind") if isinstance(doc, dict) else None
-    family = {"infermax-linear": "linear"}.get(file_kind) or (doc.get("family") if file_kind == PIECEWISE_KIND else None)
-    if family is None:
-        raise ValueError(f"{path}: key 'kind' must be 'infermax-linear' or {PIECEWISE_KIND!r}, got {file_kind!r}")
+    if file_kind == "infermax-linear":  # (compared, not looked up: a 'kind' holding an object had raised "unhashable")
+        family = "linear"
+    elif file_kind == PIECEWISE_KIND:
+        family = doc.get("family")
+        if family not in PIECEWISE_FAMILIES:
+            raise ValueError(f"{path}: key 'family' must be one of {', '.join(PIECEWISE_FAMILIES)}, got {family!r:.60}")
+    else:
+        raise ValueError(f"{path}: key 'kind' must be 'infermax-linear' or {PIECEWISE_KIND!r}, got {file_kind!r:.60}")
     if kind not in ("auto", family):
         raise ValueError(f"{path} holds a {family} model, not {kind}")
     return LinearCostModel.from_json(path) if family == "linear" else PiecewiseCostModel.from_json(path)
