@@ -15,7 +15,8 @@ column); limits (C, P, M, Rmax, block size, GPU memory fraction), cost-model fam
 objectives, warm starts and forced policies for `optimize`; schedulers, margins and objectives for `better`.
 On 2026-11-29 it found `simulate --I 16 --O 600 --B 1000 --Rmax 1 --gpu-mem-util 0.9 --scheduler aptserve-kv`
 running for minutes (docs/design.md, Apt-Serve decision 13, fifth pass), among 3,326 runs; 1,000 runs after
-the fix (and the ranking fix of the same day) flagged nothing.
+the fix (and the ranking fix of the same day) flagged nothing, nor did 300 mixed runs (seed 3200) at 87203e5 on
+2026-12-02.
 Run it under a frozen checkout (``PYTHONPATH``), not a working tree being edited.
 """
 

@@ -25,7 +25,7 @@ coefficient of 1e308 s accepted with null metrics and exit code 0 (1a60680; the 
 260 schedules (seeds 4, 8, 11), 320 cost models (seeds 5, 10, and 220 runs of the ad-hoc script this grew from)
 and 140 specs (seeds 7, 9) flagged nothing, nor did 240 more at 22d305f on 2026-12-02 (schedules seed 12, 100 runs;
 cost models seed 13, 80; specs seed 14, 60); the finds before the fixes came from that script (the same mutations,
-another random stream, one base schedule). Later on 2026-12-02, at 23067e1: schedules seed 15 and specs seed 16
+another random stream, one base schedule). Later on 2026-12-02, at e37c56f: schedules seed 15 and specs seed 16
 (150 runs each) flagged nothing; cost models seed 17 (150) flagged one, a 'kind' holding an object ("unhashable
 type: 'dict'", 8fb50aa).
 Writes only into ``--out``.
