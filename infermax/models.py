@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from math import floor
+from numbers import Integral, Real
 
 GiB = 1 << 30
 
 
-def _check_tp(tp: int, num_kv_heads: int, model: str) -> None:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+def _check_tp(tp: int, num_kv_heads: int, model: str) -> int:
+    """``tp`` as a plain int (numpy's accepted: a results table's np.int64 had been refused), if it is a positive
+    integer that divides the model's KV heads."""
+    if isinstance(tp, bool) or not isinstance(tp, Integral) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
     if num_kv_heads % tp:
         raise ValueError(f"tp={tp} does not divide num_kv_heads={num_kv_heads} of model {model!r}")
+    return int(tp)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """Bytes of K and V cached per token on each of ``tp`` GPUs."""
-        _check_tp(tp, self.num_kv_heads, self.name)
+        tp = _check_tp(tp, self.num_kv_heads, self.name)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes // tp
 
     @property
@@ -84,7 +88,7 @@ class ModelSpec:
 
     def weight_bytes(self, tp: int = 1) -> int:
         """Bytes of weights on each of ``tp`` GPUs (weights split evenly)."""
-        _check_tp(tp, self.num_kv_heads, self.name)
+        tp = _check_tp(tp, self.num_kv_heads, self.name)
         return -(-self.num_params * self.dtype_bytes // tp)
 
 
@@ -253,8 +257,10 @@ def kv_capacity_tokens(model: str | ModelSpec, gpu: str | GPUSpec,
     Activations and other runtime buffers are not subtracted.
     """
     model, gpu = get_model(model), get_gpu(gpu)
-    if not 0 < gpu_memory_utilization <= 1:
+    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, Real) \
+            or not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    gpu_memory_utilization = float(gpu_memory_utilization)  # (np.float32 arithmetic had given another M)
     available_bytes = gpu.memory_bytes * gpu_memory_utilization
     weight_bytes, kv_bytes = model.weight_bytes(tp), model.kv_bytes_per_token(tp)
     tokens = floor((available_bytes - weight_bytes) / kv_bytes)

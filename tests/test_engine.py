@@ -195,6 +195,14 @@ def test_numbers_from_numpy_are_accepted_and_stored_as_python_numbers(affine, tm
     result.schedule.save(tmp_path / "s.json")
     assert json.loads((tmp_path / "s.json").read_text())["requests"]
     assert load_cost_model(tp=np.int64(2)).name == load_cost_model(tp=2).name
+    from infermax.costmodel.swap import SwapCost
+    from infermax.models import kv_capacity_tokens
+
+    m = kv_capacity_tokens("llama-2-7b", "a100", np.float32(0.9), np.int64(2))
+    assert type(m) is int and m == kv_capacity_tokens("llama-2-7b", "a100", float(np.float32(0.9)), 2)
+    assert SwapCost.for_system("a100", "llama-2-7b", np.int64(2)) == SwapCost.for_system("a100", "llama-2-7b", 2)
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        kv_capacity_tokens("llama-2-7b", "a100", "0.9")
 
 
 def test_simulate_and_load_cost_model_refuse_wrong_argument_types(affine):
