@@ -42,8 +42,11 @@ class Limits:
                 raise ValueError(f"P (prefill tokens per batch) = {self.P} must not exceed C = {self.C}")
         if self.Rmax is not None:
             _require_int(self, "Rmax", 1)
-        if not isinstance(self.prefix_caching, bool):
-            raise ValueError(f"prefix_caching must be true or false, got {self.prefix_caching!r}")
+        flag = self.prefix_caching
+        if not isinstance(flag, bool) and type(flag).__module__ == "numpy" and isinstance(flag.item(), bool):
+            object.__setattr__(self, "prefix_caching", flag.item())  # np.True_ (a results table's value)
+        elif not isinstance(flag, bool):
+            raise ValueError(f"prefix_caching must be true or false, got {flag!r}")
 
     @property
     def prefill_budget(self) -> int:

@@ -190,6 +190,7 @@ def test_numbers_from_numpy_are_accepted_and_stored_as_python_numbers(affine, tm
     assert [type(getattr(r, f)) for f in ("id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_slo_s",
                                           "priority")] == [int, float, int, int, float, int]
     limits = Limits(C=np.int64(512), M=np.int64(1000), Rmax=np.int16(8), P=np.int64(256))
+    assert Limits(prefix_caching=np.True_).prefix_caching is True
     assert json.loads(json.dumps(limits.to_dict())) == {"C": 512, "P": 256, "M": 1000, "Rmax": 8, "block_size": 1}
     result = simulate([r], "vllm", limits, affine)
     result.schedule.save(tmp_path / "s.json")
