@@ -27,7 +27,7 @@ and 140 specs (seeds 7, 9) flagged nothing, nor did 240 more at 22d305f on 2026-
 cost models seed 13, 80; specs seed 14, 60); the finds before the fixes came from that script (the same mutations,
 another random stream, one base schedule). Later on 2026-12-02, at e37c56f: schedules seed 15 and specs seed 16
 (150 runs each) flagged nothing; cost models seed 17 (150) flagged one, a 'kind' holding an object ("unhashable
-type: 'dict'", 8fb50aa).
+type: 'dict'", 8fb50aa); at 1e08eb2, cost models seed 18 (200 runs) and schedules seed 19 (150) flagged nothing.
 Writes only into ``--out``.
 """
 
