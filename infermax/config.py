@@ -19,7 +19,7 @@ def plain_values(values: dict) -> dict:
     """A configuration's values as plain JSON data: numbers from numpy or pandas as the Python numbers they equal, and
     a NaN (how a results table holds a field that was unset) as None. So a row of a sweep's results table runs again
     as the configuration it came from, under the same point id (its np.int64 values had ended in "Object of type
-    int64 is not JSON serializable", its NaN rate in "rate is not used by offline arrivals")."""
+    int64 is not JSON serializable", its NaN rate in "rate_per_s does not apply to arrival process 'offline'")."""
     plain = {}
     for key, value in values.items():
         if type(value).__module__ == "numpy" and hasattr(value, "item"):  # a numpy scalar (np.int64, np.bool_, ...)
