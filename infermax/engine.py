@@ -15,6 +15,7 @@ import math
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from numbers import Real
 from typing import Sequence
 
 from .costmodel.base import CostModel
@@ -127,6 +128,7 @@ def simulate(
     loop iteration from the `DEADLINE_CHECK_EVERY`-th, or from the first on large runs), so that a command's time
     limit also covers the simulations it runs.
     """
+    _check_run_options(swap_cost, closed_loop_until_s, deadline_s)
     scheduler, limits, cost_model = _checked_setup(requests, scheduler, limits, cost_model)
     scheduler.swap_cost = swap_cost
     scheduler.longest_prompt_tokens = max(r.prompt_tokens for r in requests)
@@ -253,6 +255,17 @@ def _check_arguments(scheduler, limits, cost_model) -> None:
     if cost_model is not None and not hasattr(cost_model, "batch_time_s"):
         raise TypeError(f"cost_model must be a cost model (infermax.costmodel.load_cost_model builds one, e.g. "
                         f"load_cost_model(kind='linear')), got {type(cost_model).__name__} {cost_model!r:.60}")
+
+
+def _check_run_options(swap_cost, closed_loop_until_s, deadline_s) -> None:
+    """`simulate`'s optional run arguments: a swap cost model, and times in seconds (``swap_cost="a100"`` had ended in
+    an AttributeError at the end of the run; a deadline given as text was never looked at on a small run)."""
+    if swap_cost is not None and not isinstance(swap_cost, SwapCost):
+        raise TypeError(f"swap_cost must be an infermax.costmodel.swap.SwapCost (SwapCost.for_system(gpu, model) builds "
+                        f"one) or None, got {type(swap_cost).__name__} {swap_cost!r:.60}")
+    for name, value in (("closed_loop_until_s", closed_loop_until_s), ("deadline_s", deadline_s)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Real) or value != value):
+            raise TypeError(f"{name} must be a number of seconds or None, got {type(value).__name__} {value!r:.60}")
 
 
 def _replayer_for(scheduler: Scheduler, requests: Sequence[Request], limits: Limits, cost_model: CostModel,

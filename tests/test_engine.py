@@ -218,6 +218,11 @@ def test_simulate_and_load_cost_model_refuse_wrong_argument_types(affine):
         simulate(reqs, "vllm", {"C": 5}, affine)
     with pytest.raises(TypeError, match="cost_model must be a cost model .* got str 'linear'"):
         simulate(reqs, "vllm", Limits(M=100), "linear")
+    with pytest.raises(TypeError, match="swap_cost must be an infermax.costmodel.swap.SwapCost .* got str 'a100'"):
+        simulate(reqs, "vllm", Limits(M=100), affine, swap_cost="a100")
+    for name in ("deadline_s", "closed_loop_until_s"):
+        with pytest.raises(TypeError, match=f"{name} must be a number of seconds or None, got str '5'"):
+            simulate(reqs, "vllm", Limits(M=100), affine, **{name: "5"})
     with pytest.raises(ValueError, match="gpu must be a name .* got None"):
         load_cost_model(gpu=None)
     for tp in ("2", True, 0, 1.0):
