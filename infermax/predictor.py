@@ -122,6 +122,8 @@ def calibrate(true: Sequence[int], padding: float, target_over: float, target_un
 
 def make_predictor(spec: str, seed: int = 0, dataset: str | None = None) -> Predictor:
     """``oracle``, ``noisy`` (calibrated for ``dataset`` if known, else ShareGPT) or ``noisy:MU:SIGMA``."""
+    if not isinstance(spec, str):  # (None had ended in "'NoneType' object has no attribute 'strip'")
+        raise ValueError(f"bad predictor {spec!r}; expected oracle, noisy or noisy:MU:SIGMA")
     kind, *args = spec.strip().lower().split(":")
     if kind == "oracle" and not args:
         return OraclePredictor()
@@ -138,6 +140,12 @@ def make_predictor(spec: str, seed: int = 0, dataset: str | None = None) -> Pred
     raise ValueError(f"bad predictor {spec!r}; expected oracle, noisy or noisy:MU:SIGMA")
 
 
-def with_predictions(requests: Sequence[Request], predictor: Predictor) -> list[Request]:
-    """Copies of ``requests`` with ``predicted_output_tokens`` set by ``predictor``."""
+def with_predictions(requests: Sequence[Request], predictor: Predictor | str) -> list[Request]:
+    """Copies of ``requests`` with ``predicted_output_tokens`` set by ``predictor``, a `Predictor` or its spec
+    (`make_predictor` with seed 0: a spec had ended in "'str' object has no attribute 'predict'")."""
+    if isinstance(predictor, str):
+        predictor = make_predictor(predictor)
+    elif not hasattr(predictor, "predict"):
+        raise TypeError(f"predictor must be a Predictor or its spec (oracle, noisy, noisy:MU:SIGMA), got "
+                        f"{type(predictor).__name__} {predictor!r:.60}")
     return [replace(r, predicted_output_tokens=predictor.predict(r)) for r in requests]

@@ -60,6 +60,18 @@ def test_bad_predictor_specs():
             make_predictor(spec)
 
 
+
+def test_a_predictor_by_its_spec_and_wrong_ones_refused():
+    """Found by probing the Python API (2026-12-02): with_predictions(reqs, "noisy") ended in "'str' object has no
+    attribute 'predict'", make_predictor(None) in "'NoneType' object has no attribute 'strip'"."""
+    reqs = [Request(i, 0.0, 64, 50 + i) for i in range(5)]
+    assert with_predictions(reqs, "noisy") == with_predictions(reqs, make_predictor("noisy"))
+    assert [r.predicted_output_tokens for r in with_predictions(reqs, "oracle")] == [50, 51, 52, 53, 54]
+    with pytest.raises(ValueError, match="bad predictor None"):
+        make_predictor(None)
+    with pytest.raises(TypeError, match="predictor must be a Predictor or its spec"):
+        with_predictions(reqs, 3)
+
 # ------------------------------------------------------------------------------------- the ledger
 def identity(x: int) -> int:
     return x
