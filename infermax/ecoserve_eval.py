@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -72,7 +73,15 @@ def slo_params(requests: Sequence[Request], cost_model: CostModel) -> tuple[floa
 
 
 def jct_slo_s(output_tokens: np.ndarray, t_p: float, t_g: float, scale: float = 2.0) -> np.ndarray:
-    """EcoServe's JCT SLO per request: ``scale · (t_p + t_g · O)``."""
+    """EcoServe's JCT SLO per request: ``scale · (t_p + t_g · O)``. ``t_p`` and ``t_g`` are times (finite, >= 0, not
+    both 0) and ``scale`` > 0 (a negative t_p or a scale of 0 had given an SSR of 0 without a word, text a numpy
+    error)."""
+    for name, value, least in (("t_p", t_p, 0.0), ("t_g", t_g, 0.0), ("scale", scale, None)):
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+                or (value < least if least is not None else value <= 0):
+            raise ValueError(f"{name} must be a finite number {'>= 0' if least is not None else '> 0'}, got {value!r}")
+    if not t_p and not t_g:
+        raise ValueError("t_p and t_g are both 0: every JCT SLO would be 0")
     return scale * (t_p + t_g * np.asarray(output_tokens, dtype=float))
 
 

@@ -72,6 +72,21 @@ def test_a_predictor_by_its_spec_and_wrong_ones_refused():
     with pytest.raises(TypeError, match="predictor must be a Predictor or its spec"):
         with_predictions(reqs, 3)
 
+
+def test_jct_slo_parameters_are_checked():
+    """Found by probing the Python API (2026-12-02): a negative t_p or a scale of 0 gave an SSR of 0 without a word,
+    t_p given as text a numpy UFuncTypeError."""
+    from infermax.ecoserve_eval import jct_slo_s
+
+    assert list(jct_slo_s([1, 10], 0.5, 0.1)) == [2 * (0.5 + 0.1), 2 * (0.5 + 1.0)]
+    for args, message in (((-1.0, 0.1, 2.0), "t_p must be a finite number >= 0, got -1.0"),
+                          ((0.5, float("nan"), 2.0), "t_g must be a finite number >= 0"),
+                          ((0.5, 0.1, 0), "scale must be a finite number > 0, got 0"),
+                          (("1", 0.1, 2.0), "t_p must be a finite number >= 0, got '1'"),
+                          ((0.0, 0.0, 2.0), "t_p and t_g are both 0")):
+        with pytest.raises(ValueError, match=message):
+            jct_slo_s([1, 10], *args)
+
 # ------------------------------------------------------------------------------------- the ledger
 def identity(x: int) -> int:
     return x
