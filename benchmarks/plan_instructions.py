@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from callgrind_trees import add_tree_arguments, compare_trees
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,24 +96,13 @@ def main() -> None:
     ap.add_argument("--kind", choices=("P", "DE"), default="P")
     ap.add_argument("--at", type=int, default=15000, help="the first batch index to consider")
     ap.add_argument("--plans", type=int, default=100)
-    ap.add_argument("--old", type=Path, help="a checkout to compare with (e.g. a git worktree of the old commit)")
-    ap.add_argument("--new", type=Path, default=HERE.parent, help="default: this checkout")
-    ap.add_argument("--timeout-s", type=float, default=900.0,
-                    help="per tree: a valgrind run still going after this long is stopped (about a minute is usual)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_tree_arguments(ap, 900.0, "per tree: a valgrind run still going after this long is stopped (about a minute is "
+                                  "usual)")
     a = ap.parse_args()
     if a.child:
         child(a)
         return
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("valgrind (with callgrind_control) is not installed; it counts the instructions")
-    trees = [("old", a.old)] if a.old else []
-    trees.append(("new", a.new))
-    counts = {name: count(tree.resolve(), a) for name, tree in trees}
-    for name, tree in trees:
-        print(f"{name}: {counts[name]:,.0f} instructions per {a.kind} plan ({tree})")
-    if "old" in counts:
-        print(f"old / new: {counts['old'] / counts['new']:.3f}")
+    compare_trees(a, lambda tree, a: (count(tree, a), f"{a.kind} plan"))
 
 
 if __name__ == "__main__":
