@@ -11,8 +11,8 @@ evictions and swapping; Apt-Serve's hidden-form caches are outside it.
 from __future__ import annotations
 
 import math
-from numbers import Real
 from dataclasses import dataclass, field, fields, replace
+from numbers import Real
 
 from infermax.engine import SimulationTimeout, simulate
 from infermax.schedule import Schedule

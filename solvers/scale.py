@@ -150,11 +150,12 @@ class Deadline:
 
 
 def checked_arguments(limits, cost_model, objective, options):
-    """The Python arguments of `optimize`, `analyse` and `better`, checked before any work (a dict of limits, a
-    cost model's name or an objective's text had ended in AttributeErrors deep inside): ``limits`` a `Limits`,
-    ``cost_model`` one with ``milp_terms`` (every fitted and roofline model has them), ``options`` a `SolveOptions`
-    or None, ``objective`` an `Objective` or its text (`Objective.parse`: ``"latency"``, ``"makespan=1,ttft=0.5"``),
-    returned as an `Objective`. Then `refuse_prefix_caching`."""
+    """The Python arguments of `optimize`, `analyse`, `better` and `lower_bound_report` (``options`` None there),
+    checked before any work (a dict of limits, a cost model's name or an objective's text had ended in
+    AttributeErrors deep inside): ``limits`` a `Limits`, ``cost_model`` one with ``milp_terms`` (every fitted and
+    roofline model has them), ``options`` a `SolveOptions` or None, ``objective`` an `Objective` or its text
+    (`Objective.parse`: ``"latency"``, ``"makespan=1,ttft=0.5"``), returned as an `Objective`. Then
+    `refuse_prefix_caching`."""
     from infermax.limits import Limits
 
     from .backends import SolveOptions
